@@ -1,0 +1,178 @@
+//! Diagnostics: what every stage reports to the user, and how it is shown.
+//!
+//! A diagnostic is data (code, message, labelled source spans, help); the
+//! renderers in [`render`] turn it into rustc-style text or JSON.
+
+pub mod codes;
+pub mod render;
+
+use crate::source::{SourceId, Span};
+pub use codes::Code;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// A place in a source file with a short note about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Label {
+    pub source: SourceId,
+    pub span: Span,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnostic {
+    pub code: Code,
+    pub message: String,
+    /// Where the problem is; absent only for problems with no file, such as a
+    /// missing command-line argument.
+    pub primary: Option<Label>,
+    pub secondary: Vec<Label>,
+    pub help: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn new(code: Code, message: impl Into<String>) -> Diagnostic {
+        Diagnostic {
+            code,
+            message: message.into(),
+            primary: None,
+            secondary: Vec::new(),
+            help: None,
+        }
+    }
+
+    pub fn severity(&self) -> Severity {
+        self.code.severity
+    }
+
+    pub fn at(mut self, source: SourceId, span: Span, label: impl Into<String>) -> Diagnostic {
+        self.primary = Some(Label {
+            source,
+            span,
+            message: label.into(),
+        });
+        self
+    }
+
+    pub fn also(mut self, source: SourceId, span: Span, label: impl Into<String>) -> Diagnostic {
+        self.secondary.push(Label {
+            source,
+            span,
+            message: label.into(),
+        });
+        self
+    }
+
+    pub fn help(mut self, help: impl Into<String>) -> Diagnostic {
+        self.help = Some(help.into());
+        self
+    }
+
+    pub fn help_opt(mut self, help: Option<String>) -> Diagnostic {
+        if help.is_some() {
+            self.help = help;
+        }
+        self
+    }
+}
+
+/// Diagnostics collected by a run, in the order they were found.
+#[derive(Debug, Default)]
+pub struct Diagnostics {
+    items: Vec<Diagnostic>,
+}
+
+impl Diagnostics {
+    pub fn new() -> Diagnostics {
+        Diagnostics::default()
+    }
+
+    pub fn push(&mut self, diagnostic: Diagnostic) {
+        self.items.push(diagnostic);
+    }
+
+    pub fn extend(&mut self, other: impl IntoIterator<Item = Diagnostic>) {
+        self.items.extend(other);
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.items
+            .iter()
+            .any(|diagnostic| diagnostic.severity() == Severity::Error)
+    }
+
+    pub fn count(&self, severity: Severity) -> usize {
+        self.items
+            .iter()
+            .filter(|diagnostic| diagnostic.severity() == severity)
+            .count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.items.iter()
+    }
+
+    /// Orders diagnostics by file and position, errors before warnings at the
+    /// same place, so output is stable whatever order checks ran in.
+    pub fn sort(&mut self) {
+        self.items.sort_by_key(|diagnostic| {
+            let position = diagnostic
+                .primary
+                .as_ref()
+                .map(|label| (label.source, label.span.start, label.span.end));
+            (position, diagnostic.severity(), diagnostic.code.id)
+        });
+        self.items.dedup();
+    }
+
+    pub fn into_vec(self) -> Vec<Diagnostic> {
+        self.items
+    }
+}
+
+impl IntoIterator for Diagnostics {
+    type Item = Diagnostic;
+    type IntoIter = std::vec::IntoIter<Diagnostic>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter()
+    }
+}
+
+/// The closest candidate to a misspelled name, if one is close enough to be
+/// what the user meant.
+pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let limit = match wrong.chars().count() {
+        0..=2 => 1,
+        3..=5 => 2,
+        _ => 3,
+    };
+    candidates
+        .into_iter()
+        .map(|candidate| (strsim::damerau_levenshtein(wrong, candidate), candidate))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, candidate)| (*distance, *candidate))
+        .map(|(_, candidate)| candidate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let names = ["priority", "name", "region"];
+        assert_eq!(suggest("prioritty", names), Some("priority"));
+        assert_eq!(suggest("regoin", names), Some("region"));
+        assert_eq!(suggest("zzz", names), None);
+    }
+}

@@ -1,0 +1,238 @@
+//! Renders diagnostics as rustc-style text or as JSON for CI.
+
+use super::{Diagnostic, Label, Severity};
+use crate::source::{SourceFile, SourceMap};
+use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
+use serde::Serialize;
+
+/// Whether human output uses terminal colours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    Plain,
+    Colored,
+}
+
+/// Renders one diagnostic the way rustc does: header, `--> file:line:col`,
+/// the source line with the span underlined, then the help line.
+pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> String {
+    let level = match diagnostic.severity() {
+        Severity::Error => Level::ERROR,
+        Severity::Warning => Level::WARNING,
+    };
+    let mut group = Group::with_title(
+        level
+            .primary_title(diagnostic.message.as_str())
+            .id(diagnostic.code.id),
+    );
+
+    let mut labels: Vec<(&Label, bool)> = Vec::new();
+    if let Some(primary) = &diagnostic.primary {
+        labels.push((primary, true));
+    }
+    labels.extend(diagnostic.secondary.iter().map(|label| (label, false)));
+
+    // One snippet per file, primary file first, so labels in a data file and
+    // in the policy are both quoted.
+    let mut files = Vec::new();
+    for (label, _) in &labels {
+        if !files.contains(&label.source) {
+            files.push(label.source);
+        }
+    }
+    for source in files {
+        let Some(file) = sources.file(source) else {
+            continue;
+        };
+        let mut snippet = Snippet::source(file.text.as_str()).path(file.name.as_str());
+        for (label, is_primary) in labels.iter().filter(|(label, _)| label.source == source) {
+            let kind = if *is_primary {
+                AnnotationKind::Primary
+            } else {
+                AnnotationKind::Context
+            };
+            snippet = snippet.annotation(
+                kind.span(visible_range(file, label))
+                    .label(label.message.as_str()),
+            );
+        }
+        group = group.element(snippet);
+    }
+    if let Some(help) = &diagnostic.help {
+        group = group.element(Level::HELP.message(help.as_str()));
+    }
+
+    let renderer = match style {
+        Style::Plain => Renderer::plain(),
+        Style::Colored => Renderer::styled(),
+    };
+    let report: [Group<'_>; 1] = [group];
+    renderer.render(&report)
+}
+
+/// A span that points at something visible: an empty span or one at the end
+/// of the file is widened to the character before it.
+fn visible_range(file: &SourceFile, label: &Label) -> std::ops::Range<usize> {
+    let len = file.text.len();
+    let mut start = label.span.start.min(len);
+    let mut end = label.span.end.min(len).max(start);
+    while !file.text.is_char_boundary(start) {
+        start -= 1;
+    }
+    while !file.text.is_char_boundary(end) {
+        end += 1;
+    }
+    if start == end {
+        if end < len {
+            end += file.text[end..].chars().next().map_or(0, char::len_utf8);
+        } else if let Some(last) = file.text[..start].chars().next_back() {
+            start -= last.len_utf8();
+        }
+    }
+    start..end
+}
+
+/// The summary line printed after all diagnostics.
+pub fn summary(errors: usize, warnings: usize) -> String {
+    fn plural(count: usize, word: &str) -> String {
+        if count == 1 {
+            format!("1 {word}")
+        } else {
+            format!("{count} {word}s")
+        }
+    }
+    match (errors, warnings) {
+        (0, 0) => String::from("no problems found"),
+        (0, w) => plural(w, "warning"),
+        (e, 0) => plural(e, "error"),
+        (e, w) => format!("{}, {}", plural(e, "error"), plural(w, "warning")),
+    }
+}
+
+#[derive(Serialize)]
+struct JsonLabel<'a> {
+    file: &'a str,
+    line: usize,
+    column: usize,
+    end_line: usize,
+    end_column: usize,
+    message: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonDiagnostic<'a> {
+    code: &'a str,
+    severity: Severity,
+    message: &'a str,
+    file: Option<&'a str>,
+    line: Option<usize>,
+    column: Option<usize>,
+    labels: Vec<JsonLabel<'a>>,
+    help: Option<&'a str>,
+}
+
+fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<'a>> {
+    let file = sources.file(label.source)?;
+    let (line, column) = file.line_col(label.span.start);
+    let (end_line, end_column) = file.line_col(label.span.end);
+    Some(JsonLabel {
+        file: file.name.as_str(),
+        line,
+        column,
+        end_line,
+        end_column,
+        message: label.message.as_str(),
+    })
+}
+
+/// All diagnostics as one JSON array; the primary label comes first in `labels`.
+pub fn json<'a>(
+    diagnostics: impl IntoIterator<Item = &'a Diagnostic>,
+    sources: &SourceMap,
+) -> String {
+    let items: Vec<JsonDiagnostic<'_>> = diagnostics
+        .into_iter()
+        .map(|diagnostic| {
+            let primary = diagnostic
+                .primary
+                .as_ref()
+                .and_then(|label| json_label(label, sources));
+            let (file, line, column) = primary.as_ref().map_or((None, None, None), |label| {
+                (Some(label.file), Some(label.line), Some(label.column))
+            });
+            let labels = primary
+                .into_iter()
+                .chain(
+                    diagnostic
+                        .secondary
+                        .iter()
+                        .filter_map(|label| json_label(label, sources)),
+                )
+                .collect();
+            JsonDiagnostic {
+                code: diagnostic.code.id,
+                severity: diagnostic.severity(),
+                message: diagnostic.message.as_str(),
+                file,
+                line,
+                column,
+                labels,
+                help: diagnostic.help.as_deref(),
+            }
+        })
+        .collect();
+    serde_json::to_string_pretty(&items).unwrap_or_else(|_| String::from("[]"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnostics::codes;
+    use crate::source::Span;
+
+    #[test]
+    fn renders_location_caret_and_help() {
+        let mut sources = SourceMap::new();
+        let text = "order {\n  by provider.prioritty desc\n}\n";
+        let id = sources.add("p.policy", text);
+        let start = text.find("provider.").unwrap();
+        let diagnostic = Diagnostic::new(codes::UNKNOWN_ATTRIBUTE, "unknown attribute")
+            .at(id, Span::new(start, start + 18), "not a provider attribute")
+            .help("did you mean provider.priority?");
+        let out = human(&diagnostic, &sources, Style::Plain);
+        assert!(out.starts_with("error[E0302]: unknown attribute"), "{out}");
+        assert!(out.contains("--> p.policy:2:6"), "{out}");
+        assert!(
+            out.contains("^^^^^^^^^^^^^^^^^^ not a provider attribute"),
+            "{out}"
+        );
+        assert!(
+            out.contains("= help: did you mean provider.priority?"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn empty_span_at_end_of_file_points_at_last_character() {
+        let mut sources = SourceMap::new();
+        let id = sources.add("p", "abc");
+        let diagnostic = Diagnostic::new(codes::SYNTAX, "x").at(id, Span::new(3, 3), "here");
+        let out = human(&diagnostic, &sources, Style::Plain);
+        assert!(out.contains("p:1:3"), "{out}");
+    }
+
+    #[test]
+    fn json_lists_code_position_and_help() {
+        let mut sources = SourceMap::new();
+        let id = sources.add("p", "ab\ncd");
+        let diagnostic = Diagnostic::new(codes::SYNTAX, "bad")
+            .at(id, Span::new(3, 4), "here")
+            .help("fix it");
+        let out = json([&diagnostic], &sources);
+        let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(value[0]["code"], "E0101");
+        assert_eq!(value[0]["line"], 2);
+        assert_eq!(value[0]["column"], 1);
+        assert_eq!(value[0]["help"], "fix it");
+        assert_eq!(summary(1, 2), "1 error, 2 warnings");
+    }
+}

@@ -1,0 +1,181 @@
+//! Turns pest's parse errors into diagnostics that speak the policy language:
+//! "expected `else`, found `els`" rather than a list of grammar rule names.
+
+use super::Rule;
+use crate::diagnostics::{Diagnostic, codes};
+use crate::source::{SourceId, Span};
+use pest::error::{ErrorVariant, InputLocation};
+use std::collections::BTreeSet;
+
+/// What the user should read for a grammar rule the parser expected, or
+/// `None` for rules that are implementation detail.
+fn describe(rule: Rule) -> Option<String> {
+    let name = format!("{rule:?}");
+    if let Some(word) = name.strip_prefix("kw_") {
+        return Some(format!("`{word}`"));
+    }
+    Some(
+        match rule {
+            Rule::EOI => "end of file",
+            Rule::expr | Rule::expr_only | Rule::path | Rule::if_expr | Rule::call => {
+                "an expression"
+            }
+            Rule::ident | Rule::any_ident => "a name",
+            Rule::string => "a string",
+            Rule::number | Rule::duration | Rule::percent => "a number",
+            Rule::sort_key | Rule::sort_keys => "a sort key",
+            Rule::direction => "`asc` or `desc`",
+            Rule::nulls_clause => "`nulls first` or `nulls last`",
+            Rule::status_pattern | Rule::outcome_class => {
+                "an outcome such as `429`, `5xx` or `timeout`"
+            }
+            Rule::outcome_list => "an outcome",
+            Rule::merge_op => {
+                "a merge operator (`intersect`, `union`, `min`, `max`, `all`, `any`, `first`)"
+            }
+            Rule::simple_strategy | Rule::weighted_strategy | Rule::share_strategy => {
+                "a balance strategy"
+            }
+            Rule::scope => "`route`, `provider` or `credential`",
+            Rule::timeout_name => {
+                "a timeout (`connect`, `headers`, `first_token`, `idle`, `attempt`)"
+            }
+            Rule::list_type
+            | Rule::csv_type
+            | Rule::object_type
+            | Rule::enum_type
+            | Rule::int_range
+            | Rule::like_type
+            | Rule::named_type => "a type",
+            Rule::next_action
+            | Rule::stop_action
+            | Rule::retry_action
+            | Rule::pause_effect
+            | Rule::penalize_effect
+            | Rule::error_effect => {
+                "a consequence (`next`, `stop`, `retry`, `pause`, `penalize`, `error`)"
+            }
+            Rule::policy_decl
+            | Rule::models_block
+            | Rule::input_decl
+            | Rule::validate_block
+            | Rule::defaults_block
+            | Rule::merge_block
+            | Rule::let_decl
+            | Rule::eligibility_block
+            | Rule::order_block
+            | Rule::sort_decl
+            | Rule::balance_decl
+            | Rule::failover_block
+            | Rule::health_block
+            | Rule::capacity_block
+            | Rule::timeouts_block
+            | Rule::stream_block
+            | Rule::errors_block
+            | Rule::headers_block
+            | Rule::listing_block => "a section such as `eligibility { ... }`",
+            Rule::layer => "a layer (`key`, `workspace`, `tenant`, optionally `.model`)",
+            Rule::error_decl => "an error declaration `name = status, message`",
+            Rule::header_decl => "a field `\"name\" = value`",
+            Rule::op_implies
+            | Rule::op_or
+            | Rule::op_and
+            | Rule::op_eq
+            | Rule::op_ne
+            | Rule::op_le
+            | Rule::op_ge
+            | Rule::op_lt
+            | Rule::op_gt
+            | Rule::op_not_in
+            | Rule::op_in
+            | Rule::op_add
+            | Rule::op_sub
+            | Rule::op_mul
+            | Rule::op_div => "an operator",
+            _ => return None,
+        }
+        .to_string(),
+    )
+}
+
+/// The token at `offset`, for "found ..." in messages, with its length.
+fn found_at(text: &str, offset: usize) -> (String, usize) {
+    let rest = text.get(offset..).unwrap_or("");
+    let Some(first) = rest.chars().next() else {
+        return (String::from("end of file"), 0);
+    };
+    let length = if first.is_alphanumeric() || first == '_' {
+        rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '%'))
+            .unwrap_or(rest.len())
+    } else {
+        first.len_utf8()
+    };
+    let token = rest.get(..length).unwrap_or("");
+    if first == '\n' || first == '\r' {
+        (String::from("end of line"), 0)
+    } else {
+        (format!("`{token}`"), length)
+    }
+}
+
+fn join_expected(expected: &BTreeSet<String>) -> String {
+    let items: Vec<&String> = expected.iter().collect();
+    match items.as_slice() {
+        [] => String::from("something else"),
+        [only] => (*only).clone(),
+        [init @ .., last] => {
+            let head: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
+            format!("{} or {}", head.join(", "), last)
+        }
+    }
+}
+
+/// Converts a pest error on `text` (a chunk that starts at byte `offset` of
+/// its file) into a syntax diagnostic.
+pub fn syntax_error(
+    source: SourceId,
+    offset: usize,
+    text: &str,
+    error: &pest::error::Error<Rule>,
+) -> Diagnostic {
+    let position = match error.location {
+        InputLocation::Pos(at) => at,
+        InputLocation::Span((start, _)) => start,
+    };
+    let mut expected = BTreeSet::new();
+    if let ErrorVariant::ParsingError { positives, .. } = &error.variant {
+        expected.extend(positives.iter().filter_map(|rule| describe(*rule)));
+    }
+    if let Some(attempts) = error.parse_attempts() {
+        for token in attempts.expected_tokens() {
+            // Only punctuation: words are already named by their keyword rules.
+            let token = token.to_string();
+            let trimmed = token.trim();
+            let operator = matches!(
+                trimmed,
+                "#" | "==" | "!=" | "<=" | ">=" | "<" | ">" | "+" | "-" | "*" | "/" | "(" | "."
+            );
+            if !operator && !trimmed.is_empty() && trimmed.chars().all(|c| !c.is_alphanumeric()) {
+                expected.insert(format!("`{trimmed}`"));
+            }
+        }
+    }
+    // Expressions can continue almost anywhere; naming every operator buries
+    // what the user most likely needs.
+    if expected.len() > 1 {
+        expected.remove("an operator");
+    }
+    if expected.len() > 8 {
+        let keep: BTreeSet<String> = expected.iter().take(8).cloned().collect();
+        expected = keep;
+        expected.insert(String::from("..."));
+    }
+    let (found, length) = found_at(text, position);
+    let span = Span::new(offset + position, offset + position + length);
+    Diagnostic::new(
+        codes::SYNTAX,
+        format!("expected {}, found {found}", join_expected(&expected)),
+    )
+    .at(source, span, "unexpected here")
+    .help("see docs/language.md for the form of each statement")
+}

@@ -1,0 +1,157 @@
+//! Source files and positions shared by every stage that reports diagnostics.
+
+use std::ops::Range;
+
+/// A byte range inside one source file.
+///
+/// Spans compare equal regardless of position so that syntax trees built from
+/// differently formatted text compare equal; code that needs positions reads
+/// `start` and `end` directly.
+#[derive(Clone, Copy, Debug, Default, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl PartialEq for Span {
+    fn eq(&self, _other: &Span) -> bool {
+        true
+    }
+}
+
+impl std::hash::Hash for Span {
+    fn hash<H: std::hash::Hasher>(&self, _state: &mut H) {}
+}
+
+impl Span {
+    pub fn new(start: usize, end: usize) -> Span {
+        Span { start, end }
+    }
+
+    /// The smallest span covering both.
+    pub fn to(self, other: Span) -> Span {
+        Span::new(self.start.min(other.start), self.end.max(other.end))
+    }
+
+    pub fn range(self) -> Range<usize> {
+        self.start..self.end
+    }
+
+    pub fn shifted(self, by: usize) -> Span {
+        Span::new(self.start + by, self.end + by)
+    }
+}
+
+/// Identifies one file in a [`SourceMap`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceId(usize);
+
+/// A file's text and where its lines start.
+#[derive(Debug)]
+pub struct SourceFile {
+    pub name: String,
+    pub text: String,
+    line_starts: Vec<usize>,
+}
+
+impl SourceFile {
+    fn new(name: String, text: String) -> SourceFile {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(at, _)| at + 1))
+            .collect();
+        SourceFile {
+            name,
+            text,
+            line_starts,
+        }
+    }
+
+    /// 1-based line and column (in characters) of a byte offset.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = self.clamp_to_char_boundary(offset);
+        let line_index = match self.line_starts.binary_search(&offset) {
+            Ok(index) => index,
+            Err(index) => index.saturating_sub(1),
+        };
+        let line_start = self.line_starts.get(line_index).copied().unwrap_or(0);
+        let column = self
+            .text
+            .get(line_start..offset)
+            .map_or(0, |prefix| prefix.chars().count());
+        (line_index + 1, column + 1)
+    }
+
+    /// Byte offset of a 1-based line and character column; clamped to the text.
+    pub fn offset_of(&self, line: usize, column: usize) -> usize {
+        let Some(&line_start) = self.line_starts.get(line.saturating_sub(1)) else {
+            return self.text.len();
+        };
+        let line_text = self.text.get(line_start..).unwrap_or("");
+        let within = line_text
+            .char_indices()
+            .take_while(|(_, c)| *c != '\n')
+            .nth(column.saturating_sub(1))
+            .map_or_else(
+                || line_text.find('\n').unwrap_or(line_text.len()),
+                |(at, _)| at,
+            );
+        line_start + within
+    }
+
+    fn clamp_to_char_boundary(&self, offset: usize) -> usize {
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        offset
+    }
+}
+
+/// Every file a run has read, so diagnostics can quote any of them.
+#[derive(Debug, Default)]
+pub struct SourceMap {
+    files: Vec<SourceFile>,
+}
+
+impl SourceMap {
+    pub fn new() -> SourceMap {
+        SourceMap::default()
+    }
+
+    pub fn add(&mut self, name: impl Into<String>, text: impl Into<String>) -> SourceId {
+        self.files.push(SourceFile::new(name.into(), text.into()));
+        SourceId(self.files.len() - 1)
+    }
+
+    /// The file behind an id this map handed out.
+    pub fn file(&self, id: SourceId) -> Option<&SourceFile> {
+        self.files.get(id.0)
+    }
+
+    pub fn name(&self, id: SourceId) -> &str {
+        self.file(id).map_or("<unknown>", |file| file.name.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_and_column_are_one_based_and_count_characters() {
+        let mut map = SourceMap::new();
+        let id = map.add("x", "ab\ncäd\n");
+        let file = map.file(id).unwrap();
+        assert_eq!(file.line_col(0), (1, 1));
+        assert_eq!(file.line_col(3), (2, 1));
+        assert_eq!(file.line_col(6), (2, 3));
+        assert_eq!(file.offset_of(2, 3), 6);
+        assert_eq!(file.offset_of(9, 1), file.text.len());
+    }
+
+    #[test]
+    fn spans_are_out_of_equality() {
+        assert_eq!(Span::new(1, 2), Span::new(5, 9));
+        assert_eq!(Span::new(1, 2).to(Span::new(5, 9)).range(), 1..9);
+    }
+}
