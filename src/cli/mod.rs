@@ -1,1 +1,51 @@
-//! cli
+//! The command-line interface: one module per subcommand.
+
+pub mod check;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Routing policies as data for LLM API gateways",
+    long_about = "Switchyard checks routing policies written in its policy language against their \
+                  provider catalog and tenants, and enforces them in a proxy in front of \
+                  OpenAI- and Anthropic-compatible providers."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Parse and check policies with their data files; report every problem.
+    Check(check::CheckArgs),
+}
+
+/// How diagnostics are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// rustc-style text with source excerpts, on standard error.
+    Human,
+    /// One JSON array on standard output, for CI.
+    Json,
+}
+
+/// Exit codes shared by every command.
+pub mod exit {
+    /// Everything checked out.
+    pub const OK: u8 = 0;
+    /// The input has errors (or warnings under `--deny-warnings`).
+    pub const PROBLEMS: u8 = 1;
+    /// The command was used wrongly: bad arguments, missing paths.
+    pub const USAGE: u8 = 2;
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Check(args) => check::run(&args),
+    }
+}

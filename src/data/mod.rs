@@ -1,1 +1,13 @@
-//! data
+//! Data files: the provider catalog and the tenants, validated against their
+//! declared schemas. Policies reference their attributes by name.
+
+mod catalog;
+mod load;
+pub mod model;
+pub mod schema;
+mod tenants;
+mod yaml;
+
+pub use load::{load, read_source};
+pub use model::*;
+pub use tenants::DEFAULT_WORKSPACE;

@@ -33,6 +33,9 @@ pub struct Diagnostic {
     pub primary: Option<Label>,
     pub secondary: Vec<Label>,
     pub help: Option<String>,
+    /// Whether renderers may quote the source line. Off for diagnostics about
+    /// secrets, so a pasted key never reaches a terminal or CI log.
+    pub quote_source: bool,
 }
 
 impl Diagnostic {
@@ -43,6 +46,7 @@ impl Diagnostic {
             primary: None,
             secondary: Vec::new(),
             help: None,
+            quote_source: true,
         }
     }
 

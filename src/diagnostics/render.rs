@@ -2,7 +2,7 @@
 
 use super::{Diagnostic, Label, Severity};
 use crate::source::{SourceFile, SourceMap};
-use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
+use annotate_snippets::{AnnotationKind, Group, Level, Origin, Renderer, Snippet};
 use serde::Serialize;
 
 /// Whether human output uses terminal colours.
@@ -43,6 +43,17 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
         let Some(file) = sources.file(source) else {
             continue;
         };
+        if !diagnostic.quote_source {
+            if let Some((label, _)) = labels.iter().find(|(label, _)| label.source == source) {
+                let (line, column) = file.line_col(label.span.start);
+                group = group.element(
+                    Origin::path(file.name.as_str())
+                        .line(line)
+                        .char_column(column),
+                );
+            }
+            continue;
+        }
         let mut snippet = Snippet::source(file.text.as_str()).path(file.name.as_str());
         for (label, is_primary) in labels.iter().filter(|(label, _)| label.source == source) {
             let kind = if *is_primary {

@@ -186,7 +186,7 @@ pub struct InputDecl {
     pub unknown_error: Option<Ident>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InputSource {
     Body,
     Header,

@@ -1,5 +1,186 @@
 //! The policy language: grammar-driven parsing into a syntax tree, and the
 //! checker that resolves and type-checks it against the data schema.
+//!
+//! [`check_file`] is the one entry point that reads a policy with its data
+//! files and checks everything; `switchyard check` and live reloads both use it.
 
 pub mod ast;
+pub mod check;
 pub mod parse;
+
+use crate::data::{self, Data};
+use crate::diagnostics::{Diagnostic, Diagnostics, codes};
+use crate::source::{SourceId, SourceMap, Span};
+use ast::{DataFileKind, Item, PolicyFile};
+use std::path::Path;
+
+/// A policy that checked without errors, with its data.
+#[derive(Debug)]
+pub struct CheckedPolicy {
+    pub name: String,
+    pub source: SourceId,
+    pub file: PolicyFile,
+    pub data: Data,
+}
+
+/// Everything one check produced: the files read, the diagnostics, and the
+/// policy when there were no errors.
+#[derive(Debug)]
+pub struct CheckReport {
+    pub sources: SourceMap,
+    pub diagnostics: Diagnostics,
+    pub policy: Option<CheckedPolicy>,
+}
+
+/// Largest policy file accepted: far above any real policy, small enough that
+/// a runaway file cannot exhaust memory in the checker.
+const MAX_POLICY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Reads, parses and checks a policy file together with the catalog and
+/// tenants files it names (paths relative to the policy file).
+pub fn check_file(path: &Path) -> CheckReport {
+    let mut sources = SourceMap::new();
+    let mut diagnostics = Vec::new();
+    let shown = path.display().to_string();
+    let Some(source) = data::read_source(path, &shown, &mut sources, &mut diagnostics, None) else {
+        return finish(sources, diagnostics, None);
+    };
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    check_source(sources, source, base, diagnostics)
+}
+
+/// Checks policy text already in the source map; data paths are resolved
+/// against `base`.
+pub fn check_source(
+    mut sources: SourceMap,
+    source: SourceId,
+    base: &Path,
+    mut diagnostics: Vec<Diagnostic>,
+) -> CheckReport {
+    let text = sources
+        .file(source)
+        .map(|file| file.text.clone())
+        .unwrap_or_default();
+    if text.len() > MAX_POLICY_BYTES {
+        diagnostics.push(
+            Diagnostic::new(codes::READ_FAILED, "the policy file is larger than 4 MiB")
+                .at(source, Span::new(0, 0), "in this file")
+                .help("split long definitions; a policy is usually a few hundred lines"),
+        );
+        return finish(sources, diagnostics, None);
+    }
+    let parsed = parse::parse(source, &text);
+    diagnostics.extend(parsed.diagnostics);
+
+    let header = parsed.file.items.iter().find_map(|item| match item {
+        Item::Policy(policy) => Some(policy),
+        _ => None,
+    });
+    let mut catalog_setting = None;
+    let mut tenants_setting = None;
+    let name = header.map(|h| h.name.name.clone()).unwrap_or_default();
+    if let Some(header) = header {
+        for kind in [DataFileKind::Catalog, DataFileKind::Tenants] {
+            let settings: Vec<_> = header.settings.iter().filter(|s| s.kind == kind).collect();
+            let word = match kind {
+                DataFileKind::Catalog => "catalog",
+                DataFileKind::Tenants => "tenants",
+            };
+            match settings.as_slice() {
+                [] => diagnostics.push(
+                    Diagnostic::new(
+                        codes::MISSING_SECTION,
+                        format!("the policy header names no {word} file"),
+                    )
+                    .at(source, header.keyword, "in this header")
+                    .help(format!(
+                        "add `{word} \"PATH\"` inside `policy {} {{ ... }}`",
+                        header.name.name
+                    )),
+                ),
+                [only] => match kind {
+                    DataFileKind::Catalog => catalog_setting = Some(*only),
+                    DataFileKind::Tenants => tenants_setting = Some(*only),
+                },
+                [first, second, ..] => diagnostics.push(
+                    Diagnostic::new(
+                        codes::DUPLICATE_SECTION,
+                        format!("the policy header names two {word} files"),
+                    )
+                    .at(source, second.kind_span, "second one here")
+                    .also(source, first.kind_span, "first one here")
+                    .help("a policy reads one catalog and one tenants file"),
+                ),
+            }
+        }
+    }
+
+    let mut checked_data = None;
+    if let (Some(catalog), Some(tenants)) = (catalog_setting, tenants_setting) {
+        let read = |setting: &ast::PolicySetting,
+                    sources: &mut SourceMap,
+                    diagnostics: &mut Vec<Diagnostic>| {
+            let path = base.join(&setting.path.value);
+            let shown = path.display().to_string();
+            data::read_source(
+                &path,
+                &shown,
+                sources,
+                diagnostics,
+                Some((source, setting.path.span)),
+            )
+        };
+        let catalog_source = read(catalog, &mut sources, &mut diagnostics);
+        let tenants_source = read(tenants, &mut sources, &mut diagnostics);
+        if let (Some(catalog_source), Some(tenants_source)) = (catalog_source, tenants_source) {
+            let (data, data_diagnostics) = data::load(catalog_source, tenants_source, &sources);
+            diagnostics.extend(data_diagnostics);
+            if let Some(data) = data {
+                diagnostics.extend(check::Checker::run(
+                    source,
+                    &parsed.file,
+                    &parsed.broken_names,
+                    &data,
+                ));
+                checked_data = Some(data);
+            }
+        }
+    } else if header.is_none() {
+        // Without a header there is no data to check names against; report
+        // the missing header once, with the syntax problems.
+        diagnostics.push(
+            Diagnostic::new(codes::MISSING_SECTION, "the file has no `policy` header")
+                .at(source, Span::new(0, 0), "expected at the start")
+                .help("start the file with `policy NAME { catalog \"FILE\" tenants \"FILE\" }`"),
+        );
+    }
+
+    let has_errors = diagnostics
+        .iter()
+        .any(|d| d.severity() == crate::diagnostics::Severity::Error);
+    let policy = match (has_errors, checked_data) {
+        (false, Some(data)) => Some(CheckedPolicy {
+            name,
+            source,
+            file: parsed.file,
+            data,
+        }),
+        _ => None,
+    };
+    finish(sources, diagnostics, policy)
+}
+
+fn finish(
+    sources: SourceMap,
+    diagnostics: Vec<Diagnostic>,
+    policy: Option<CheckedPolicy>,
+) -> CheckReport {
+    let mut all = Diagnostics::new();
+    all.extend(diagnostics);
+    all.sort();
+    CheckReport {
+        sources,
+        diagnostics: all,
+        policy,
+    }
+}

@@ -1,0 +1,510 @@
+//! Validation of the catalog file: providers, credentials, models, routes and
+//! aliases.
+
+use super::load::{Validator, env_reference, secret_diagnostic, unique};
+use super::model::*;
+use super::schema::Subject;
+use super::yaml::*;
+use crate::diagnostics::{Diagnostic, codes, suggest};
+use crate::source::{SourceId, Span};
+use serde_saphyr::Spanned;
+use std::collections::HashMap;
+
+pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) -> Catalog {
+    unique(
+        v,
+        source,
+        "provider",
+        raw.providers.iter().map(|p| &p.value.id),
+    );
+    unique(
+        v,
+        source,
+        "credential",
+        raw.providers
+            .iter()
+            .flat_map(|p| p.value.credentials.iter().map(|c| &c.value.id)),
+    );
+    unique(v, source, "model", raw.models.iter().map(|m| &m.value.id));
+
+    let providers: Vec<Provider> = raw
+        .providers
+        .iter()
+        .filter_map(|provider| validate_provider(v, source, provider))
+        .collect();
+    let provider_index: HashMap<&str, usize> = providers
+        .iter()
+        .enumerate()
+        .map(|(index, provider)| (provider.id.as_str(), index))
+        .collect();
+
+    let models: Vec<Model> = raw
+        .models
+        .iter()
+        .filter_map(|model| validate_model(v, source, model, &provider_index))
+        .collect();
+    let aliases = validate_aliases(v, source, raw, &models);
+    let deployment = v.attributes(
+        source,
+        Subject::Deployment,
+        &raw.deployment,
+        ("deployment", Span::default()),
+    );
+
+    Catalog {
+        source,
+        providers,
+        models,
+        aliases,
+        deployment,
+    }
+}
+
+fn at<T>(v: &Validator<'_>, source: SourceId, value: &Spanned<T>) -> DataSpan {
+    DataSpan {
+        source,
+        span: v.span(source, value),
+    }
+}
+
+fn validate_provider(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    raw: &Spanned<RawProvider>,
+) -> Option<Provider> {
+    let p = &raw.value;
+    let format = match WireFormat::parse(&p.format.value) {
+        Some(format) => Some(format),
+        None => {
+            let span = v.span(source, &p.format);
+            let help = suggest(&p.format.value, WireFormat::NAMES)
+                .map(|close| format!("did you mean `{close}`?"))
+                .unwrap_or_else(|| String::from("a provider speaks `openai` or `anthropic`"));
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!("`{}` is not a wire format", p.format.value),
+                "unknown format",
+                Some(help),
+            );
+            None
+        }
+    };
+    check_base_url(v, source, &p.base_url);
+    let listed = p.listed.as_ref().and_then(|listed| {
+        let parsed = super::schema::parse_date(&listed.value);
+        if parsed.is_none() {
+            let span = v.span(source, listed);
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!("`{}` is not a date", listed.value),
+                "not a date",
+                Some(String::from("write the listing date as `YYYY-MM-DD`")),
+            );
+        }
+        parsed
+    });
+    let capacity = p
+        .capacity
+        .as_ref()
+        .and_then(|capacity| validate_capacity(v, source, capacity));
+    let credentials = p
+        .credentials
+        .iter()
+        .filter_map(|credential| validate_credential(v, source, credential))
+        .collect();
+    let attributes = v.attributes(
+        source,
+        Subject::Provider,
+        &p.attributes,
+        (&p.id.value, v.span(source, &p.id)),
+    );
+    let priority = p.priority.as_ref().map_or(0.0, |priority| priority.value);
+    Some(Provider {
+        id: p.id.value.clone(),
+        name: p
+            .name
+            .as_ref()
+            .map_or_else(|| p.id.value.clone(), |name| name.value.clone()),
+        aliases: p.aliases.iter().map(|alias| alias.value.clone()).collect(),
+        format: format?,
+        base_url: p.base_url.value.trim_end_matches('/').to_string(),
+        priority,
+        listed,
+        capacity,
+        credentials,
+        attributes,
+        at: at(v, source, &p.id),
+    })
+}
+
+/// A base URL must be plain http(s) with no credentials in it.
+fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>) {
+    let span = v.span(source, url);
+    let text = url.value.as_str();
+    let Some(rest) = text
+        .strip_prefix("http://")
+        .or_else(|| text.strip_prefix("https://"))
+    else {
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            String::from("`base_url` must start with `http://` or `https://`"),
+            "not an HTTP URL",
+            Some(String::from(
+                "write the provider's API root, as in `https://api.example.com/v1`",
+            )),
+        );
+        return;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let query = rest
+        .split_once('?')
+        .map_or("", |(_, query)| query)
+        .to_ascii_lowercase();
+    if authority.contains('@')
+        || ["key=", "token=", "secret=", "password="]
+            .iter()
+            .any(|marker| query.contains(marker))
+    {
+        v.diagnostics
+            .push(secret_diagnostic(source, span, "base_url"));
+    }
+}
+
+fn validate_capacity(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    raw: &Spanned<RawCapacity>,
+) -> Option<CapacityLimits> {
+    let span = v.span(source, raw);
+    let c = &raw.value;
+    if let Some(concurrent) = &c.concurrent
+        && concurrent.value == 0
+    {
+        let span = v.span(source, concurrent);
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            String::from("`concurrent` must be at least 1"),
+            "zero",
+            Some(String::from(
+                "remove the provider's routes to stop using it",
+            )),
+        );
+        return None;
+    }
+    let window = match (&c.requests, &c.window) {
+        (Some(requests), Some(window)) => match super::schema::parse_duration(&window.value) {
+            Some(ms) if ms > 0 && requests.value > 0 => Some((requests.value, ms)),
+            _ => {
+                let span = v.span(source, window);
+                v.report(
+                    codes::DATA_SCHEMA,
+                    source,
+                    span,
+                    String::from(
+                        "a request window needs at least one request and a duration above zero",
+                    ),
+                    "this window",
+                    Some(String::from(
+                        "write it as `requests: 600` with `window: 60s`",
+                    )),
+                );
+                return None;
+            }
+        },
+        (None, None) => None,
+        _ => {
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                String::from("`requests` and `window` go together"),
+                "only one of them is set",
+                Some(String::from(
+                    "set both, as in `requests: 600` with `window: 60s`, or neither",
+                )),
+            );
+            return None;
+        }
+    };
+    Some(CapacityLimits {
+        concurrent: c.concurrent.as_ref().map(|concurrent| concurrent.value),
+        window,
+    })
+}
+
+fn validate_credential(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    raw: &Spanned<RawCredential>,
+) -> Option<Credential> {
+    let c = &raw.value;
+    let key_span = v.span(source, &c.key);
+    let env = match env_reference(&c.key.value) {
+        Some(env) => env.to_string(),
+        None => {
+            // Whatever the value is, it does not belong in a data file: never
+            // quote it back.
+            let mut diagnostic = Diagnostic::new(
+                codes::LITERAL_SECRET,
+                format!("credential `{}` must reference an environment variable", c.id.value),
+            )
+            .at(source, key_span, "not a `${NAME}` reference")
+            .help("write `key: ${NAME}` and export NAME where switchyard runs; if a real key was written here, rotate it");
+            diagnostic.quote_source = false;
+            v.diagnostics.push(diagnostic);
+            return None;
+        }
+    };
+    let attributes = v.attributes(
+        source,
+        Subject::Credential,
+        &c.attributes,
+        (&c.id.value, key_span),
+    );
+    Some(Credential {
+        id: c.id.value.clone(),
+        env,
+        tenant: c.tenant.as_ref().map(|tenant| tenant.value.clone()),
+        attributes,
+        at: at(v, source, &c.id),
+    })
+}
+
+fn validate_model(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    raw: &Spanned<RawModel>,
+    providers: &HashMap<&str, usize>,
+) -> Option<Model> {
+    let m = &raw.value;
+    let kind = match ModelKind::parse(&m.kind.value) {
+        Some(kind) => Some(kind),
+        None => {
+            let span = v.span(source, &m.kind);
+            let help = suggest(&m.kind.value, ModelKind::NAMES)
+                .map(|close| format!("did you mean `{close}`?"))
+                .unwrap_or_else(|| {
+                    String::from("a model is a `chat`, `completion` or `embedding` model")
+                });
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!("`{}` is not a model kind", m.kind.value),
+                "unknown kind",
+                Some(help),
+            );
+            None
+        }
+    };
+    let routes = m
+        .routes
+        .iter()
+        .filter_map(|route| validate_route(v, source, &m.id.value, route, providers))
+        .collect();
+    let attributes = v.attributes(
+        source,
+        Subject::Model,
+        &m.attributes,
+        (&m.id.value, v.span(source, &m.id)),
+    );
+    Some(Model {
+        id: m.id.value.clone(),
+        kind: kind?,
+        aliases: m.aliases.iter().map(|alias| alias.value.clone()).collect(),
+        attributes,
+        routes,
+        at: at(v, source, &m.id),
+    })
+}
+
+fn validate_route(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    model_id: &str,
+    raw: &Spanned<RawRoute>,
+    providers: &HashMap<&str, usize>,
+) -> Option<Route> {
+    let r = &raw.value;
+    let Some(&provider) = providers.get(r.provider.value.as_str()) else {
+        let span = v.span(source, &r.provider);
+        let help = suggest(&r.provider.value, providers.keys().copied())
+            .map(|close| format!("did you mean `{close}`?"))
+            .unwrap_or_else(|| String::from("a route names a provider by its `id`"));
+        v.report(
+            codes::UNKNOWN_REFERENCE,
+            source,
+            span,
+            format!("no provider has the id `{}`", r.provider.value),
+            "unknown provider",
+            Some(help),
+        );
+        return None;
+    };
+    let price = r
+        .price
+        .as_ref()
+        .map(|price| validate_price(v, source, price))
+        .unwrap_or_default();
+    let attributes = v.attributes(
+        source,
+        Subject::Route,
+        &r.attributes,
+        (
+            &format!("{model_id} via {}", r.provider.value),
+            v.span(source, &r.provider),
+        ),
+    );
+    Some(Route {
+        provider,
+        upstream_model: r
+            .upstream
+            .as_ref()
+            .map_or_else(|| model_id.to_string(), |upstream| upstream.value.clone()),
+        price,
+        capabilities: r.capabilities.iter().map(|c| c.value.clone()).collect(),
+        attributes,
+        at: at(v, source, &r.provider),
+    })
+}
+
+fn validate_price(v: &mut Validator<'_>, source: SourceId, raw: &Spanned<RawPrice>) -> Price {
+    let mut check = |field: &Option<Spanned<f64>>| -> Option<f64> {
+        let value = field.as_ref()?;
+        if value.value.is_finite() && value.value >= 0.0 {
+            Some(value.value)
+        } else {
+            let span = v.span(source, value);
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                String::from("a price must be a number of zero or more"),
+                "this price",
+                Some(String::from("prices are USD per million tokens")),
+            );
+            None
+        }
+    };
+    let p = &raw.value;
+    Price {
+        input: check(&p.input),
+        output: check(&p.output),
+        cache_read: check(&p.cache_read),
+        cache_write: check(&p.cache_write),
+    }
+}
+
+fn validate_aliases(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    raw: &RawCatalog,
+    models: &[Model],
+) -> Vec<Alias> {
+    let mut taken: HashMap<String, Span> = HashMap::new();
+    for model in &raw.models {
+        taken.insert(
+            model.value.id.value.clone(),
+            v.span(source, &model.value.id),
+        );
+    }
+    let mut aliases = Vec::new();
+    let model_index = |id: &str| models.iter().position(|model| model.id == id);
+
+    let mut claim = |v: &mut Validator<'_>, name: &Spanned<String>| -> bool {
+        let span = v.span(source, name);
+        if let Some(first) = taken.get(&name.value) {
+            let first = *first;
+            v.diagnostics.push(
+                Diagnostic::new(
+                    codes::DUPLICATE_ID,
+                    format!("`{}` already names a model", name.value),
+                )
+                .at(source, span, "used again here")
+                .also(source, first, "first used here")
+                .help("model ids and aliases share one namespace"),
+            );
+            false
+        } else {
+            taken.insert(name.value.clone(), span);
+            true
+        }
+    };
+
+    for model in &raw.models {
+        for alias in &model.value.aliases {
+            if claim(v, alias)
+                && let Some(target) = model_index(&model.value.id.value)
+            {
+                aliases.push(Alias {
+                    name: alias.value.clone(),
+                    targets: vec![target],
+                    at: at(v, source, alias),
+                });
+            }
+        }
+    }
+    for (name, target) in &raw.aliases.0 {
+        if !claim(v, name) {
+            continue;
+        }
+        let items: Vec<(String, Span)> = match &target.value {
+            RawValue::String(id) => vec![(id.clone(), v.span(source, target))],
+            RawValue::List(list) => list
+                .iter()
+                .filter_map(|item| match &item.value {
+                    RawValue::String(id) => Some((id.clone(), v.span(source, item))),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if items.is_empty() {
+            let span = v.span(source, target);
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!(
+                    "alias `{}` must name a model id or a list of model ids",
+                    name.value
+                ),
+                "not a model id",
+                None,
+            );
+            continue;
+        }
+        let mut targets = Vec::new();
+        for (id, span) in items {
+            match model_index(&id) {
+                Some(index) => targets.push(index),
+                None => {
+                    let help = suggest(&id, models.iter().map(|m| m.id.as_str()))
+                        .map(|close| format!("did you mean `{close}`?"));
+                    v.report(
+                        codes::UNKNOWN_REFERENCE,
+                        source,
+                        span,
+                        format!("no model has the id `{id}`"),
+                        "unknown model",
+                        help,
+                    );
+                }
+            }
+        }
+        aliases.push(Alias {
+            name: name.value.clone(),
+            targets,
+            at: at(v, source, name),
+        });
+    }
+    aliases
+}

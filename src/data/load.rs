@@ -1,0 +1,746 @@
+//! Reads the catalog and tenants files, checks them against their schemas and
+//! each other, and builds the validated [`Data`]. Every problem is reported
+//! with its file, line and column; loading goes on past problems so one run
+//! shows them all.
+
+use super::model::*;
+use super::schema::*;
+use super::yaml::*;
+use crate::diagnostics::{Code, Diagnostic, codes, suggest};
+use crate::source::{SourceId, SourceMap, Span};
+use serde_saphyr::{Location, Spanned};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Reads a file into the source map, or reports why it could not.
+pub fn read_source(
+    path: &Path,
+    shown_as: &str,
+    sources: &mut SourceMap,
+    diagnostics: &mut Vec<Diagnostic>,
+    referenced_at: Option<(SourceId, Span)>,
+) -> Option<SourceId> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Some(sources.add(shown_as, text)),
+        Err(error) => {
+            let mut diagnostic = Diagnostic::new(
+                codes::READ_FAILED,
+                format!("cannot read `{shown_as}`: {}", io_reason(&error)),
+            );
+            if let Some((source, span)) = referenced_at {
+                diagnostic = diagnostic.at(source, span, "named here");
+            }
+            diagnostics.push(
+                diagnostic.help("check the path; data paths are relative to the policy file"),
+            );
+            None
+        }
+    }
+}
+
+fn io_reason(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => String::from("no such file"),
+        std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
+        std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
+        _ => error.to_string(),
+    }
+}
+
+/// Largest data file accepted; catalogs of 10,000 routes are well below it.
+const MAX_DATA_BYTES: usize = 64 * 1024 * 1024;
+
+/// Converts a YAML location into a byte span of the file.
+fn span_at(sources: &SourceMap, source: SourceId, location: &Location) -> Span {
+    let Some(file) = sources.file(source) else {
+        return Span::default();
+    };
+    if location.line() == 0 {
+        return Span::default();
+    }
+    let line = usize::try_from(location.line()).unwrap_or(usize::MAX);
+    let column = usize::try_from(location.column()).unwrap_or(usize::MAX);
+    let start = file.offset_of(line, column);
+    let length = usize::try_from(location.span().len()).unwrap_or(0).max(1);
+    let end = file.text.get(start..).map_or(start, |rest| {
+        start
+            + rest
+                .char_indices()
+                .take_while(|(_, c)| *c != '\n')
+                .nth(length)
+                .map_or_else(|| rest.find('\n').unwrap_or(rest.len()), |(at, _)| at)
+    });
+    Span::new(start, end.max(start))
+}
+
+fn parse_yaml<T: serde::de::DeserializeOwned>(
+    sources: &SourceMap,
+    source: SourceId,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Option<T> {
+    let text = sources.file(source).map_or("", |file| file.text.as_str());
+    if text.len() > MAX_DATA_BYTES {
+        diagnostics.push(
+            Diagnostic::new(codes::DATA_SCHEMA, "this data file is larger than 64 MiB")
+                .at(source, Span::new(0, 0), "in this file")
+                .help("split the catalog or remove unused entries"),
+        );
+        return None;
+    }
+    match serde_saphyr::from_str::<T>(text) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            let plain = error.without_snippet().to_string();
+            let message = strip_position(&plain);
+            let span = error.location().map_or_else(Span::default, |location| {
+                span_at(sources, source, &location)
+            });
+            let (code, help) = if let Some(field) = unknown_field(message) {
+                let expected = expected_fields(message);
+                let help = suggest(field, expected.iter().map(String::as_str))
+                    .map(|close| format!("did you mean `{close}`?"))
+                    .unwrap_or_else(|| {
+                        format!("the fields allowed here are: {}", expected.join(", "))
+                    });
+                (codes::DATA_UNKNOWN_FIELD, help)
+            } else {
+                (
+                    codes::DATA_SCHEMA,
+                    String::from("see docs/data.md for the form of each data file"),
+                )
+            };
+            diagnostics.push(
+                Diagnostic::new(code, lowercase_first(message))
+                    .at(source, span, "here")
+                    .help(help),
+            );
+            None
+        }
+    }
+}
+
+/// Drops the " at line N, column M" the YAML library appends: the diagnostic
+/// shows the position itself.
+fn strip_position(message: &str) -> &str {
+    match message.rfind(" at line ") {
+        Some(at) => message.get(..at).unwrap_or(message),
+        None => message,
+    }
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_lowercase().chain(chars).collect()
+    })
+}
+
+fn unknown_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `")?;
+    rest.split('`').next()
+}
+
+fn expected_fields(message: &str) -> Vec<String> {
+    let Some((_, list)) = message.split_once("expected one of ") else {
+        return message
+            .split_once("expected `")
+            .and_then(|(_, rest)| rest.split('`').next())
+            .map(|field| vec![field.to_string()])
+            .unwrap_or_default();
+    };
+    list.split(',')
+        .map(|field| field.trim().trim_matches('`').to_string())
+        .filter(|field| !field.is_empty())
+        .collect()
+}
+
+/// Validation state shared by the catalog and tenants passes.
+pub(super) struct Validator<'a> {
+    sources: &'a SourceMap,
+    pub(super) diagnostics: Vec<Diagnostic>,
+    schema: Schema,
+    /// Provider public names, aliases and ids (lowercase) → canonical name.
+    provider_names: HashMap<String, String>,
+    model_ids: Vec<String>,
+}
+
+impl<'a> Validator<'a> {
+    pub(super) fn span<T>(&self, source: SourceId, value: &Spanned<T>) -> Span {
+        span_at(self.sources, source, &value.referenced)
+    }
+
+    pub(super) fn report(
+        &mut self,
+        code: Code,
+        source: SourceId,
+        span: Span,
+        message: String,
+        label: &str,
+        help: Option<String>,
+    ) {
+        self.diagnostics.push(
+            Diagnostic::new(code, message)
+                .at(source, span, label)
+                .help_opt(help),
+        );
+    }
+
+    // ---------------------------------------------------------- schema
+
+    fn declare_enums(&mut self, source: SourceId, enums: &SpannedMap<Vec<Spanned<String>>>) {
+        for (name, members) in &enums.0 {
+            let span = self.span(source, name);
+            if self.schema.enum_by_name(&name.value).is_some()
+                || AttrType::builtin_names().contains(&name.value.as_str())
+            {
+                self.report(
+                    codes::DUPLICATE_ID,
+                    source,
+                    span,
+                    format!("enumeration `{}` is declared twice", name.value),
+                    "declared again here",
+                    Some(String::from(
+                        "enumerations share one namespace across the catalog and tenants files",
+                    )),
+                );
+                continue;
+            }
+            let mut seen = HashSet::new();
+            let mut list = Vec::new();
+            for member in members {
+                if !seen.insert(member.value.clone()) {
+                    let span = self.span(source, member);
+                    self.report(
+                        codes::DUPLICATE_ID,
+                        source,
+                        span,
+                        format!(
+                            "`{}` appears twice in enumeration `{}`",
+                            member.value, name.value
+                        ),
+                        "again here",
+                        None,
+                    );
+                }
+                list.push(member.value.clone());
+            }
+            if list.is_empty() {
+                self.report(
+                    codes::DATA_SCHEMA,
+                    source,
+                    span,
+                    format!("enumeration `{}` has no members", name.value),
+                    "empty",
+                    Some(String::from(
+                        "list its members, weakest first, as in `tier: [low, high]`",
+                    )),
+                );
+            }
+            self.schema.enums.push(EnumDef {
+                name: name.value.clone(),
+                members: list,
+            });
+        }
+    }
+
+    fn declare_attributes(
+        &mut self,
+        source: SourceId,
+        subject: Subject,
+        specs: &AttrSpecs,
+        builtins: &[&str],
+    ) {
+        for (name, spec) in &specs.0 {
+            let name_span = self.span(source, name);
+            if builtins.contains(&name.value.as_str()) {
+                self.report(
+                    codes::DUPLICATE_ID,
+                    source,
+                    name_span,
+                    format!(
+                        "`{}` is a built-in field of {}s and cannot be declared again",
+                        name.value,
+                        subject.name()
+                    ),
+                    "already built in",
+                    Some(String::from("choose another name for this attribute")),
+                );
+                continue;
+            }
+            if self.schema.table(subject).get(&name.value).is_some() {
+                self.report(
+                    codes::DUPLICATE_ID,
+                    source,
+                    name_span,
+                    format!(
+                        "attribute `{}` of {}s is declared twice",
+                        name.value,
+                        subject.name()
+                    ),
+                    "declared again here",
+                    None,
+                );
+                continue;
+            }
+            let ty_span = if spec.value.ty.referenced.line() == 0 {
+                self.span(source, spec)
+            } else {
+                self.span(source, &spec.value.ty)
+            };
+            let Some(ty) = AttrType::parse(&spec.value.ty.value, &self.schema.enums) else {
+                let known: Vec<String> = AttrType::builtin_names()
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(self.schema.enums.iter().map(|e| e.name.clone()))
+                    .collect();
+                let help = suggest(&spec.value.ty.value, known.iter().map(String::as_str))
+                    .map(|close| format!("did you mean `{close}`?"))
+                    .unwrap_or_else(|| {
+                        String::from("types are bool, number, string, duration, date, provider, model, list<T>, or an enumeration declared under `enums`")
+                    });
+                self.report(
+                    codes::BAD_SCHEMA_TYPE,
+                    source,
+                    ty_span,
+                    format!("`{}` is not a type", spec.value.ty.value),
+                    "unknown type",
+                    Some(help),
+                );
+                continue;
+            };
+            let default = spec
+                .value
+                .default
+                .as_ref()
+                .and_then(|raw| self.convert(source, raw, &ty, &name.value));
+            self.schema.table_mut(subject).entries.push(AttrDecl {
+                name: name.value.clone(),
+                ty,
+                default,
+                required: spec.value.required,
+                span: name_span,
+            });
+        }
+    }
+
+    // ---------------------------------------------------------- values
+
+    /// Converts a raw value to its declared type, reporting a mismatch.
+    fn convert(
+        &mut self,
+        source: SourceId,
+        raw: &Spanned<RawValue>,
+        ty: &AttrType,
+        attribute: &str,
+    ) -> Option<Value> {
+        let span = self.span(source, raw);
+        let describe = ty.describe(&self.schema.enums);
+        let mismatch = |this: &mut Self, help: Option<String>| {
+            this.report(
+                codes::ATTRIBUTE_TYPE,
+                source,
+                span,
+                format!(
+                    "`{attribute}` must be {describe}, found {}",
+                    raw.value.kind()
+                ),
+                "wrong type",
+                help,
+            );
+            None
+        };
+        match (ty, &raw.value) {
+            (AttrType::Bool, RawValue::Bool(b)) => Some(Value::Bool(*b)),
+            (AttrType::Number, RawValue::Number(n)) if n.is_finite() => Some(Value::Number(*n)),
+            (AttrType::String, RawValue::String(s)) => {
+                self.check_not_secret(source, span, attribute, s);
+                Some(Value::String(Arc::from(s.as_str())))
+            }
+            (AttrType::Duration, RawValue::String(s)) => match parse_duration(s) {
+                Some(ms) => Some(Value::Duration(ms)),
+                None => mismatch(
+                    self,
+                    Some(String::from(
+                        "write a duration such as `10s`, `500ms` or `5m`",
+                    )),
+                ),
+            },
+            (AttrType::Date, RawValue::String(s)) => match parse_date(s) {
+                Some(days) => Some(Value::Date(days)),
+                None => mismatch(self, Some(String::from("write a date as `YYYY-MM-DD`"))),
+            },
+            (AttrType::Enum(id), RawValue::String(s)) => {
+                let def = self.schema.enum_def(*id)?;
+                match def.index_of(s) {
+                    Some(index) => Some(Value::Enum(*id, index)),
+                    None => {
+                        let help = suggest(s, def.members.iter().map(String::as_str))
+                            .map(|close| format!("did you mean `{close}`?"))
+                            .unwrap_or_else(|| {
+                                format!("members of `{}`: {}", def.name, def.members.join(", "))
+                            });
+                        self.report(
+                            codes::ATTRIBUTE_TYPE,
+                            source,
+                            span,
+                            format!("`{s}` is not a member of `{}`", def.name),
+                            "unknown member",
+                            Some(help),
+                        );
+                        None
+                    }
+                }
+            }
+            (AttrType::Provider, RawValue::String(s)) => {
+                match self.provider_names.get(&s.to_ascii_lowercase()) {
+                    Some(name) => Some(Value::String(Arc::from(name.as_str()))),
+                    None => {
+                        let names: Vec<&str> =
+                            self.provider_names.values().map(String::as_str).collect();
+                        let help =
+                            suggest(s, names).map(|close| format!("did you mean `{close}`?"));
+                        self.report(
+                            codes::UNKNOWN_REFERENCE,
+                            source,
+                            span,
+                            format!("no provider is named `{s}`"),
+                            "unknown provider",
+                            help,
+                        );
+                        None
+                    }
+                }
+            }
+            (AttrType::Model, RawValue::String(s)) => {
+                if self.model_ids.iter().any(|id| id == s) {
+                    Some(Value::String(Arc::from(s.as_str())))
+                } else {
+                    let help = suggest(s, self.model_ids.iter().map(String::as_str))
+                        .map(|close| format!("did you mean `{close}`?"));
+                    self.report(
+                        codes::UNKNOWN_REFERENCE,
+                        source,
+                        span,
+                        format!("no model has the id `{s}`"),
+                        "unknown model",
+                        help,
+                    );
+                    None
+                }
+            }
+            (AttrType::List(inner), RawValue::List(items)) => {
+                let converted: Vec<Value> = items
+                    .iter()
+                    .filter_map(|item| self.convert(source, item, inner, attribute))
+                    .collect();
+                Some(Value::List(Arc::from(converted)))
+            }
+            _ => mismatch(self, None),
+        }
+    }
+
+    /// Declared attribute values of one entry, in schema order.
+    pub(super) fn attributes(
+        &mut self,
+        source: SourceId,
+        subject: Subject,
+        values: &AttrValues,
+        owner: (&str, Span),
+    ) -> Attributes {
+        let table = self.schema.table(subject).clone();
+        let mut out: Vec<Option<Value>> = table.entries.iter().map(AttrDecl::fallback).collect();
+        let mut seen = HashSet::new();
+        for (name, raw) in &values.0 {
+            let span = self.span(source, name);
+            let Some(index) = table.index_of(&name.value) else {
+                let help = suggest(&name.value, table.names())
+                    .map(|close| format!("did you mean `{close}`?"))
+                    .unwrap_or_else(|| {
+                        format!(
+                            "declare it under `attributes: {}:` with its type",
+                            subject.name()
+                        )
+                    });
+                self.report(
+                    codes::UNDECLARED_ATTRIBUTE,
+                    source,
+                    span,
+                    format!(
+                        "{} attribute `{}` is not declared",
+                        subject.name(),
+                        name.value
+                    ),
+                    "not in the schema",
+                    Some(help),
+                );
+                continue;
+            };
+            if !seen.insert(index) {
+                continue;
+            }
+            let Some(decl) = table.entries.get(index) else {
+                continue;
+            };
+            if let Some(value) = self.convert(source, raw, &decl.ty, &name.value)
+                && let Some(slot) = out.get_mut(index)
+            {
+                *slot = Some(value);
+            }
+        }
+        for (decl, value) in table.entries.iter().zip(&out) {
+            if decl.required && value.is_none() {
+                let (owner_name, owner_span) = owner;
+                self.report(
+                    codes::UNDECLARED_ATTRIBUTE,
+                    source,
+                    owner_span,
+                    format!(
+                        "{} `{owner_name}` does not set the required attribute `{}`",
+                        subject.name(),
+                        decl.name
+                    ),
+                    "attribute missing",
+                    Some(format!("add `{}: ...` under its `attributes`", decl.name)),
+                );
+            }
+        }
+        Attributes(out)
+    }
+
+    /// Settings set at one layer: `None` where the layer leaves a setting to
+    /// the next one.
+    fn settings(&mut self, source: SourceId, values: &AttrValues) -> Attributes {
+        let table = self.schema.settings.clone();
+        let mut out: Vec<Option<Value>> = vec![None; table.entries.len()];
+        for (name, raw) in &values.0 {
+            let span = self.span(source, name);
+            let Some(index) = table.index_of(&name.value) else {
+                let help = suggest(&name.value, table.names())
+                    .map(|close| format!("did you mean `{close}`?"))
+                    .unwrap_or_else(|| {
+                        String::from("declare it under the top-level `settings:` with its type")
+                    });
+                self.report(
+                    codes::UNDECLARED_ATTRIBUTE,
+                    source,
+                    span,
+                    format!("setting `{}` is not declared", name.value),
+                    "not in the schema",
+                    Some(help),
+                );
+                continue;
+            };
+            let Some(decl) = table.entries.get(index) else {
+                continue;
+            };
+            if let Some(value) = self.convert(source, raw, &decl.ty, &name.value)
+                && let Some(slot) = out.get_mut(index)
+            {
+                *slot = Some(value);
+            }
+        }
+        Attributes(out)
+    }
+
+    pub(super) fn settings_layer(
+        &mut self,
+        source: SourceId,
+        all: &AttrValues,
+        per_model: &SpannedMap<AttrValues>,
+    ) -> SettingsLayer {
+        let all_models = self.settings(source, all);
+        let mut layer = SettingsLayer {
+            all_models,
+            per_model: Vec::new(),
+        };
+        for (model, values) in &per_model.0 {
+            if !self.model_ids.iter().any(|id| id == &model.value) {
+                let span = self.span(source, model);
+                let help = suggest(&model.value, self.model_ids.iter().map(String::as_str))
+                    .map(|close| format!("did you mean `{close}`?"));
+                self.report(
+                    codes::UNKNOWN_REFERENCE,
+                    source,
+                    span,
+                    format!("no model has the id `{}`", model.value),
+                    "unknown model",
+                    help,
+                );
+                continue;
+            }
+            let settings = self.settings(source, values);
+            layer.per_model.push((model.value.clone(), settings));
+        }
+        layer
+    }
+
+    /// Refuses strings that look like a credential pasted into data.
+    fn check_not_secret(&mut self, source: SourceId, span: Span, field: &str, text: &str) {
+        const PREFIXES: [&str; 7] = ["sk-", "sk_live_", "AKIA", "ghp_", "xoxb-", "xoxp-", "AIza"];
+        if PREFIXES.iter().any(|prefix| text.starts_with(prefix)) && text.len() >= 16 {
+            self.diagnostics
+                .push(secret_diagnostic(source, span, field));
+        }
+    }
+}
+
+/// A diagnostic about a secret in a data file; it names the place but never
+/// quotes the line, so the secret does not reach terminals or CI logs.
+pub(super) fn secret_diagnostic(source: SourceId, span: Span, field: &str) -> Diagnostic {
+    let mut diagnostic = Diagnostic::new(
+        codes::LITERAL_SECRET,
+        format!("`{field}` holds what looks like a literal secret"),
+    )
+    .at(source, span, "secret value")
+    .help("put the secret in an environment variable and write `${NAME}` here; rotate the exposed key");
+    diagnostic.quote_source = false;
+    diagnostic
+}
+
+/// Checks for duplicate ids, reporting each repeat.
+pub(super) fn unique<'v>(
+    validator: &mut Validator<'_>,
+    source: SourceId,
+    what: &str,
+    ids: impl IntoIterator<Item = &'v Spanned<String>>,
+) {
+    let mut seen: HashMap<String, Span> = HashMap::new();
+    for id in ids {
+        let span = validator.span(source, id);
+        if let Some(first) = seen.get(&id.value) {
+            let first = *first;
+            validator.diagnostics.push(
+                Diagnostic::new(
+                    codes::DUPLICATE_ID,
+                    format!("{what} `{}` is defined twice", id.value),
+                )
+                .at(source, span, "defined again here")
+                .also(source, first, "first defined here")
+                .help(format!("{what} ids must be unique; rename or remove one")),
+            );
+        } else {
+            seen.insert(id.value.clone(), span);
+        }
+    }
+}
+
+const PROVIDER_BUILTINS: &[&str] = &[
+    "id",
+    "name",
+    "aliases",
+    "format",
+    "base_url",
+    "priority",
+    "listed",
+    "capacity",
+    "credentials",
+];
+const ROUTE_BUILTINS: &[&str] = &["provider", "upstream_model", "price", "capabilities"];
+const MODEL_BUILTINS: &[&str] = &["id", "kind", "aliases", "routes"];
+const CREDENTIAL_BUILTINS: &[&str] = &["id", "owned", "tenant", "key"];
+const TENANT_BUILTINS: &[&str] = &["id"];
+
+/// The environment variable named by a `${NAME}` reference.
+pub(super) fn env_reference(text: &str) -> Option<&str> {
+    let name = text.strip_prefix("${")?.strip_suffix('}')?;
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    ((first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    .then_some(name)
+}
+
+/// Loads and validates a catalog and its tenants. The data comes back
+/// whenever both files are well-formed YAML of the right shape, even if some
+/// entries were refused, so the policy can still be checked against the
+/// schema; the diagnostics say what was wrong.
+pub fn load(
+    catalog_source: SourceId,
+    tenants_source: SourceId,
+    sources: &SourceMap,
+) -> (Option<Data>, Vec<Diagnostic>) {
+    let mut diagnostics = Vec::new();
+    let raw_catalog: Option<RawCatalog> = parse_yaml(sources, catalog_source, &mut diagnostics);
+    let raw_tenants: Option<RawTenants> = parse_yaml(sources, tenants_source, &mut diagnostics);
+    let (Some(raw_catalog), Some(raw_tenants)) = (raw_catalog, raw_tenants) else {
+        return (None, diagnostics);
+    };
+
+    let mut validator = Validator {
+        sources,
+        diagnostics,
+        schema: Schema::default(),
+        provider_names: HashMap::new(),
+        model_ids: Vec::new(),
+    };
+    let v = &mut validator;
+
+    v.declare_enums(catalog_source, &raw_catalog.enums);
+    v.declare_enums(tenants_source, &raw_tenants.enums);
+
+    // Names first, so attribute values of type `provider` and `model` resolve.
+    for provider in &raw_catalog.providers {
+        let p = &provider.value;
+        let name = p.name.as_ref().map_or(&p.id.value, |n| &n.value).clone();
+        for alias in std::iter::once(&p.id.value)
+            .chain(std::iter::once(&name))
+            .chain(p.aliases.iter().map(|a| &a.value))
+        {
+            v.provider_names
+                .insert(alias.to_ascii_lowercase(), name.clone());
+        }
+    }
+    v.model_ids = raw_catalog
+        .models
+        .iter()
+        .map(|m| m.value.id.value.clone())
+        .collect();
+
+    let c = &raw_catalog.attributes;
+    v.declare_attributes(
+        catalog_source,
+        Subject::Provider,
+        &c.provider,
+        PROVIDER_BUILTINS,
+    );
+    v.declare_attributes(catalog_source, Subject::Route, &c.route, ROUTE_BUILTINS);
+    v.declare_attributes(catalog_source, Subject::Model, &c.model, MODEL_BUILTINS);
+    v.declare_attributes(
+        catalog_source,
+        Subject::Credential,
+        &c.credential,
+        CREDENTIAL_BUILTINS,
+    );
+    v.declare_attributes(catalog_source, Subject::Deployment, &c.deployment, &[]);
+    let t = &raw_tenants.attributes;
+    v.declare_attributes(tenants_source, Subject::Tenant, &t.tenant, TENANT_BUILTINS);
+    v.declare_attributes(
+        tenants_source,
+        Subject::Workspace,
+        &t.workspace,
+        TENANT_BUILTINS,
+    );
+    v.declare_attributes(tenants_source, Subject::Key, &t.key, TENANT_BUILTINS);
+    v.declare_attributes(tenants_source, Subject::Setting, &raw_tenants.settings, &[]);
+
+    let catalog = super::catalog::validate(v, catalog_source, &raw_catalog);
+    let tenants = super::tenants::validate(
+        v,
+        tenants_source,
+        &raw_tenants,
+        &raw_catalog,
+        catalog_source,
+    );
+
+    let diagnostics = std::mem::take(&mut v.diagnostics);
+    let schema = std::mem::take(&mut v.schema);
+    (
+        Some(Data {
+            schema,
+            catalog,
+            tenants,
+        }),
+        diagnostics,
+    )
+}

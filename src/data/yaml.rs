@@ -1,0 +1,348 @@
+//! The data files exactly as written: closed serde structures whose every
+//! value keeps its line and column. Validation in `catalog` and `tenants`
+//! turns them into the typed model the checker and evaluator use.
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+use std::fmt;
+
+/// A mapping whose keys keep their positions, in file order.
+#[derive(Debug, Clone)]
+pub struct SpannedMap<V>(pub Vec<(Spanned<String>, V)>);
+
+impl<V> Default for SpannedMap<V> {
+    fn default() -> Self {
+        SpannedMap(Vec::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for SpannedMap<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MapVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for MapVisitor<V> {
+            type Value = SpannedMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = access.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(SpannedMap(entries))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(SpannedMap(Vec::new()))
+            }
+        }
+        deserializer.deserialize_map(MapVisitor(std::marker::PhantomData))
+    }
+}
+
+/// Any YAML value, for attributes whose type the schema decides.
+#[derive(Debug, Clone)]
+pub enum RawValue {
+    Null,
+    Bool(bool),
+    Number(f64),
+    String(String),
+    List(Vec<Spanned<RawValue>>),
+    Map,
+}
+
+impl RawValue {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RawValue::Null => "nothing",
+            RawValue::Bool(_) => "a boolean",
+            RawValue::Number(_) => "a number",
+            RawValue::String(_) => "a string",
+            RawValue::List(_) => "a list",
+            RawValue::Map => "a mapping",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ValueVisitor;
+        impl<'de> Visitor<'de> for ValueVisitor {
+            type Value = RawValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<RawValue, E> {
+                Ok(RawValue::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<RawValue, E> {
+                Ok(RawValue::Number(v as f64))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<RawValue, E> {
+                Ok(RawValue::Number(v as f64))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<RawValue, E> {
+                Ok(RawValue::Number(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<RawValue, E> {
+                Ok(RawValue::String(v.to_string()))
+            }
+            fn visit_unit<E>(self) -> Result<RawValue, E> {
+                Ok(RawValue::Null)
+            }
+            fn visit_none<E>(self) -> Result<RawValue, E> {
+                Ok(RawValue::Null)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<RawValue, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = access.next_element()? {
+                    items.push(item);
+                }
+                Ok(RawValue::List(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<RawValue, A::Error> {
+                while access
+                    .next_entry::<de::IgnoredAny, de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(RawValue::Map)
+            }
+        }
+        deserializer.deserialize_any(ValueVisitor)
+    }
+}
+
+/// An attribute declaration: `region: string` or
+/// `managed: {type: bool, default: true}`.
+#[derive(Debug, Clone)]
+pub struct RawAttrSpec {
+    pub ty: Spanned<String>,
+    pub default: Option<Spanned<RawValue>>,
+    pub required: bool,
+}
+
+impl<'de> Deserialize<'de> for RawAttrSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SpecVisitor;
+        impl<'de> Visitor<'de> for SpecVisitor {
+            type Value = RawAttrSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a type such as `string`, or a mapping with `type`, `default` and `required`",
+                )
+            }
+            fn visit_str<E>(self, v: &str) -> Result<RawAttrSpec, E> {
+                Ok(RawAttrSpec {
+                    ty: Spanned::new(
+                        v.to_string(),
+                        serde_saphyr::Location::UNKNOWN,
+                        serde_saphyr::Location::UNKNOWN,
+                    ),
+                    default: None,
+                    required: false,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<RawAttrSpec, A::Error> {
+                let mut ty = None;
+                let mut default = None;
+                let mut required = false;
+                while let Some(key) = access.next_key::<String>()? {
+                    match key.as_str() {
+                        "type" => ty = Some(access.next_value::<Spanned<String>>()?),
+                        "default" => default = Some(access.next_value::<Spanned<RawValue>>()?),
+                        "required" => required = access.next_value::<bool>()?,
+                        other => {
+                            return Err(de::Error::unknown_field(
+                                other,
+                                &["type", "default", "required"],
+                            ));
+                        }
+                    }
+                }
+                let ty = ty.ok_or_else(|| de::Error::missing_field("type"))?;
+                Ok(RawAttrSpec {
+                    ty,
+                    default,
+                    required,
+                })
+            }
+        }
+        deserializer.deserialize_any(SpecVisitor)
+    }
+}
+
+/// Attribute declarations per kind of entry.
+pub type AttrSpecs = SpannedMap<Spanned<RawAttrSpec>>;
+/// Attribute values of one entry.
+pub type AttrValues = SpannedMap<Spanned<RawValue>>;
+
+// ------------------------------------------------------------------ catalog
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCatalog {
+    #[serde(default)]
+    pub enums: SpannedMap<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub attributes: RawCatalogSchema,
+    #[serde(default)]
+    pub deployment: AttrValues,
+    #[serde(default)]
+    pub providers: Vec<Spanned<RawProvider>>,
+    #[serde(default)]
+    pub models: Vec<Spanned<RawModel>>,
+    #[serde(default)]
+    pub aliases: SpannedMap<Spanned<RawValue>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCatalogSchema {
+    #[serde(default)]
+    pub provider: AttrSpecs,
+    #[serde(default)]
+    pub route: AttrSpecs,
+    #[serde(default)]
+    pub model: AttrSpecs,
+    #[serde(default)]
+    pub credential: AttrSpecs,
+    #[serde(default)]
+    pub deployment: AttrSpecs,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProvider {
+    pub id: Spanned<String>,
+    pub name: Option<Spanned<String>>,
+    #[serde(default)]
+    pub aliases: Vec<Spanned<String>>,
+    pub format: Spanned<String>,
+    pub base_url: Spanned<String>,
+    pub priority: Option<Spanned<f64>>,
+    pub listed: Option<Spanned<String>>,
+    pub capacity: Option<Spanned<RawCapacity>>,
+    #[serde(default)]
+    pub credentials: Vec<Spanned<RawCredential>>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCapacity {
+    pub concurrent: Option<Spanned<u32>>,
+    pub requests: Option<Spanned<u32>>,
+    pub window: Option<Spanned<String>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredential {
+    pub id: Spanned<String>,
+    pub key: Spanned<String>,
+    pub tenant: Option<Spanned<String>>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub id: Spanned<String>,
+    pub kind: Spanned<String>,
+    #[serde(default)]
+    pub aliases: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+    #[serde(default)]
+    pub routes: Vec<Spanned<RawRoute>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub provider: Spanned<String>,
+    pub upstream: Option<Spanned<String>>,
+    pub price: Option<Spanned<RawPrice>>,
+    #[serde(default)]
+    pub capabilities: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    pub input: Option<Spanned<f64>>,
+    pub output: Option<Spanned<f64>>,
+    pub cache_read: Option<Spanned<f64>>,
+    pub cache_write: Option<Spanned<f64>>,
+}
+
+// ------------------------------------------------------------------ tenants
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenants {
+    #[serde(default)]
+    pub enums: SpannedMap<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub attributes: RawTenantSchema,
+    #[serde(default)]
+    pub settings: AttrSpecs,
+    #[serde(default)]
+    pub tenants: Vec<Spanned<RawTenant>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenantSchema {
+    #[serde(default)]
+    pub tenant: AttrSpecs,
+    #[serde(default)]
+    pub workspace: AttrSpecs,
+    #[serde(default)]
+    pub key: AttrSpecs,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    pub id: Spanned<String>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+    #[serde(default)]
+    pub settings: AttrValues,
+    #[serde(default)]
+    pub model_settings: SpannedMap<AttrValues>,
+    #[serde(default)]
+    pub workspaces: Vec<Spanned<RawWorkspace>>,
+    #[serde(default)]
+    pub keys: Vec<Spanned<RawKey>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorkspace {
+    pub id: Spanned<String>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+    #[serde(default)]
+    pub settings: AttrValues,
+    #[serde(default)]
+    pub model_settings: SpannedMap<AttrValues>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub id: Spanned<String>,
+    pub sha256: Spanned<String>,
+    pub workspace: Option<Spanned<String>>,
+    #[serde(default)]
+    pub attributes: AttrValues,
+    #[serde(default)]
+    pub settings: AttrValues,
+    #[serde(default)]
+    pub model_settings: SpannedMap<AttrValues>,
+}
