@@ -36,7 +36,7 @@ pub fn policy_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
             let mut found: Vec<PathBuf> = entries
                 .filter_map(Result::ok)
                 .map(|entry| entry.path())
-                .filter(|p| p.extension().is_some_and(|ext| ext == "policy"))
+                .filter(|p| is_policy(p))
                 .collect();
             found.sort();
             if found.is_empty() {

@@ -651,6 +651,13 @@ pub(super) fn env_reference(text: &str) -> Option<&str> {
     .then_some(name)
 }
 
+/// Loads a catalog and tenants given as text (for tests and fuzzing).
+pub fn load_texts(catalog: &str, tenants: &str, sources: &mut SourceMap) -> (Option<Data>, Vec<Diagnostic>) {
+    let catalog_source = sources.add("catalog.yaml", catalog);
+    let tenants_source = sources.add("tenants.yaml", tenants);
+    load(catalog_source, tenants_source, sources)
+}
+
 /// Loads and validates a catalog and its tenants. The data comes back
 /// whenever both files are well-formed YAML of the right shape, even if some
 /// entries were refused, so the policy can still be checked against the

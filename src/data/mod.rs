@@ -8,6 +8,6 @@ pub mod schema;
 mod tenants;
 mod yaml;
 
-pub use load::{load, read_source};
+pub use load::{load, load_texts, read_source};
 pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;

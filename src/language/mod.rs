@@ -170,6 +170,17 @@ pub fn check_source(
     finish(sources, diagnostics, policy)
 }
 
+/// Parses and checks policy text against data already loaded, ignoring the
+/// data files its header names. Used by the fuzz targets and tests that vary
+/// the policy over one data set.
+pub fn check_text_with_data(sources: &mut SourceMap, name: &str, text: &str, data: &Data) -> Vec<Diagnostic> {
+    let source = sources.add(name, text);
+    let parsed = parse::parse(source, text);
+    let mut diagnostics = parsed.diagnostics;
+    diagnostics.extend(check::Checker::run(source, &parsed.file, &parsed.broken_names, data));
+    diagnostics
+}
+
 fn finish(
     sources: SourceMap,
     diagnostics: Vec<Diagnostic>,
