@@ -108,4 +108,18 @@ mod tests {
         }
         assert_eq!(by_id("E0302"), Some(UNKNOWN_ATTRIBUTE));
     }
+
+    #[test]
+    fn every_code_is_documented() {
+        let doc = include_str!("../../docs/diagnostics.md");
+        for code in ALL {
+            let row = format!("| `{}` |", code.id);
+            assert!(doc.contains(&row), "docs/diagnostics.md lacks {}", code.id);
+            assert!(
+                doc.contains(code.summary),
+                "docs/diagnostics.md has another summary for {}",
+                code.id
+            );
+        }
+    }
 }

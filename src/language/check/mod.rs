@@ -1382,6 +1382,21 @@ impl<'a> Checker<'a> {
                 }
             }
         }
+        let ends_request = rule
+            .consequences
+            .iter()
+            .any(|c| matches!(c, Consequence::Next { .. } | Consequence::Stop { .. }));
+        if actions.len() == 1 && errors == 0 && ends_request {
+            self.error_at(
+                codes::BAD_CONSEQUENCE,
+                rule.keyword,
+                String::from("this rule can end the request but names no error"),
+                "no `error`",
+                Some(String::from(
+                    "add `error NAME` (or `error passthrough` for statuses): it is what the client gets when this is the last attempt",
+                )),
+            );
+        }
         if actions.len() != 1 || errors > 1 {
             let message = if actions.is_empty() {
                 String::from("this rule does not say what happens next")
