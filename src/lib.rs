@@ -8,3 +8,4 @@ pub mod data;
 pub mod diagnostics;
 pub mod language;
 pub mod source;
+pub mod value;

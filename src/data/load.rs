@@ -8,6 +8,7 @@ use super::schema::*;
 use super::yaml::*;
 use crate::diagnostics::{Code, Diagnostic, codes, suggest};
 use crate::source::{SourceId, SourceMap, Span};
+use crate::value::{EnumMember, Value};
 use serde_saphyr::{Location, Spanned};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -373,7 +374,10 @@ impl<'a> Validator<'a> {
             (AttrType::Enum(id), RawValue::String(s)) => {
                 let def = self.schema.enum_def(*id)?;
                 match def.index_of(s) {
-                    Some(index) => Some(Value::Enum(*id, index)),
+                    Some(index) => Some(Value::Enum(EnumMember {
+                        rank: u32::try_from(index).unwrap_or(u32::MAX),
+                        name: Arc::from(s.as_str()),
+                    })),
                     None => {
                         let help = suggest(s, def.members.iter().map(String::as_str))
                             .map(|close| format!("did you mean `{close}`?"))
@@ -652,7 +656,11 @@ pub(super) fn env_reference(text: &str) -> Option<&str> {
 }
 
 /// Loads a catalog and tenants given as text (for tests and fuzzing).
-pub fn load_texts(catalog: &str, tenants: &str, sources: &mut SourceMap) -> (Option<Data>, Vec<Diagnostic>) {
+pub fn load_texts(
+    catalog: &str,
+    tenants: &str,
+    sources: &mut SourceMap,
+) -> (Option<Data>, Vec<Diagnostic>) {
     let catalog_source = sources.add("catalog.yaml", catalog);
     let tenants_source = sources.add("tenants.yaml", tenants);
     load(catalog_source, tenants_source, sources)

@@ -1,8 +1,9 @@
 //! The validated data model: catalog (providers, credentials, models, routes)
 //! and tenants (organisations, workspaces, keys, layered settings).
 
-use super::schema::{Schema, Value};
+use super::schema::Schema;
 use crate::source::{SourceId, Span};
+use crate::value::Value;
 
 /// Where a data entry was written, for diagnostics that point into YAML.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! that policies reference by name (`provider.region`, `key.residency`).
 
 use crate::source::Span;
-use std::fmt;
+use crate::value::Value;
 use std::sync::Arc;
 
 /// An enumeration declared in a data file, such as privacy tiers. Members are
@@ -88,43 +88,6 @@ impl AttrType {
                 .get(id.0)
                 .map_or_else(|| "enum".into(), |e| e.name.clone()),
             AttrType::List(inner) => format!("list<{}>", inner.describe(enums)),
-        }
-    }
-}
-
-/// A typed value from a data file.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Bool(bool),
-    Number(f64),
-    String(Arc<str>),
-    /// Milliseconds.
-    Duration(u64),
-    /// Days since 1970-01-01.
-    Date(i64),
-    Enum(EnumId, usize),
-    List(Arc<[Value]>),
-}
-
-impl fmt::Display for Value {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Value::Bool(b) => write!(f, "{b}"),
-            Value::Number(n) => write!(f, "{n}"),
-            Value::String(s) => write!(f, "{s}"),
-            Value::Duration(ms) => write!(f, "{ms}ms"),
-            Value::Date(days) => write!(f, "{}", format_date(*days)),
-            Value::Enum(_, index) => write!(f, "#{index}"),
-            Value::List(items) => {
-                write!(f, "[")?;
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        write!(f, ", ")?;
-                    }
-                    write!(f, "{item}")?;
-                }
-                write!(f, "]")
-            }
         }
     }
 }

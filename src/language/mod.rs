@@ -6,12 +6,13 @@
 
 pub mod ast;
 pub mod check;
+pub mod ir;
 pub mod parse;
 
 use crate::data::{self, Data};
 use crate::diagnostics::{Diagnostic, Diagnostics, codes};
 use crate::source::{SourceId, SourceMap, Span};
-use ast::{DataFileKind, Item, PolicyFile};
+use ast::{DataFileKind, Item};
 use std::path::Path;
 
 /// A policy that checked without errors, with its data.
@@ -19,7 +20,7 @@ use std::path::Path;
 pub struct CheckedPolicy {
     pub name: String,
     pub source: SourceId,
-    pub file: PolicyFile,
+    pub program: ir::Program,
     pub data: Data,
 }
 
@@ -115,7 +116,7 @@ pub fn check_source(
         }
     }
 
-    let mut checked_data = None;
+    let mut checked = None;
     if let (Some(catalog), Some(tenants)) = (catalog_setting, tenants_setting) {
         let read = |setting: &ast::PolicySetting,
                     sources: &mut SourceMap,
@@ -136,13 +137,10 @@ pub fn check_source(
             let (data, data_diagnostics) = data::load(catalog_source, tenants_source, &sources);
             diagnostics.extend(data_diagnostics);
             if let Some(data) = data {
-                diagnostics.extend(check::Checker::run(
-                    source,
-                    &parsed.file,
-                    &parsed.broken_names,
-                    &data,
-                ));
-                checked_data = Some(data);
+                let (check_diagnostics, program) =
+                    check::Checker::run(source, &parsed.file, &parsed.broken_names, &data);
+                diagnostics.extend(check_diagnostics);
+                checked = Some((data, program));
             }
         }
     } else if header.is_none() {
@@ -158,11 +156,11 @@ pub fn check_source(
     let has_errors = diagnostics
         .iter()
         .any(|d| d.severity() == crate::diagnostics::Severity::Error);
-    let policy = match (has_errors, checked_data) {
-        (false, Some(data)) => Some(CheckedPolicy {
+    let policy = match (has_errors, checked) {
+        (false, Some((data, program))) => Some(CheckedPolicy {
             name,
             source,
-            file: parsed.file,
+            program,
             data,
         }),
         _ => None,
@@ -173,11 +171,16 @@ pub fn check_source(
 /// Parses and checks policy text against data already loaded, ignoring the
 /// data files its header names. Used by the fuzz targets and tests that vary
 /// the policy over one data set.
-pub fn check_text_with_data(sources: &mut SourceMap, name: &str, text: &str, data: &Data) -> Vec<Diagnostic> {
+pub fn check_text_with_data(
+    sources: &mut SourceMap,
+    name: &str,
+    text: &str,
+    data: &Data,
+) -> Vec<Diagnostic> {
     let source = sources.add(name, text);
     let parsed = parse::parse(source, text);
     let mut diagnostics = parsed.diagnostics;
-    diagnostics.extend(check::Checker::run(source, &parsed.file, &parsed.broken_names, data));
+    diagnostics.extend(check::Checker::run(source, &parsed.file, &parsed.broken_names, data).0);
     diagnostics
 }
 

@@ -1,11 +1,14 @@
-//! Name resolution and type checking of expressions.
+//! Name resolution and type checking of expressions, elaborating each into
+//! its resolved [`Term`].
 
 use super::Checker;
 use super::env::{Place, Root};
-use super::types::{EnumTy, Ty, enums_compatible, fits, unify};
+use super::types::{EnumTy, RecordTy, Ty, enums_compatible, fits, unify};
 use crate::diagnostics::{Diagnostic, codes, suggest};
 use crate::language::ast::*;
+use crate::language::ir::{DefRef, Function, PriceField, Read, Term, TermKind, Who};
 use crate::source::Span;
+use crate::value::{EnumMember, Value};
 use std::sync::Arc;
 
 /// What an expression read, so callers can tell whether it depends on the
@@ -78,6 +81,17 @@ const FUNCTIONS: &[&str] = &[
     "backoff",
 ];
 
+const CANDIDATE_FIELDS: [&str; 8] = [
+    "model",
+    "provider",
+    "route",
+    "credential",
+    "health",
+    "stats",
+    "capacity",
+    "requested",
+];
+
 fn facts_if_true(expr: &Expr) -> Vec<String> {
     match &expr.kind {
         ExprKind::Call(name, args) if name.name == "present" => {
@@ -145,6 +159,42 @@ pub fn constant_bool(expr: &Expr) -> Option<bool> {
     }
 }
 
+/// A placeholder for an expression that did not check; the program it would
+/// be part of is never used.
+fn broken(span: Span) -> (Ty, Term) {
+    (Ty::Unknown, Term::constant(Value::Null, span))
+}
+
+fn boxed(term: Term) -> Box<Term> {
+    Box::new(term)
+}
+
+/// Converts a value of type `from` flowing to type `to`: strings and members
+/// of another enumeration become members of the target enumeration, so
+/// ordered comparisons use its ranks.
+pub fn coerce(term: Term, from: &Ty, to: &Ty) -> Term {
+    let Ty::Enum(target) = to.required() else {
+        return term;
+    };
+    let same = matches!(from.required(), Ty::Enum(source) if source.members == target.members);
+    if same || !matches!(from.required(), Ty::String | Ty::Enum(_)) {
+        return term;
+    }
+    let span = term.span;
+    if let TermKind::Const(Value::String(text)) = &term.kind
+        && let Some(rank) = target.members.iter().position(|m| **m == **text)
+    {
+        return Term::constant(
+            Value::Enum(EnumMember {
+                rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                name: text.clone(),
+            }),
+            span,
+        );
+    }
+    Term::new(TermKind::ToEnum(target.clone(), boxed(term)), span)
+}
+
 impl Checker<'_> {
     fn diag(&mut self, diagnostic: Diagnostic) {
         self.diagnostics.push(diagnostic);
@@ -166,20 +216,26 @@ impl Checker<'_> {
         );
     }
 
-    /// Checks an expression and returns its type and what it read.
-    pub fn check_expr(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> (Ty, Usage) {
+    /// Checks an expression; returns its type, what it read, and its term.
+    pub fn check_expr(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> (Ty, Usage, Term) {
         let saved = std::mem::take(&mut self.usage);
-        let ty = self.expr(expr, place, scope);
+        let (ty, term) = self.expr(expr, place, scope);
         let usage = std::mem::replace(&mut self.usage, saved);
         self.usage.merge(usage);
-        (ty, usage)
+        (ty, usage, term)
     }
 
     /// Checks that an expression has the expected type.
-    pub fn expect(&mut self, expr: &Expr, expected: &Ty, place: &Place, scope: &Scope) -> Usage {
-        let (ty, usage) = self.check_expr(expr, place, scope);
+    pub fn expect(
+        &mut self,
+        expr: &Expr,
+        expected: &Ty,
+        place: &Place,
+        scope: &Scope,
+    ) -> (Usage, Term) {
+        let (ty, usage, term) = self.check_expr(expr, place, scope);
         self.require_type(expr, &ty, expected);
-        usage
+        (usage, coerce(term, &ty, expected))
     }
 
     pub fn require_type(&mut self, expr: &Expr, actual: &Ty, expected: &Ty) {
@@ -252,20 +308,25 @@ impl Checker<'_> {
         }
     }
 
-    fn expr(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> Ty {
+    fn expr(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> (Ty, Term) {
+        let span = expr.span;
         match &expr.kind {
-            ExprKind::Literal(literal) => match literal {
-                Literal::Bool(_) => Ty::Bool,
-                Literal::Number(_) | Literal::Percent(_) => Ty::Number,
-                Literal::Duration(_) => Ty::Duration,
-                Literal::String(_) => Ty::String,
-                Literal::Null => Ty::Null,
-            },
+            ExprKind::Literal(literal) => {
+                let (ty, value) = match literal {
+                    Literal::Bool(b) => (Ty::Bool, Value::Bool(*b)),
+                    Literal::Number(n) | Literal::Percent(n) => (Ty::Number, Value::Number(*n)),
+                    Literal::Duration(ms) => (Ty::Duration, Value::Duration(*ms)),
+                    Literal::String(s) => (Ty::String, Value::string(s)),
+                    Literal::Null => (Ty::Null, Value::Null),
+                };
+                (ty, Term::constant(value, span))
+            }
             ExprKind::Path(segments) => self.path(segments, expr, place, scope),
             ExprKind::List(items) => {
                 let mut item_ty = Ty::Unknown;
+                let mut parts = Vec::new();
                 for item in items {
-                    let ty = self.expr(item, place, scope);
+                    let (ty, term) = self.expr(item, place, scope);
                     match unify(&item_ty, &ty) {
                         Some(unified) => item_ty = unified,
                         None => {
@@ -278,45 +339,61 @@ impl Checker<'_> {
                             );
                         }
                     }
+                    parts.push((ty, term));
                 }
-                Ty::List(Box::new(item_ty))
+                let terms = parts
+                    .into_iter()
+                    .map(|(ty, term)| coerce(term, &ty, &item_ty))
+                    .collect();
+                (
+                    Ty::List(Box::new(item_ty)),
+                    Term::new(TermKind::List(terms), span),
+                )
             }
             ExprKind::Object(fields) => {
                 if scope.it.is_none() {
                     self.err(
                         codes::TYPE_MISMATCH,
-                        expr.span,
+                        span,
                         String::from("object values can only be written in an input's `shorthand`"),
                         "object here",
                         None,
                     );
-                    return Ty::Unknown;
+                    return broken(span);
                 }
-                let fields = fields
-                    .iter()
-                    .map(|(name, value)| (name.name.clone(), self.expr(value, place, scope)))
-                    .collect();
-                Ty::Record(Arc::new(super::types::RecordTy {
-                    name: String::from("shorthand"),
-                    fields,
-                }))
+                let mut types = Vec::new();
+                let mut terms = Vec::new();
+                for (name, value) in fields {
+                    let (ty, term) = self.expr(value, place, scope);
+                    types.push((name.name.clone(), ty));
+                    terms.push((Arc::from(name.name.as_str()), term));
+                }
+                (
+                    Ty::Record(Arc::new(RecordTy {
+                        name: String::from("shorthand"),
+                        fields: types,
+                    })),
+                    Term::new(TermKind::Record(terms), span),
+                )
             }
             ExprKind::Unary(op, operand) => {
-                let ty = self.expr(operand, place, scope);
+                let (ty, term) = self.expr(operand, place, scope);
                 match op {
                     UnaryOp::Not => {
                         self.require_type(operand, &ty, &Ty::Bool);
-                        Ty::Bool
+                        (Ty::Bool, Term::new(TermKind::Not(boxed(term)), span))
                     }
                     UnaryOp::Negate => match ty.required() {
-                        Ty::Number | Ty::Duration | Ty::Unknown => ty,
+                        Ty::Number | Ty::Duration | Ty::Unknown => {
+                            (ty, Term::new(TermKind::Negate(boxed(term)), span))
+                        }
                         _ => self.bad_operands(expr, "-", &ty, None),
                     },
                 }
             }
             ExprKind::Binary(op, lhs, rhs) => self.binary(*op, lhs, rhs, expr, place, scope),
             ExprKind::If(condition, then, otherwise) => {
-                let cond_ty = self.expr(condition, place, scope);
+                let (cond_ty, cond) = self.expr(condition, place, scope);
                 self.require_type(condition, &cond_ty, &Ty::Bool);
                 let then_scope = Scope {
                     facts: scope.facts.with(facts_if_true(condition)),
@@ -326,8 +403,8 @@ impl Checker<'_> {
                     facts: scope.facts.with(facts_if_false(condition)),
                     ..scope.clone()
                 };
-                let a = self.expr(then, place, &then_scope);
-                let b = self.expr(otherwise, place, &else_scope);
+                let (a, then_term) = self.expr(then, place, &then_scope);
+                let (b, else_term) = self.expr(otherwise, place, &else_scope);
                 match unify(&a, &b) {
                     Some(ty) => {
                         if let Ty::Enum(e) = ty.required() {
@@ -335,7 +412,13 @@ impl Checker<'_> {
                             self.enum_literal(&e, then);
                             self.enum_literal(&e, otherwise);
                         }
-                        ty
+                        let then_term = coerce(then_term, &a, &ty);
+                        let else_term = coerce(else_term, &b, &ty);
+                        let term = Term::new(
+                            TermKind::If(boxed(cond), boxed(then_term), boxed(else_term)),
+                            span,
+                        );
+                        (ty, term)
                     }
                     None => {
                         self.err(
@@ -345,7 +428,7 @@ impl Checker<'_> {
                             &format!("this is {b}"),
                             None,
                         );
-                        Ty::Unknown
+                        broken(span)
                     }
                 }
             }
@@ -360,13 +443,14 @@ impl Checker<'_> {
                 *function_span,
                 value,
                 filter.as_deref(),
+                expr,
                 place,
                 scope,
             ),
         }
     }
 
-    fn bad_operands(&mut self, expr: &Expr, op: &str, lhs: &Ty, rhs: Option<&Ty>) -> Ty {
+    fn bad_operands(&mut self, expr: &Expr, op: &str, lhs: &Ty, rhs: Option<&Ty>) -> (Ty, Term) {
         let message = match rhs {
             Some(rhs) => format!("`{op}` is not defined for {lhs} and {rhs}"),
             None => format!("`{op}` is not defined for {lhs}"),
@@ -380,7 +464,7 @@ impl Checker<'_> {
                 "arithmetic works on numbers and durations, `+` also joins strings; see the type rules in docs/language.md",
             )),
         );
-        Ty::Unknown
+        broken(expr.span)
     }
 
     fn binary(
@@ -391,8 +475,9 @@ impl Checker<'_> {
         expr: &Expr,
         place: &Place,
         scope: &Scope,
-    ) -> Ty {
-        let lhs_ty = self.expr(lhs, place, scope);
+    ) -> (Ty, Term) {
+        let span = expr.span;
+        let (lhs_ty, lhs_term) = self.expr(lhs, place, scope);
         let rhs_scope = match op {
             BinaryOp::And | BinaryOp::Implies => Scope {
                 facts: scope.facts.with(facts_if_true(lhs)),
@@ -404,26 +489,26 @@ impl Checker<'_> {
             },
             _ => scope.clone(),
         };
-        let rhs_ty = self.expr(rhs, place, &rhs_scope);
+        let (rhs_ty, rhs_term) = self.expr(rhs, place, &rhs_scope);
+        let term = |l: Term, r: Term| Term::new(TermKind::Binary(op, boxed(l), boxed(r)), span);
         match op {
             BinaryOp::And | BinaryOp::Or | BinaryOp::Implies => {
                 self.require_type(lhs, &lhs_ty, &Ty::Bool);
                 self.require_type(rhs, &rhs_ty, &Ty::Bool);
-                Ty::Bool
+                (Ty::Bool, term(lhs_term, rhs_term))
             }
             BinaryOp::Eq | BinaryOp::Ne => {
                 if unify(&lhs_ty, &rhs_ty).is_none() {
-                    self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
-                } else {
-                    self.enum_pair(&lhs_ty, rhs, &rhs_ty, lhs);
+                    return self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
                 }
-                Ty::Bool
+                self.enum_pair(&lhs_ty, rhs, &rhs_ty, lhs);
+                (Ty::Bool, term(lhs_term, rhs_term))
             }
             BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge => {
                 for (side, ty) in [(lhs, &lhs_ty), (rhs, &rhs_ty)] {
                     if ty.is_optional() {
                         self.maybe_absent(side, ty);
-                        return Ty::Bool;
+                        return broken(span);
                     }
                 }
                 let comparable = match (lhs_ty.required(), rhs_ty.required()) {
@@ -438,37 +523,38 @@ impl Checker<'_> {
                 };
                 if comparable {
                     self.enum_pair(&lhs_ty, rhs, &rhs_ty, lhs);
-                } else if let (Ty::Enum(e), _) | (_, Ty::Enum(e)) =
-                    (lhs_ty.required(), rhs_ty.required())
-                {
-                    if !e.ordered {
-                        self.err(
-                            codes::NOT_ORDERED,
-                            expr.span,
-                            format!("`{}` has no order, so `{}` cannot compare it", e.name, op.symbol()),
-                            "compared by order",
-                            Some(String::from(
-                                "declare the enumeration under `enums:` in a data file, weakest member first, to give it an order",
-                            )),
-                        );
-                    } else {
-                        self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
-                    }
-                } else {
-                    self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
+                    // Order a string against the enumeration's ranks.
+                    let lhs_term = coerce(lhs_term, &lhs_ty, &rhs_ty);
+                    let rhs_term = coerce(rhs_term, &rhs_ty, &lhs_ty);
+                    return (Ty::Bool, term(lhs_term, rhs_term));
                 }
-                Ty::Bool
+                if let (Ty::Enum(e), _) | (_, Ty::Enum(e)) = (lhs_ty.required(), rhs_ty.required())
+                    && !e.ordered
+                {
+                    self.err(
+                        codes::NOT_ORDERED,
+                        span,
+                        format!("`{}` has no order, so `{}` cannot compare it", e.name, op.symbol()),
+                        "compared by order",
+                        Some(String::from(
+                            "declare the enumeration under `enums:` in a data file, weakest member first, to give it an order",
+                        )),
+                    );
+                    return broken(span);
+                }
+                self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty))
             }
             BinaryOp::In | BinaryOp::NotIn => {
                 if lhs_ty.is_optional() {
                     self.maybe_absent(lhs, &lhs_ty);
-                    return Ty::Bool;
+                    return broken(span);
                 }
                 match rhs_ty.required() {
                     Ty::List(item) => {
                         if unify(&lhs_ty, item).is_none() {
-                            self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
-                        } else if let Ty::Enum(e) = lhs_ty.required() {
+                            return self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
+                        }
+                        if let Ty::Enum(e) = lhs_ty.required() {
                             self.enum_literal(&e.clone(), rhs);
                         }
                     }
@@ -484,9 +570,10 @@ impl Checker<'_> {
                             "not a list",
                             None,
                         );
+                        return broken(span);
                     }
                 }
-                Ty::Bool
+                (Ty::Bool, term(lhs_term, rhs_term))
             }
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => {
                 let optional = lhs_ty.is_optional() || rhs_ty.is_optional();
@@ -500,7 +587,8 @@ impl Checker<'_> {
                     (BinaryOp::Div, Ty::Duration, Ty::Duration) => Ty::Number,
                     _ => return self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty)),
                 };
-                if optional { result.optional() } else { result }
+                let ty = if optional { result.optional() } else { result };
+                (ty, term(lhs_term, rhs_term))
             }
         }
     }
@@ -515,12 +603,24 @@ impl Checker<'_> {
         }
     }
 
-    fn path(&mut self, segments: &[Ident], expr: &Expr, place: &Place, scope: &Scope) -> Ty {
+    fn path(
+        &mut self,
+        segments: &[Ident],
+        expr: &Expr,
+        place: &Place,
+        scope: &Scope,
+    ) -> (Ty, Term) {
+        let span = expr.span;
         let Some(first) = segments.first() else {
-            return Ty::Unknown;
+            return broken(span);
         };
-        let mut ty = if first.name == "self" && scope.in_aggregate {
-            Ty::Candidate
+        enum Head {
+            Definition(DefRef),
+            Root(Root),
+            Scored,
+        }
+        let (mut ty, head) = if first.name == "self" && scope.in_aggregate {
+            (Ty::Candidate, Head::Scored)
         } else if first.name == "self" {
             self.err(
                 codes::AGGREGATE_MISUSE,
@@ -531,9 +631,9 @@ impl Checker<'_> {
                     "outside aggregates, read the candidate's fields directly",
                 )),
             );
-            return Ty::Unknown;
-        } else if let Some(ty) = self.named_value(first, place, scope) {
-            ty
+            return broken(span);
+        } else if let Some((ty, definition)) = self.named_value(first, place, scope) {
+            (ty, Head::Definition(definition))
         } else if let Some(root) = Root::from_name(&first.name) {
             if root == Root::Input
                 && let Some(field) = segments.get(1)
@@ -541,11 +641,11 @@ impl Checker<'_> {
                 self.input_reads.insert(field.name.clone());
             }
             match self.root(root, first, place, scope) {
-                Some(ty) => ty,
-                None => return Ty::Unknown,
+                Some(ty) => (ty, Head::Root(root)),
+                None => return broken(span),
             }
         } else if self.broken_names.contains(&first.name) {
-            return Ty::Unknown;
+            return broken(span);
         } else {
             let mut known: Vec<String> = self.value_names();
             known.extend(
@@ -563,13 +663,19 @@ impl Checker<'_> {
                 first.span,
                 format!("`{}` is not defined", first.name),
                 "unknown name",
-                help.or_else(|| Some(String::from("names are `let` and `merge` definitions or roots such as `request`, `provider`, `route`"))),
+                help.or_else(|| {
+                    Some(String::from(
+                        "names are `let` and `merge` definitions or roots such as `request`, `provider`, `route`",
+                    ))
+                }),
             );
-            return Ty::Unknown;
+            return broken(span);
         };
 
+        // Type the rest of the path, remembering a candidate's `let` members.
         let path_start = first.span.start;
         let mut optional = false;
+        let mut candidate_let: Option<(usize, usize)> = None;
         for (index, segment) in segments.iter().enumerate().skip(1) {
             if ty.is_optional() {
                 optional = true;
@@ -581,7 +687,7 @@ impl Checker<'_> {
                 .collect();
             let prefix = prefix.join(".");
             ty = match ty.required().clone() {
-                Ty::Unknown => return Ty::Unknown,
+                Ty::Unknown => return broken(span),
                 Ty::Record(record) => match record.field(&segment.name) {
                     Some(field) => field.clone(),
                     None => {
@@ -601,52 +707,46 @@ impl Checker<'_> {
                                 });
                         self.err(
                             codes::UNKNOWN_ATTRIBUTE,
-                            expr.span.to(segment.span).with_start(path_start),
+                            Span::new(path_start, segment.span.end),
                             format!("`{prefix}` has no attribute `{}`", segment.name),
                             &format!("not an attribute of `{prefix}`"),
                             help,
                         );
-                        return Ty::Unknown;
+                        return broken(span);
                     }
                 },
                 Ty::Candidate => match self.candidate_member(segment, place) {
-                    Some(ty) => ty,
+                    Some((ty, let_index)) => {
+                        if let Some(let_index) = let_index {
+                            candidate_let = Some((index, let_index));
+                        }
+                        ty
+                    }
                     None => {
-                        let mut fields: Vec<String> = [
-                            "model",
-                            "provider",
-                            "route",
-                            "credential",
-                            "health",
-                            "stats",
-                            "capacity",
-                            "requested",
-                        ]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect();
+                        let mut fields: Vec<String> =
+                            CANDIDATE_FIELDS.iter().map(|s| s.to_string()).collect();
                         fields.extend(self.candidate_let_names());
                         let help = suggest(&segment.name, fields.iter().map(String::as_str))
                             .map(|close| format!("did you mean {prefix}.{close}?"));
                         self.err(
                             codes::UNKNOWN_ATTRIBUTE,
-                            segment.span.with_start(path_start),
+                            Span::new(path_start, segment.span.end),
                             format!("a candidate has no attribute `{}`", segment.name),
                             "not an attribute of a candidate",
                             help,
                         );
-                        return Ty::Unknown;
+                        return broken(span);
                     }
                 },
                 other => {
                     self.err(
                         codes::UNKNOWN_ATTRIBUTE,
-                        segment.span.with_start(path_start),
+                        Span::new(path_start, segment.span.end),
                         format!("`{prefix}` is {other} and has no attributes"),
                         "no attributes here",
                         None,
                     );
-                    return Ty::Unknown;
+                    return broken(span);
                 }
             };
         }
@@ -656,9 +756,243 @@ impl Checker<'_> {
         if let Some(path) = expr.path_text()
             && scope.facts.knows(&path)
         {
-            return ty.required().clone();
+            ty = ty.required().clone();
         }
-        ty
+
+        let names: Vec<&str> = segments.iter().map(|s| s.name.as_str()).collect();
+        let term = match head {
+            Head::Definition(definition) => {
+                let base = match definition {
+                    DefRef::Let(index) => Term::new(TermKind::Let(index), span),
+                    DefRef::Merge(index) => Term::new(TermKind::Merge(index), span),
+                };
+                fields_of(base, names.get(1..).unwrap_or(&[]), span)
+            }
+            Head::Scored => self.candidate_term(Who::Scored, &names, candidate_let, span),
+            Head::Root(Root::Prev) => self.candidate_term(Who::Prev, &names, candidate_let, span),
+            Head::Root(Root::First) => self.candidate_term(Who::First, &names, candidate_let, span),
+            Head::Root(Root::Served) => {
+                self.candidate_term(Who::Served, &names, candidate_let, span)
+            }
+            Head::Root(root) => self.root_term(root, names.get(1..).unwrap_or(&[]), span),
+        };
+        (ty, term)
+    }
+
+    /// `prev.x.y`, `first.own`, `served.provider.name`, `self.cost`.
+    fn candidate_term(
+        &self,
+        who: Who,
+        names: &[&str],
+        candidate_let: Option<(usize, usize)>,
+        span: Span,
+    ) -> Term {
+        let inner = match (names.get(1), candidate_let) {
+            // The candidate itself: present when there is one.
+            (None, _) => Term::constant(Value::Bool(true), span),
+            (Some(_), Some((_, let_index))) => fields_of(
+                Term::new(TermKind::Let(let_index), span),
+                names.get(2..).unwrap_or(&[]),
+                span,
+            ),
+            (Some(root_name), None) => match Root::from_name(root_name) {
+                Some(root) => self.root_term(root, names.get(2..).unwrap_or(&[]), span),
+                None => Term::constant(Value::Null, span),
+            },
+        };
+        Term::new(TermKind::At(who, boxed(inner)), span)
+    }
+
+    /// What `root.fields...` reads.
+    fn root_term(&self, root: Root, fields: &[&str], span: Span) -> Term {
+        let read = |read: Read| Term::read(read, span);
+        let schema = &self.data.schema;
+        let attr = |table: &crate::data::schema::AttrTable, name: &str| table.index_of(name);
+        let first = fields.first().copied();
+        let rest = fields.get(1..).unwrap_or(&[]);
+        let Some(field) = first else {
+            return self.whole_record(root, span);
+        };
+        let term = match root {
+            Root::Request => match field {
+                "id" => read(Read::RequestId),
+                "model" => read(Read::RequestModel),
+                "endpoint" => read(Read::RequestEndpoint),
+                "wire" => read(Read::RequestWire),
+                "kind" => read(Read::RequestKind),
+                "stream" => read(Read::RequestStream),
+                _ => read(Read::RequestParameters),
+            },
+            Root::Input => {
+                let index = self
+                    .inputs
+                    .iter()
+                    .position(|input| input.decl.name.name == field)
+                    .unwrap_or(0);
+                return read(Read::Input(
+                    index,
+                    rest.iter().map(|name| Arc::from(*name)).collect(),
+                ));
+            }
+            Root::Tenant => match field {
+                "id" => read(Read::TenantId),
+                name => read(Read::TenantAttr(attr(&schema.tenant, name).unwrap_or(0))),
+            },
+            Root::Workspace => match field {
+                "id" => read(Read::WorkspaceId),
+                name => read(Read::WorkspaceAttr(
+                    attr(&schema.workspace, name).unwrap_or(0),
+                )),
+            },
+            Root::Key => match field {
+                "id" => read(Read::KeyId),
+                name => read(Read::KeyAttr(attr(&schema.key, name).unwrap_or(0))),
+            },
+            Root::Defaults => read(Read::Setting(attr(&schema.settings, field).unwrap_or(0))),
+            Root::Deployment => read(Read::DeploymentAttr(
+                attr(&schema.deployment, field).unwrap_or(0),
+            )),
+            Root::Model => match field {
+                "id" => read(Read::ModelId),
+                "kind" => read(Read::ModelKind),
+                "aliases" => read(Read::ModelAliases),
+                name => read(Read::ModelAttr(attr(&schema.model, name).unwrap_or(0))),
+            },
+            Root::Provider => match field {
+                "id" => read(Read::ProviderId),
+                "name" => read(Read::ProviderName),
+                "aliases" => read(Read::ProviderAliases),
+                "format" => read(Read::ProviderFormat),
+                "priority" => read(Read::ProviderPriority),
+                "listed" => read(Read::ProviderListed),
+                name => read(Read::ProviderAttr(
+                    attr(&schema.provider, name).unwrap_or(0),
+                )),
+            },
+            Root::Route => match field {
+                "upstream_model" => read(Read::RouteUpstreamModel),
+                "price" => {
+                    let price = |f: PriceField| read(Read::RoutePrice(f));
+                    return match rest.first().copied() {
+                        Some("input") => price(PriceField::Input),
+                        Some("output") => price(PriceField::Output),
+                        Some("cache_read") => price(PriceField::CacheRead),
+                        Some("cache_write") => price(PriceField::CacheWrite),
+                        _ => Term::new(
+                            TermKind::Record(vec![
+                                (Arc::from("input"), price(PriceField::Input)),
+                                (Arc::from("output"), price(PriceField::Output)),
+                                (Arc::from("cache_read"), price(PriceField::CacheRead)),
+                                (Arc::from("cache_write"), price(PriceField::CacheWrite)),
+                            ]),
+                            span,
+                        ),
+                    };
+                }
+                "capabilities" => read(Read::RouteCapabilities),
+                name => read(Read::RouteAttr(attr(&schema.route, name).unwrap_or(0))),
+            },
+            Root::Credential => match field {
+                "id" => read(Read::CredentialId),
+                "owned" => read(Read::CredentialOwned),
+                name => read(Read::CredentialAttr(
+                    attr(&schema.credential, name).unwrap_or(0),
+                )),
+            },
+            Root::Health => match field {
+                "paused" => read(Read::HealthPaused),
+                "penalized" => read(Read::HealthPenalized),
+                _ => read(Read::HealthStrikes),
+            },
+            Root::Stats => match field {
+                "samples" => read(Read::StatsSamples),
+                "success_rate" => read(Read::StatsSuccessRate),
+                "ttft" => read(Read::StatsTtft),
+                "latency" => read(Read::StatsLatency),
+                _ => read(Read::StatsThroughput),
+            },
+            Root::Capacity => match field {
+                "full" => read(Read::CapacityFull),
+                _ => read(Read::CapacityInFlight),
+            },
+            Root::Requested => match field {
+                "index" => read(Read::RequestedIndex),
+                "kind" => read(Read::RequestedKind),
+                _ => read(Read::RequestedId),
+            },
+            Root::Upstream => match field {
+                "status" => read(Read::UpstreamStatus),
+                "retry_after" => read(Read::UpstreamRetryAfter),
+                _ => {
+                    let error = |r: Read| read(r);
+                    return match rest.first().copied() {
+                        Some("code") => error(Read::UpstreamErrorCode),
+                        Some("type") => error(Read::UpstreamErrorType),
+                        Some("message") => error(Read::UpstreamErrorMessage),
+                        _ => Term::new(
+                            TermKind::Record(vec![
+                                (Arc::from("code"), error(Read::UpstreamErrorCode)),
+                                (Arc::from("type"), error(Read::UpstreamErrorType)),
+                                (Arc::from("message"), error(Read::UpstreamErrorMessage)),
+                            ]),
+                            span,
+                        ),
+                    };
+                }
+            },
+            // Scalar roots have no fields; `check` refused such paths.
+            _ => return Term::constant(Value::Null, span),
+        };
+        fields_of(term, rest, span)
+    }
+
+    /// A root used as a whole value: a record of all its fields, or the
+    /// scalar it is.
+    fn whole_record(&self, root: Root, span: Span) -> Term {
+        let read = |read: Read| Term::read(read, span);
+        match root {
+            Root::Attempt => read(Read::Attempt),
+            Root::Attempts => read(Read::Attempts),
+            Root::Retries => read(Read::Retries),
+            Root::Elapsed => read(Read::Elapsed),
+            Root::FreeIn => read(Read::FreeIn),
+            Root::It => read(Read::ShorthandValue),
+            Root::Input => read(Read::Input(usize::MAX, Vec::new())),
+            Root::Prev | Root::First | Root::Served => Term::constant(Value::Bool(true), span),
+            _ => {
+                let record_ty = match root {
+                    Root::Request => &self.roots.request,
+                    Root::Tenant => &self.roots.tenant,
+                    Root::Workspace => &self.roots.workspace,
+                    Root::Key => &self.roots.key,
+                    Root::Defaults => &self.roots.defaults,
+                    Root::Deployment => &self.roots.deployment,
+                    Root::Model => &self.roots.model,
+                    Root::Provider => &self.roots.provider,
+                    Root::Route => &self.roots.route,
+                    Root::Credential => &self.roots.credential,
+                    Root::Health => &self.roots.health,
+                    Root::Stats => &self.roots.stats,
+                    Root::Capacity => &self.roots.capacity,
+                    Root::Requested => &self.roots.requested,
+                    _ => &self.roots.upstream,
+                };
+                let Ty::Record(record) = record_ty else {
+                    return Term::constant(Value::Null, span);
+                };
+                let fields = record
+                    .fields
+                    .iter()
+                    .map(|(name, _)| {
+                        (
+                            Arc::from(name.as_str()),
+                            self.root_term(root, &[name.as_str()], span),
+                        )
+                    })
+                    .collect();
+                Term::new(TermKind::Record(fields), span)
+            }
+        }
     }
 
     /// A root's type, if this place may read it.
@@ -719,12 +1053,15 @@ impl Checker<'_> {
     }
 
     /// A field of a candidate value: a candidate root, or a `let` that
-    /// depends on the candidate.
-    fn candidate_member(&mut self, segment: &Ident, place: &Place) -> Option<Ty> {
+    /// depends on the candidate (with its index).
+    fn candidate_member(&mut self, segment: &Ident, place: &Place) -> Option<(Ty, Option<usize>)> {
         if let Some(ty) = self.roots.candidate_field(&segment.name) {
-            return Some(ty.clone());
+            return Some((ty.clone(), None));
         }
-        let (ty, usage) = self.let_type(&segment.name)?;
+        let (ty, usage, definition) = self.let_type(&segment.name)?;
+        let DefRef::Let(index) = definition else {
+            return None;
+        };
         if !usage.candidate {
             return None;
         }
@@ -742,12 +1079,12 @@ impl Checker<'_> {
                 )),
             );
         }
-        Some(ty)
+        Some((ty, Some(index)))
     }
 
     /// A `let` or `merge` name used as a value.
-    fn named_value(&mut self, ident: &Ident, place: &Place, scope: &Scope) -> Option<Ty> {
-        let (ty, usage) = self.let_type(&ident.name)?;
+    fn named_value(&mut self, ident: &Ident, place: &Place, scope: &Scope) -> Option<(Ty, DefRef)> {
+        let (ty, usage, definition) = self.let_type(&ident.name)?;
         if usage.candidate && !place.candidate_lets && !scope.in_aggregate {
             self.err(
                 codes::NOT_IN_SCOPE,
@@ -758,7 +1095,7 @@ impl Checker<'_> {
                     "definitions that read `provider`, `route`, `model` or other candidate fields can be used where a candidate is looked at",
                 )),
             );
-            return Some(Ty::Unknown);
+            return Some((Ty::Unknown, definition));
         }
         if usage.aggregate && !place.aggregates {
             self.err(
@@ -773,10 +1110,10 @@ impl Checker<'_> {
                     "aggregates are available in eligibility, order, sorts, balance and listing",
                 )),
             );
-            return Some(Ty::Unknown);
+            return Some((Ty::Unknown, definition));
         }
         self.usage.merge(usage);
-        Some(ty)
+        Some((ty, definition))
     }
 
     fn call(
@@ -786,23 +1123,49 @@ impl Checker<'_> {
         expr: &Expr,
         place: &Place,
         scope: &Scope,
-    ) -> Ty {
+    ) -> (Ty, Term) {
+        let span = expr.span;
         let arity = |this: &mut Self, expected: &str| {
             this.err(
                 codes::ARGUMENT_COUNT,
-                expr.span,
+                span,
                 format!("`{}` takes {expected}, found {}", name.name, args.len()),
                 "this call",
                 None,
             );
-            Ty::Unknown
+            broken(span)
         };
-        let types: Vec<Ty> = args
+        let checked: Vec<(Ty, Term)> = args
             .iter()
             .map(|arg| self.expr(arg, place, scope))
             .collect();
-        match name.name.as_str() {
-            "min" | "max" => {
+        let types: Vec<Ty> = checked.iter().map(|(ty, _)| ty.clone()).collect();
+        let Some(function) = Function::by_name(&name.name) else {
+            let help = suggest(&name.name, FUNCTIONS.iter().copied())
+                .map(|close| format!("did you mean `{close}`?"))
+                .or_else(|| Some(format!("the functions are: {}", FUNCTIONS.join(", "))));
+            self.err(
+                codes::UNKNOWN_FUNCTION,
+                name.span,
+                format!("there is no function `{}`", name.name),
+                "unknown function",
+                help,
+            );
+            return broken(span);
+        };
+        // Arguments converted to the result type where values flow through.
+        let build = |ty: Ty, coerce_to: Option<&Ty>, checked: Vec<(Ty, Term)>| {
+            let terms = checked
+                .into_iter()
+                .map(|(arg_ty, term)| match coerce_to {
+                    Some(target) => coerce(term, &arg_ty, target),
+                    None => term,
+                })
+                .collect();
+            (ty, Term::new(TermKind::Call(function, terms), span))
+        };
+        match function {
+            Function::Min | Function::Max => {
                 if args.len() < 2 {
                     return arity(self, "two or more values");
                 }
@@ -816,20 +1179,21 @@ impl Checker<'_> {
                             "cannot be ordered this way",
                             None,
                         );
-                        return Ty::Unknown;
+                        return broken(span);
                     }
                     match unify(result.required(), ty.required()) {
                         Some(unified) => result = unified,
                         None => return self.bad_operands(expr, &name.name, &result, Some(ty)),
                     }
                 }
-                if types.iter().all(Ty::is_optional) {
-                    result.optional()
+                let ty = if types.iter().all(Ty::is_optional) {
+                    result.clone().optional()
                 } else {
-                    result
-                }
+                    result.clone()
+                };
+                build(ty, Some(&result), checked)
             }
-            "clamp" => {
+            Function::Clamp => {
                 if args.len() != 3 {
                     return arity(self, "three values: the value, the lowest and the highest");
                 }
@@ -840,9 +1204,9 @@ impl Checker<'_> {
                 for (arg, ty) in args.iter().zip(&types).skip(1) {
                     self.require_type(arg, ty, value.required());
                 }
-                value
+                build(value, None, checked)
             }
-            "coalesce" => {
+            Function::Coalesce => {
                 if args.len() < 2 {
                     return arity(self, "two or more values");
                 }
@@ -858,7 +1222,7 @@ impl Checker<'_> {
                                 "different type",
                                 None,
                             );
-                            return Ty::Unknown;
+                            return broken(span);
                         }
                     }
                     if index + 1 == args.len() && ty.is_optional() {
@@ -871,28 +1235,30 @@ impl Checker<'_> {
                         self.enum_literal(&e, arg);
                     }
                 }
-                result
+                let target = result.clone();
+                build(result, Some(&target), checked)
             }
-            "present" => {
+            Function::Present => {
                 if args.len() != 1 {
                     return arity(self, "one value");
                 }
-                Ty::Bool
+                build(Ty::Bool, None, checked)
             }
-            "empty" | "len" => {
+            Function::Empty | Function::Len => {
                 if args.len() != 1 {
                     return arity(self, "one list");
                 }
                 if let (Some(arg), Some(ty)) = (args.first(), types.first()) {
                     self.require_list(arg, ty);
                 }
-                if name.name == "len" {
+                let ty = if function == Function::Len {
                     Ty::Number
                 } else {
                     Ty::Bool
-                }
+                };
+                build(ty, None, checked)
             }
-            "intersects" | "subset" => {
+            Function::Intersects | Function::Subset => {
                 if args.len() != 2 {
                     return arity(self, "two lists");
                 }
@@ -902,11 +1268,11 @@ impl Checker<'_> {
                 if let (Some(a), Some(b)) = (types.first(), types.get(1))
                     && unify(a.required(), b.required()).is_none()
                 {
-                    self.bad_operands(expr, &name.name, a, Some(b));
+                    return self.bad_operands(expr, &name.name, a, Some(b));
                 }
-                Ty::Bool
+                build(Ty::Bool, None, checked)
             }
-            "index_of" => {
+            Function::IndexOf => {
                 if args.len() != 2 {
                     return arity(self, "a list and a value");
                 }
@@ -918,27 +1284,27 @@ impl Checker<'_> {
                 {
                     self.maybe_absent(arg, ty);
                 }
-                Ty::Number.optional()
+                build(Ty::Number.optional(), None, checked)
             }
-            "contains" | "starts_with" => {
+            Function::Contains | Function::StartsWith => {
                 if args.len() != 2 {
                     return arity(self, "two strings");
                 }
                 for (arg, ty) in args.iter().zip(&types) {
                     self.require_type(arg, ty, &Ty::String);
                 }
-                Ty::Bool
+                build(Ty::Bool, None, checked)
             }
-            "lower" => {
+            Function::Lower => {
                 if args.len() != 1 {
                     return arity(self, "one string");
                 }
                 if let (Some(arg), Some(ty)) = (args.first(), types.first()) {
                     self.require_type(arg, ty, &Ty::String);
                 }
-                Ty::String
+                build(Ty::String, None, checked)
             }
-            "seconds" => {
+            Function::Seconds => {
                 if args.len() != 1 {
                     return arity(self, "one duration");
                 }
@@ -946,13 +1312,14 @@ impl Checker<'_> {
                 if !matches!(ty.required(), Ty::Duration | Ty::Unknown) {
                     return self.bad_operands(expr, "seconds", &ty, None);
                 }
-                if ty.is_optional() {
+                let result = if ty.is_optional() {
                     Ty::Number.optional()
                 } else {
                     Ty::Number
-                }
+                };
+                build(result, None, checked)
             }
-            "backoff" => {
+            Function::Backoff => {
                 if args.len() != 4 {
                     return arity(self, "four values: base, factor, maximum and jitter");
                 }
@@ -970,20 +1337,7 @@ impl Checker<'_> {
                 for ((arg, ty), expected) in args.iter().zip(&types).zip(expected.iter()) {
                     self.require_type(arg, ty, expected);
                 }
-                Ty::Duration
-            }
-            _ => {
-                let help = suggest(&name.name, FUNCTIONS.iter().copied())
-                    .map(|close| format!("did you mean `{close}`?"))
-                    .or_else(|| Some(format!("the functions are: {}", FUNCTIONS.join(", "))));
-                self.err(
-                    codes::UNKNOWN_FUNCTION,
-                    name.span,
-                    format!("there is no function `{}`", name.name),
-                    "unknown function",
-                    help,
-                );
-                Ty::Unknown
+                build(Ty::Duration, None, checked)
             }
         }
     }
@@ -1001,15 +1355,18 @@ impl Checker<'_> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn aggregate(
         &mut self,
         function: Aggregate,
         function_span: Span,
         value: &Expr,
         filter: Option<&Expr>,
+        expr: &Expr,
         place: &Place,
         scope: &Scope,
-    ) -> Ty {
+    ) -> (Ty, Term) {
+        let span = expr.span;
         if !place.aggregates || scope.in_aggregate {
             let why = if scope.in_aggregate {
                 String::from("aggregates cannot be nested")
@@ -1029,7 +1386,7 @@ impl Checker<'_> {
                     "aggregates are available in eligibility, order, sorts, balance and listing",
                 )),
             );
-            return Ty::Unknown;
+            return broken(span);
         }
         self.usage.aggregate = true;
         let inner = Scope {
@@ -1040,26 +1397,35 @@ impl Checker<'_> {
             },
             it: None,
         };
-        if let Some(filter) = filter {
-            let filter_scope = Scope {
-                in_aggregate: true,
-                facts: scope.facts.clone(),
-                it: None,
-            };
-            let ty = self.expr(filter, place, &filter_scope);
-            self.require_type(filter, &ty, &Ty::Bool);
-        }
-        let ty = self.expr(value, place, &inner);
+        let filter_term = match filter {
+            Some(filter) => {
+                let filter_scope = Scope {
+                    in_aggregate: true,
+                    facts: scope.facts.clone(),
+                    it: None,
+                };
+                let (ty, term) = self.expr(filter, place, &filter_scope);
+                self.require_type(filter, &ty, &Ty::Bool);
+                Some(boxed(term))
+            }
+            None => None,
+        };
+        let (ty, value_term) = self.expr(value, place, &inner);
+        let term = Term::new(
+            TermKind::Aggregate(function, boxed(value_term), filter_term),
+            span,
+        );
         match function {
             Aggregate::AllOf | Aggregate::AnyOf | Aggregate::CountOf => {
                 self.require_type(value, &ty, &Ty::Bool);
-                if function == Aggregate::CountOf {
+                let result = if function == Aggregate::CountOf {
                     Ty::Number
                 } else {
                     Ty::Bool
-                }
+                };
+                (result, term)
             }
-            Aggregate::ListOf => Ty::List(Box::new(ty.required().clone())),
+            Aggregate::ListOf => (Ty::List(Box::new(ty.required().clone())), term),
             Aggregate::MinOf | Aggregate::MaxOf | Aggregate::AvgOf => {
                 let ok = match function {
                     Aggregate::AvgOf => {
@@ -1078,23 +1444,20 @@ impl Checker<'_> {
                         "cannot aggregate this",
                         None,
                     );
-                    return Ty::Unknown;
+                    return broken(span);
                 }
                 // No candidate, or none with a value, gives no value.
-                ty.required().clone().optional()
+                (ty.required().clone().optional(), term)
             }
         }
     }
 }
 
-trait WithStart {
-    fn with_start(self, start: usize) -> Span;
-}
-
-impl WithStart for Span {
-    fn with_start(self, start: usize) -> Span {
-        Span::new(start.min(self.end), self.end)
-    }
+/// `base.f1.f2...` as field accesses on a record value.
+fn fields_of(base: Term, fields: &[&str], span: Span) -> Term {
+    fields.iter().fold(base, |term, field| {
+        Term::new(TermKind::Field(boxed(term), Arc::from(*field)), span)
+    })
 }
 
 /// A hint for a type mismatch.

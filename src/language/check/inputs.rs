@@ -1,0 +1,339 @@
+//! Request inputs: the body fields and headers a client may send to steer
+//! routing, their types, shorthands and errors.
+
+use super::env::{self, Place, Root, Roots};
+use super::expr::Scope;
+use super::types::{EnumTy, RecordTy, Ty};
+use super::{Checker, InputInfo, RaiseKind};
+use crate::diagnostics::{Diagnostic, codes, suggest};
+use crate::language::ast::*;
+use crate::language::ir::{self, ErrorRef, InputType};
+use crate::source::Span;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+const TYPE_NAMES: [&str; 7] = [
+    "bool", "number", "int", "string", "duration", "provider", "model",
+];
+
+impl<'a> Checker<'a> {
+    /// The checker's type and the evaluator's parsing type of an input.
+    fn input_type(
+        &mut self,
+        ty: &TypeExpr,
+        source: InputSource,
+        all: &[&'a InputDecl],
+    ) -> (Ty, InputType) {
+        let unknown = || (Ty::Unknown, InputType::String);
+        match &ty.kind {
+            TypeExprKind::Named(name) => match name.name.as_str() {
+                "bool" => (Ty::Bool, InputType::Bool),
+                "number" => (Ty::Number, InputType::Number),
+                "int" => (
+                    Ty::Number,
+                    InputType::Int {
+                        low: f64::MIN,
+                        high: f64::MAX,
+                    },
+                ),
+                "string" => (Ty::String, InputType::String),
+                "provider" => (Ty::String, InputType::Provider),
+                "model" => (Ty::String, InputType::Model),
+                "duration" => (Ty::Duration, InputType::Duration),
+                other => match self.schema().enum_by_name(other) {
+                    Some(id) => {
+                        let ty = env::attr_type_ty(
+                            &crate::data::schema::AttrType::Enum(id),
+                            self.schema(),
+                        );
+                        match &ty {
+                            Ty::Enum(e) => {
+                                let e = e.clone();
+                                (ty, InputType::Enum(e))
+                            }
+                            _ => unknown(),
+                        }
+                    }
+                    None => {
+                        let mut known: Vec<String> =
+                            TYPE_NAMES.iter().map(|s| s.to_string()).collect();
+                        known.extend(self.schema().enums.iter().map(|e| e.name.clone()));
+                        let help = suggest(other, known.iter().map(String::as_str))
+                            .map(|close| format!("did you mean `{close}`?"))
+                            .unwrap_or_else(|| {
+                                String::from("input types are bool, number, int, string, duration, provider, model, an enumeration from the data, list<T>, csv<T>, one of [...], int A..B, { field: T } and like NAME")
+                            });
+                        self.error_at(
+                            codes::UNKNOWN_TYPE,
+                            name.span,
+                            format!("`{other}` is not a type"),
+                            "unknown type",
+                            Some(help),
+                        );
+                        unknown()
+                    }
+                },
+            },
+            TypeExprKind::List(inner) => {
+                let (ty, input) = self.input_type(inner, source, all);
+                (Ty::List(Box::new(ty)), InputType::List(Box::new(input)))
+            }
+            TypeExprKind::Csv(inner) => {
+                if source == InputSource::Body {
+                    self.error_at(
+                        codes::UNKNOWN_TYPE,
+                        ty.span,
+                        String::from("`csv<T>` reads comma-separated header values"),
+                        "in a body input",
+                        Some(String::from("body fields are JSON: use `list<T>`")),
+                    );
+                }
+                let (ty, input) = self.input_type(inner, source, all);
+                (Ty::List(Box::new(ty)), InputType::Csv(Box::new(input)))
+            }
+            TypeExprKind::Object(fields) => {
+                if source == InputSource::Header {
+                    self.error_at(
+                        codes::UNKNOWN_TYPE,
+                        ty.span,
+                        String::from("a header cannot hold an object"),
+                        "object in a header input",
+                        Some(String::from(
+                            "use `like NAME` to read a header as JSON of another input's shape",
+                        )),
+                    );
+                }
+                let mut seen = HashSet::new();
+                let mut record_fields = Vec::new();
+                let mut input_fields = Vec::new();
+                for field in fields {
+                    if !seen.insert(field.name.name.clone()) {
+                        self.error_at(
+                            codes::DUPLICATE_DEFINITION,
+                            field.name.span,
+                            format!("field `{}` is declared twice", field.name.name),
+                            "declared again",
+                            None,
+                        );
+                        continue;
+                    }
+                    let (ty, input) = self.input_type(&field.ty, InputSource::Body, all);
+                    record_fields.push((field.name.name.clone(), ty.optional()));
+                    input_fields.push((Arc::from(field.name.name.as_str()), input));
+                }
+                (
+                    Ty::Record(Arc::new(RecordTy {
+                        name: String::from("input"),
+                        fields: record_fields,
+                    })),
+                    InputType::Object(input_fields),
+                )
+            }
+            TypeExprKind::Enum(members) => {
+                let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+                let e = EnumTy::new(&format!("one of [{}]", names.join(", ")), &names, false);
+                (Ty::Enum(e.clone()), InputType::Enum(e))
+            }
+            TypeExprKind::IntRange { low, high } => (
+                Ty::Number,
+                InputType::Int {
+                    low: *low,
+                    high: *high,
+                },
+            ),
+            TypeExprKind::Like(other) => match all.iter().find(|decl| decl.name.name == other.name)
+            {
+                Some(decl) if !matches!(decl.ty.kind, TypeExprKind::Like(_)) => {
+                    // Report problems of the named type where it is declared only.
+                    let before = self.diagnostics.len();
+                    let result = self.input_type(&decl.ty, InputSource::Body, &[]);
+                    self.diagnostics.truncate(before);
+                    result
+                }
+                Some(_) => {
+                    self.error_at(
+                        codes::UNKNOWN_TYPE,
+                        other.span,
+                        format!(
+                            "`like {}` names an input that is itself `like` another",
+                            other.name
+                        ),
+                        "chained `like`",
+                        Some(String::from("name the input that declares the shape")),
+                    );
+                    unknown()
+                }
+                None => {
+                    let help = suggest(&other.name, all.iter().map(|d| d.name.name.as_str()))
+                        .map(|close| format!("did you mean `{close}`?"));
+                    self.error_at(
+                        codes::UNKNOWN_NAME,
+                        other.span,
+                        format!("there is no input `{}`", other.name),
+                        "unknown input",
+                        help,
+                    );
+                    unknown()
+                }
+            },
+        }
+    }
+
+    pub(super) fn declare_inputs(&mut self, file: &'a PolicyFile) {
+        let decls: Vec<&'a InputDecl> = file
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                Item::Input(decl) => Some(decl),
+                _ => None,
+            })
+            .collect();
+        let mut names: HashMap<&str, Span> = HashMap::new();
+        let mut fields: HashMap<(InputSource, String), Span> = HashMap::new();
+        for decl in &decls {
+            if let Some(first) = names.get(decl.name.name.as_str()) {
+                let first = *first;
+                let source = self.source;
+                self.diagnostics.push(
+                    Diagnostic::new(
+                        codes::DUPLICATE_DEFINITION,
+                        format!("input `{}` is declared twice", decl.name.name),
+                    )
+                    .at(source, decl.name.span, "declared again here")
+                    .also(source, first, "first declared here")
+                    .help("rename one of them"),
+                );
+                continue;
+            }
+            names.insert(&decl.name.name, decl.name.span);
+            let field_key = (decl.source, decl.source_name.value.to_ascii_lowercase());
+            if let Some(first) = fields.get(&field_key) {
+                let first = *first;
+                let source = self.source;
+                self.diagnostics.push(
+                    Diagnostic::new(
+                        codes::DUPLICATE_DEFINITION,
+                        format!("two inputs read `{}`", decl.source_name.value),
+                    )
+                    .at(source, decl.source_name.span, "read again here")
+                    .also(source, first, "first read here")
+                    .help("one input per body field or header"),
+                );
+            } else {
+                fields.insert(field_key, decl.source_name.span);
+            }
+            let (ty, input_type) = self.input_type(&decl.ty, decl.source, &decls);
+            let malformed = match &decl.malformed_error {
+                Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
+                None => {
+                    self.error_at(
+                        codes::MISSING_INPUT_ERROR,
+                        decl.name.span,
+                        format!(
+                            "input `{}` does not say which error a malformed value gets",
+                            decl.name.name
+                        ),
+                        "no `malformed error`",
+                        Some(String::from("add `malformed error NAME` after its type")),
+                    );
+                    ErrorRef::Declared(usize::MAX)
+                }
+            };
+            let unknown = match &decl.unknown_error {
+                Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
+                None => malformed,
+            };
+            let shorthand = decl
+                .shorthand
+                .as_ref()
+                .map(|shorthand| self.shorthand(decl, shorthand, &ty, &decls));
+            self.inputs.push(InputInfo {
+                decl,
+                ty,
+                used: false,
+            });
+            self.program.inputs.push(ir::InputSpec {
+                name: decl.name.name.clone(),
+                source: match decl.source {
+                    InputSource::Body => ir::InputSourceKind::Body,
+                    InputSource::Header => ir::InputSourceKind::Header,
+                },
+                field: match decl.source {
+                    InputSource::Body => decl.source_name.value.clone(),
+                    InputSource::Header => decl.source_name.value.to_ascii_lowercase(),
+                },
+                ty: input_type,
+                shorthand,
+                malformed,
+                unknown,
+            });
+        }
+        let fields = self
+            .inputs
+            .iter()
+            .map(|input| (input.decl.name.name.clone(), input.ty.clone().optional()))
+            .collect();
+        self.input_ty = Ty::Record(Arc::new(RecordTy {
+            name: String::from("input"),
+            fields,
+        }));
+    }
+
+    fn shorthand(
+        &mut self,
+        decl: &InputDecl,
+        shorthand: &Shorthand,
+        object: &Ty,
+        all: &[&'a InputDecl],
+    ) -> (InputType, ir::Term) {
+        let (it, it_input) = self.input_type(&shorthand.ty, decl.source, all);
+        if matches!(it, Ty::Record(_)) {
+            self.error_at(
+                codes::TYPE_MISMATCH,
+                shorthand.ty.span,
+                String::from("a shorthand reads a single value, not an object"),
+                "object type",
+                None,
+            );
+        }
+        let place = Place::only("an input's shorthand", Roots::of(&[Root::It]));
+        let scope = Scope {
+            it: Some(it),
+            ..Scope::default()
+        };
+        let (value, _, term) = self.check_expr(&shorthand.value, &place, &scope);
+        let (Ty::Record(target), Ty::Record(written)) = (object, &value) else {
+            if !value.is_unknown() && !object.is_unknown() {
+                self.error_at(
+                    codes::TYPE_MISMATCH,
+                    shorthand.value.span,
+                    format!("the shorthand gives {value}, but the input is {object}"),
+                    "does not match the input",
+                    Some(String::from(
+                        "a shorthand of an object input is an object literal of its fields",
+                    )),
+                );
+            }
+            return (it_input, term);
+        };
+        if let ExprKind::Object(literal_fields) = &shorthand.value.kind {
+            for ((name, actual), (ident, expr)) in written.fields.iter().zip(literal_fields) {
+                match target.field(name) {
+                    Some(expected) => self.require_type(expr, actual, expected),
+                    None => {
+                        let help = suggest(name, target.fields.iter().map(|(f, _)| f.as_str()))
+                            .map(|close| format!("did you mean `{close}`?"));
+                        self.error_at(
+                            codes::UNKNOWN_ATTRIBUTE,
+                            ident.span,
+                            format!("input `{}` has no field `{name}`", decl.name.name),
+                            "unknown field",
+                            help,
+                        );
+                    }
+                }
+            }
+        }
+        (it_input, term)
+    }
+}
