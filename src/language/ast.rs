@@ -226,6 +226,14 @@ pub struct FieldDecl {
 pub struct ValidateBlock {
     pub keyword: Span,
     pub rules: Vec<RejectRule>,
+    /// `malformed body error E`: the error for a body that is not a JSON object.
+    pub malformed_body: Vec<MalformedBody>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MalformedBody {
+    pub keyword: Span,
+    pub error: Ident,
 }
 
 #[derive(Debug, Clone, PartialEq)]

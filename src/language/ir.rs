@@ -132,6 +132,7 @@ pub enum Read {
     RequestKind,
     RequestStream,
     RequestParameters,
+    RequestEstimatedTokens,
     /// An input's value, or a field inside it.
     Input(usize, Vec<Arc<str>>),
     TenantId,
@@ -460,6 +461,8 @@ pub struct Program {
     pub name: String,
     pub inputs: Vec<InputSpec>,
     pub rejects: Vec<Reject>,
+    /// The error for a body that is not a JSON object (default: a built-in one).
+    pub malformed_body: Option<ErrorRef>,
     pub layers: Vec<LayerSpec>,
     pub merges: Vec<MergeSpec>,
     pub lets: Vec<LetSpec>,

@@ -366,6 +366,7 @@ impl RootTypes {
                     ("kind", Ty::Enum(builtins.kind.clone())),
                     ("stream", Ty::Bool),
                     ("parameters", strings()),
+                    ("estimated_tokens", Ty::Number),
                 ],
             ),
             tenant: record("tenant", vec![("id", Ty::String)], &schema.tenant, schema),

@@ -821,6 +821,7 @@ impl Checker<'_> {
                 "wire" => read(Read::RequestWire),
                 "kind" => read(Read::RequestKind),
                 "stream" => read(Read::RequestStream),
+                "estimated_tokens" => read(Read::RequestEstimatedTokens),
                 _ => read(Read::RequestParameters),
             },
             Root::Input => {
@@ -1171,7 +1172,12 @@ impl Checker<'_> {
                 }
                 let mut result = Ty::Unknown;
                 for (arg, ty) in args.iter().zip(&types) {
-                    if !ty.is_ordered() || matches!(ty.required(), Ty::Bool | Ty::String) {
+                    match unify(result.required(), ty.required()) {
+                        Some(unified) => result = unified,
+                        None => return self.bad_operands(expr, &name.name, &result, Some(ty)),
+                    }
+                    // Strings are allowed only as members of an enumeration.
+                    if !ty.is_ordered() || matches!(ty.required(), Ty::Bool) {
                         self.err(
                             codes::TYPE_MISMATCH,
                             arg.span,
@@ -1181,9 +1187,21 @@ impl Checker<'_> {
                         );
                         return broken(span);
                     }
-                    match unify(result.required(), ty.required()) {
-                        Some(unified) => result = unified,
-                        None => return self.bad_operands(expr, &name.name, &result, Some(ty)),
+                }
+                if matches!(result.required(), Ty::String) {
+                    self.err(
+                        codes::TYPE_MISMATCH,
+                        span,
+                        format!("`{}` compares numbers, durations, dates or ordered enumerations, found string", name.name),
+                        "cannot be ordered this way",
+                        None,
+                    );
+                    return broken(span);
+                }
+                if let Ty::Enum(e) = result.required() {
+                    let e = e.clone();
+                    for arg in args {
+                        self.enum_literal(&e, arg);
                     }
                 }
                 let ty = if types.iter().all(Ty::is_optional) {

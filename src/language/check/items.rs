@@ -89,6 +89,12 @@ impl<'a> Checker<'a> {
                         span: rule.keyword,
                     });
                 }
+                let mut seen = None;
+                for body in &block.malformed_body {
+                    self.once(&mut seen, body.keyword, "malformed body");
+                    self.program.malformed_body =
+                        Some(self.raise(&body.error, RaiseKind::BeforeAttempt));
+                }
             }
             Item::Defaults(block) => {
                 let mut seen: Vec<(Level, bool)> = Vec::new();

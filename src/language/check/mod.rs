@@ -86,6 +86,7 @@ pub struct Checker<'a> {
 struct Parts {
     inputs: Vec<ir::InputSpec>,
     rejects: Vec<ir::Reject>,
+    malformed_body: Option<ErrorRef>,
     layers: Vec<ir::LayerSpec>,
     lets: Vec<Option<ir::LetSpec>>,
     merges: Vec<Option<ir::MergeSpec>>,
@@ -790,6 +791,7 @@ impl Parts {
             name,
             inputs: self.inputs,
             rejects: self.rejects,
+            malformed_body: self.malformed_body,
             layers: self.layers,
             merges: self.merges.into_iter().flatten().collect(),
             lets: self.lets.into_iter().flatten().collect(),

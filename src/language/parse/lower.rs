@@ -144,13 +144,20 @@ impl Lowerer {
                     .collect(),
             }),
             Rule::input_decl => Item::Input(self.input_decl(keyword, span, children)?),
-            Rule::validate_block => Item::Validate(ValidateBlock {
-                keyword,
-                rules: children
-                    .into_iter()
-                    .filter_map(|p| self.validate_stmt(p))
-                    .collect(),
-            }),
+            Rule::validate_block => {
+                let mut block = ValidateBlock {
+                    keyword,
+                    rules: Vec::new(),
+                    malformed_body: Vec::new(),
+                };
+                for statement in children.into_iter().filter_map(|p| self.validate_stmt(p)) {
+                    match statement {
+                        ValidateStmt::Reject(rule) => block.rules.push(rule),
+                        ValidateStmt::MalformedBody(body) => block.malformed_body.push(body),
+                    }
+                }
+                Item::Validate(block)
+            }
             Rule::defaults_block => Item::Defaults(DefaultsBlock {
                 keyword,
                 layers: children
@@ -517,21 +524,28 @@ impl Lowerer {
         Some(TypeExpr { kind, span })
     }
 
-    fn validate_stmt(&self, pair: Pair<'_, Rule>) -> Option<RejectRule> {
+    fn validate_stmt(&self, pair: Pair<'_, Rule>) -> Option<ValidateStmt> {
         let span = self.span(&pair);
         let keyword = pair
             .clone()
             .into_inner()
             .next()
             .map_or(span, |first| self.span(&first));
+        if pair.as_rule() == Rule::malformed_body_stmt {
+            let error = self.ident(parts(pair).into_iter().next()?);
+            return Some(ValidateStmt::MalformedBody(MalformedBody {
+                keyword,
+                error,
+            }));
+        }
         let mut iter = parts(pair).into_iter();
         let condition = self.expr(self.next(&mut iter, span, "a condition")?)?;
         let error = self.ident(self.next(&mut iter, span, "an error name")?);
-        Some(RejectRule {
+        Some(ValidateStmt::Reject(RejectRule {
             keyword,
             condition,
             error,
-        })
+        }))
     }
 
     // -------------------------------------------------------------- defaults and merges
@@ -1248,6 +1262,13 @@ fn status_range(text: &str) -> Option<OutcomeKind> {
     })
 }
 
+/// A statement of `validate`.
+#[derive(Debug)]
+pub enum ValidateStmt {
+    Reject(RejectRule),
+    MalformedBody(MalformedBody),
+}
+
 /// Which block a statement parsed during recovery belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockKind {
@@ -1274,7 +1295,7 @@ pub enum BlockKind {
 pub enum Statement {
     Policy(PolicySetting),
     Models(ModelsStmt),
-    Validate(RejectRule),
+    Validate(ValidateStmt),
     Layers(Vec<LayerRef>),
     Merge(MergeDecl),
     Eligibility(Step),
@@ -1339,7 +1360,7 @@ impl BlockKind {
         Some(match self {
             BlockKind::Policy => &["catalog", "tenants"],
             BlockKind::Models => &["from", "pin", "credentials", "unknown", "one"],
-            BlockKind::Validate => &["reject"],
+            BlockKind::Validate => &["reject", "malformed"],
             BlockKind::Defaults => &["layers"],
             BlockKind::Eligibility => &["require", "prefer"],
             BlockKind::Order => &["by", "use"],

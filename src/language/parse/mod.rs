@@ -270,10 +270,21 @@ fn assemble(
             keyword,
             statements: collect!(Models),
         }),
-        BlockKind::Validate => Item::Validate(ValidateBlock {
-            keyword,
-            rules: collect!(Validate),
-        }),
+        BlockKind::Validate => {
+            let statements: Vec<lower::ValidateStmt> = collect!(Validate);
+            let mut block = ValidateBlock {
+                keyword,
+                rules: Vec::new(),
+                malformed_body: Vec::new(),
+            };
+            for statement in statements {
+                match statement {
+                    lower::ValidateStmt::Reject(rule) => block.rules.push(rule),
+                    lower::ValidateStmt::MalformedBody(body) => block.malformed_body.push(body),
+                }
+            }
+            Item::Validate(block)
+        }
         BlockKind::Defaults => {
             let layers: Vec<Vec<LayerRef>> = collect!(Layers);
             Item::Defaults(DefaultsBlock {

@@ -146,6 +146,7 @@ fn header_inputs_and_like_types() {
 fn validate_merge_defaults_and_let() {
     let file = parse_clean(
         r#"validate {
+          malformed body error bad_body
           reject intersects(input.p.only, input.p.ignore) error conflict
         }
         defaults {
