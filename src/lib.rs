@@ -1,11 +1,14 @@
 //! Switchyard: routing policies as data for LLM API gateways.
 //!
 //! The pipeline, one module each: [`language`] (parse, syntax tree, check),
-//! [`data`] (catalog and tenants), and the command-line interface in [`cli`].
+//! [`data`] (catalog and tenants), [`compile`] (the immutable snapshot),
+//! [`evaluate`] (the pure decision), and the command-line interface in [`cli`].
 
 pub mod cli;
+pub mod compile;
 pub mod data;
 pub mod diagnostics;
+pub mod evaluate;
 pub mod language;
 pub mod source;
 pub mod value;

@@ -128,6 +128,11 @@ impl SourceMap {
         self.files.get(id.0)
     }
 
+    /// The file at a position in the order files were added.
+    pub fn file_at(&self, index: usize) -> Option<&SourceFile> {
+        self.files.get(index)
+    }
+
     pub fn name(&self, id: SourceId) -> &str {
         self.file(id).map_or("<unknown>", |file| file.name.as_str())
     }

@@ -1,0 +1,341 @@
+//! From requested model ids to candidates: pins, model ids, aliases and the
+//! fallback tiers for unknown ids; then one candidate per route and usable
+//! credential, as `credentials` says.
+
+use super::health::CandidateHealth;
+use super::machine::{Focus, Machine};
+use super::order::sort_by_keys;
+use super::{Candidate, RequestState, Requested, ResolutionKind};
+use crate::compile::{ModelName, Snapshot};
+use crate::language::ast::PinTarget;
+use crate::language::ir::{CredentialSpec, ErrorRef, SortKeySpec};
+use crate::value::Value;
+use std::sync::Arc;
+
+/// Why no candidate came out: the error, and what was wrong (for the trace).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unresolved {
+    pub error: ErrorRef,
+    pub detail: String,
+}
+
+/// A route of a model that a requested id resolved to, before credentials.
+struct RouteChoice {
+    model: Option<usize>,
+    route: Option<usize>,
+    provider: usize,
+    /// `Some` when a pin names one credential.
+    credential: Option<usize>,
+    upstream_model: Arc<str>,
+    requested: Requested,
+}
+
+/// The requested ids, in order: each `from` source's string or list items.
+pub fn requested_ids(snapshot: &Snapshot, request: &RequestState) -> Vec<Arc<str>> {
+    let mut machine = Machine::new(snapshot, request, &[], &[]);
+    let mut ids = Vec::new();
+    for source in &snapshot.program.models.sources {
+        match machine.eval(source, Focus::default()) {
+            Value::String(id) => ids.push(id),
+            Value::List(items) => ids.extend(items.iter().filter_map(|item| match item {
+                Value::String(id) => Some(id.clone()),
+                _ => None,
+            })),
+            _ => {}
+        }
+    }
+    ids
+}
+
+pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candidate>, Unresolved> {
+    let models = &snapshot.program.models;
+    let ids = requested_ids(snapshot, request);
+    let unknown = |id: &str| Unresolved {
+        error: models.unknown_error,
+        detail: format!("`{id}` names no model"),
+    };
+    if ids.is_empty() {
+        return Err(unknown(""));
+    }
+    let mut choices = Vec::new();
+    let mut position = 0usize;
+    for id in ids {
+        let before = choices.len();
+        if !resolve_pin(snapshot, &id, &mut position, &mut choices)?
+            && !resolve_name(snapshot, &id, &mut position, &mut choices)
+        {
+            resolve_unknown(snapshot, request, &id, &mut position, &mut choices);
+        }
+        if choices.len() == before {
+            return Err(unknown(&id));
+        }
+    }
+
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for choice in choices {
+        for candidate in with_credentials(snapshot, request, choice) {
+            let duplicate = candidates.iter().any(|c| {
+                c.model == candidate.model
+                    && c.route == candidate.route
+                    && c.provider == candidate.provider
+                    && c.credential == candidate.credential
+            });
+            if !duplicate {
+                candidates.push(candidate);
+            }
+        }
+    }
+    if candidates.is_empty() {
+        return Err(Unresolved {
+            error: models.credentials_error,
+            detail: String::from("no route of the model has a usable credential"),
+        });
+    }
+    Ok(candidates)
+}
+
+/// Tries the pin templates; `Ok(false)` when the id is not a pin.
+fn resolve_pin(
+    snapshot: &Snapshot,
+    id: &Arc<str>,
+    position: &mut usize,
+    choices: &mut Vec<RouteChoice>,
+) -> Result<bool, Unresolved> {
+    for pin in &snapshot.program.models.pins {
+        let Some(rest) = id.strip_prefix(pin.prefix.as_str()) else {
+            continue;
+        };
+        let Some((target, model_id)) = rest.split_once(pin.separator.as_str()) else {
+            continue;
+        };
+        let (providers, credential): (Vec<usize>, Option<usize>) = match pin.target {
+            PinTarget::Provider => (snapshot.providers_named(target).to_vec(), None),
+            PinTarget::Credential => match snapshot.credential_with_id(target) {
+                Some((provider, credential)) => (vec![provider], Some(credential)),
+                None => (Vec::new(), None),
+            },
+        };
+        if providers.is_empty() {
+            continue;
+        }
+        let models = match snapshot.model_named(model_id) {
+            Some(ModelName::Model(model)) => vec![*model],
+            Some(ModelName::Alias(models)) => models.clone(),
+            None => Vec::new(),
+        };
+        for model in models {
+            let requested = Requested {
+                index: *position,
+                kind: ResolutionKind::Pin,
+                id: id.clone(),
+            };
+            for entry in snapshot.routes_of(model) {
+                if providers.contains(&entry.provider) {
+                    choices.push(route_choice(
+                        snapshot,
+                        model,
+                        entry.route,
+                        entry.provider,
+                        credential,
+                        requested.clone(),
+                    ));
+                }
+            }
+            *position += 1;
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// A model id or alias; `false` when the catalog has no such name.
+fn resolve_name(
+    snapshot: &Snapshot,
+    id: &Arc<str>,
+    position: &mut usize,
+    choices: &mut Vec<RouteChoice>,
+) -> bool {
+    let (models, kind) = match snapshot.model_named(id) {
+        Some(ModelName::Model(model)) => {
+            let is_alias = snapshot
+                .data
+                .catalog
+                .models
+                .get(*model)
+                .is_some_and(|m| *m.id != **id);
+            (
+                vec![*model],
+                if is_alias {
+                    ResolutionKind::Alias
+                } else {
+                    ResolutionKind::Bare
+                },
+            )
+        }
+        Some(ModelName::Alias(models)) => (models.clone(), ResolutionKind::Alias),
+        None => return false,
+    };
+    for model in models {
+        let requested = Requested {
+            index: *position,
+            kind,
+            id: id.clone(),
+        };
+        for entry in snapshot.routes_of(model) {
+            choices.push(route_choice(
+                snapshot,
+                model,
+                entry.route,
+                entry.provider,
+                None,
+                requested.clone(),
+            ));
+        }
+        *position += 1;
+    }
+    true
+}
+
+fn route_choice(
+    snapshot: &Snapshot,
+    model: usize,
+    route: usize,
+    provider: usize,
+    credential: Option<usize>,
+    requested: Requested,
+) -> RouteChoice {
+    let upstream_model = snapshot
+        .data
+        .catalog
+        .models
+        .get(model)
+        .and_then(|m| m.routes.get(route))
+        .map_or_else(
+            || requested.id.clone(),
+            |r| Arc::from(r.upstream_model.as_str()),
+        );
+    RouteChoice {
+        model: Some(model),
+        route: Some(route),
+        provider,
+        credential,
+        upstream_model,
+        requested,
+    }
+}
+
+/// The `unknown serve` tiers: the first provider of the first tier whose
+/// condition holds serves the id as its upstream model name.
+fn resolve_unknown(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    id: &Arc<str>,
+    position: &mut usize,
+    choices: &mut Vec<RouteChoice>,
+) {
+    let providers: Vec<Candidate> = (0..snapshot.data.catalog.providers.len())
+        .map(|provider| Candidate {
+            model: None,
+            route: None,
+            provider,
+            credential: 0,
+            upstream_model: id.clone(),
+            requested: Requested {
+                index: *position,
+                kind: ResolutionKind::Unknown,
+                id: id.clone(),
+            },
+        })
+        .collect();
+    let health = vec![CandidateHealth::default(); providers.len()];
+    for tier in &snapshot.program.models.unknown_serve {
+        let mut machine = Machine::new(snapshot, request, &providers, &health);
+        let mut matching: Vec<usize> = (0..providers.len())
+            .filter(|index| machine.truth(&tier.condition, Focus::on(*index)))
+            .collect();
+        if matching.is_empty() {
+            continue;
+        }
+        let keys: Vec<&SortKeySpec> = tier.keys.iter().collect();
+        sort_by_keys(&mut machine, &mut matching, &keys);
+        if let Some(chosen) = matching.first().and_then(|index| providers.get(*index)) {
+            choices.push(RouteChoice {
+                model: None,
+                route: None,
+                provider: chosen.provider,
+                credential: None,
+                upstream_model: id.clone(),
+                requested: chosen.requested.clone(),
+            });
+            *position += 1;
+            return;
+        }
+    }
+}
+
+/// The candidates of one route: one per usable credential, or the best one.
+fn with_credentials(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    choice: RouteChoice,
+) -> Vec<Candidate> {
+    let Some(provider) = snapshot.provider(choice.provider) else {
+        return Vec::new();
+    };
+    let tenant_id = snapshot
+        .data
+        .tenants
+        .tenants
+        .get(request.caller.tenant)
+        .map(|t| t.id.as_str());
+    let usable: Vec<usize> = (0..provider.credentials.len())
+        .filter(|index| choice.credential.is_none_or(|only| only == *index))
+        .filter(|index| {
+            provider
+                .credentials
+                .get(*index)
+                .is_some_and(|credential| match &credential.tenant {
+                    None => true,
+                    Some(owner) => Some(owner.as_str()) == tenant_id,
+                })
+        })
+        .filter(|index| snapshot.secret(choice.provider, *index).is_some())
+        .collect();
+    let candidates: Vec<Candidate> = usable
+        .iter()
+        .map(|credential| Candidate {
+            model: choice.model,
+            route: choice.route,
+            provider: choice.provider,
+            credential: *credential,
+            upstream_model: choice.upstream_model.clone(),
+            requested: choice.requested.clone(),
+        })
+        .collect();
+    match &snapshot.program.models.credentials {
+        CredentialSpec::Each => candidates,
+        CredentialSpec::One(keys) => best_credential(snapshot, request, candidates, keys),
+    }
+}
+
+fn best_credential(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    candidates: Vec<Candidate>,
+    keys: &[SortKeySpec],
+) -> Vec<Candidate> {
+    if candidates.len() <= 1 {
+        return candidates;
+    }
+    let health = vec![CandidateHealth::default(); candidates.len()];
+    let mut machine = Machine::new(snapshot, request, &candidates, &health);
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    let keys: Vec<&SortKeySpec> = keys.iter().collect();
+    sort_by_keys(&mut machine, &mut order, &keys);
+    order
+        .first()
+        .and_then(|index| candidates.get(*index))
+        .cloned()
+        .into_iter()
+        .collect()
+}

@@ -1,0 +1,476 @@
+//! What the program says while a plan executes: how an attempt's outcome is
+//! handled, which later candidates `keep` allows, the timeouts of an
+//! attempt, and the error and headers a request ends with. Pure functions
+//! the proxy calls; they never perform I/O themselves.
+
+use super::health::CandidateHealth;
+use super::machine::{Focus, Machine, OutcomeFacts, Progress};
+use super::{ErrorResponse, Plan, Refusal};
+use crate::compile::Snapshot;
+use crate::language::ast::{HealthScope, OutcomeKind, TimeoutKind};
+use crate::language::ir::{self, ErrorChoiceSpec, ErrorRef};
+use crate::value::Value;
+
+/// How an attempt ended, as `on` rules classify it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeClass {
+    /// The provider answered with this (non-success) status.
+    Status(u16),
+    ConnectError,
+    Reset,
+    Timeout,
+    FirstTokenTimeout,
+    Malformed,
+    StreamBroken,
+}
+
+impl OutcomeClass {
+    fn matches(self, pattern: OutcomeKind) -> bool {
+        match (pattern, self) {
+            (OutcomeKind::Any, _) => true,
+            (OutcomeKind::Status { low, high }, OutcomeClass::Status(status)) => {
+                (low..=high).contains(&status)
+            }
+            (OutcomeKind::ConnectError, OutcomeClass::ConnectError)
+            | (OutcomeKind::Reset, OutcomeClass::Reset)
+            | (OutcomeKind::Timeout, OutcomeClass::Timeout)
+            | (OutcomeKind::FirstTokenTimeout, OutcomeClass::FirstTokenTimeout)
+            | (OutcomeKind::Malformed, OutcomeClass::Malformed)
+            | (OutcomeKind::StreamBroken, OutcomeClass::StreamBroken) => true,
+            _ => false,
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            OutcomeClass::Status(status) => status.to_string(),
+            OutcomeClass::ConnectError => String::from("connect_error"),
+            OutcomeClass::Reset => String::from("reset"),
+            OutcomeClass::Timeout => String::from("timeout"),
+            OutcomeClass::FirstTokenTimeout => String::from("first_token_timeout"),
+            OutcomeClass::Malformed => String::from("malformed"),
+            OutcomeClass::StreamBroken => String::from("stream_broken"),
+        }
+    }
+}
+
+/// One attempt's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptOutcome {
+    pub class: OutcomeClass,
+    pub facts: OutcomeFacts,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Next,
+    Stop,
+    /// The same candidate again after this many milliseconds.
+    Retry {
+        after_ms: u64,
+    },
+}
+
+/// The error a request ends with, if it ends after this attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    Error(ErrorResponse),
+    /// The provider's own response, as received.
+    Passthrough,
+}
+
+/// The policy's answer to an attempt's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reaction {
+    pub action: Action,
+    pub pauses: Vec<(HealthScope, u64)>,
+    pub penalties: Vec<HealthScope>,
+    pub ending: Ending,
+    /// The span of the `on` rule that decided, for logs and traces.
+    pub rule: Option<crate::source::Span>,
+}
+
+/// Per-attempt limits, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect_ms: u64,
+    pub headers_ms: u64,
+    pub first_token_ms: u64,
+    pub idle_ms: u64,
+    pub attempt_ms: Option<u64>,
+    pub hold_headers_ms: u64,
+}
+
+/// Waits of `retry` without `after`: 250 ms doubling to 5 s, half random.
+const DEFAULT_RETRY_BASE_MS: f64 = 250.0;
+const DEFAULT_RETRY_MAX_MS: f64 = 5_000.0;
+
+impl Plan {
+    fn machine<'a>(&'a self, snapshot: &'a Snapshot, health: &'a [CandidateHealth]) -> Machine<'a> {
+        Machine::new(snapshot, &self.request, &self.candidates, health)
+    }
+
+    /// The policy's reaction to an attempt of `candidate` (an index into
+    /// `candidates`).
+    pub fn react(
+        &self,
+        snapshot: &Snapshot,
+        candidate: usize,
+        outcome: &AttemptOutcome,
+        progress: Progress,
+    ) -> Reaction {
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        machine.outcome = Some(&outcome.facts);
+        machine.progress = progress;
+        let focus = Focus {
+            current: Some(candidate),
+            served: Some(candidate),
+            ..Focus::default()
+        };
+        for rule in &snapshot.program.failover.rules {
+            if !rule
+                .outcomes
+                .iter()
+                .any(|pattern| outcome.class.matches(*pattern))
+            {
+                continue;
+            }
+            if let Some(when) = &rule.when
+                && !machine.truth(when, focus)
+            {
+                continue;
+            }
+            let action = match &rule.action {
+                ir::Action::Next => Action::Next,
+                ir::Action::Stop => Action::Stop,
+                ir::Action::Retry(after) => {
+                    let after_ms = match after {
+                        Some(after) => machine.eval(after, focus).as_duration().unwrap_or(0),
+                        None => {
+                            let full = (DEFAULT_RETRY_BASE_MS
+                                * 2f64.powi(i32::try_from(progress.retries).unwrap_or(30)))
+                            .min(DEFAULT_RETRY_MAX_MS);
+                            (full * (0.5 + 0.5 * progress.jitter.clamp(0.0, 1.0))) as u64
+                        }
+                    };
+                    Action::Retry { after_ms }
+                }
+            };
+            let pauses = rule
+                .pauses
+                .iter()
+                .filter_map(|(scope, term)| {
+                    machine
+                        .eval(term, focus)
+                        .as_duration()
+                        .map(|ms| (*scope, ms))
+                })
+                .collect();
+            let ending = match &rule.error {
+                Some(choice) => ending(snapshot, &mut machine, choice, focus),
+                None => Ending::Passthrough,
+            };
+            return Reaction {
+                action,
+                pauses,
+                penalties: rule.penalties.clone(),
+                ending,
+                rule: Some(rule.span),
+            };
+        }
+        // `check` requires every outcome to be covered; this is a safe end
+        // should a program ever reach here.
+        Reaction {
+            action: Action::Stop,
+            pauses: Vec::new(),
+            penalties: Vec::new(),
+            ending: Ending::Error(builtin_error(502, "upstream_error", "the provider failed")),
+            rule: None,
+        }
+    }
+
+    /// Whether `keep` allows trying `next` after `prev`, the first attempt
+    /// having been `first` (indices into `candidates`).
+    pub fn allows(&self, snapshot: &Snapshot, first: usize, prev: usize, next: usize) -> bool {
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        let focus = Focus {
+            current: Some(next),
+            prev: Some(prev),
+            first: Some(first),
+            ..Focus::default()
+        };
+        snapshot
+            .program
+            .failover
+            .keep
+            .iter()
+            .all(|constraint| machine.truth(constraint, focus))
+    }
+
+    pub fn timeouts(&self, snapshot: &Snapshot, candidate: usize) -> Timeouts {
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        let focus = Focus::on(candidate);
+        let mut get = |kind: TimeoutKind| {
+            snapshot
+                .program
+                .timeouts
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .and_then(|(_, term)| machine.eval(term, focus).as_duration())
+        };
+        let connect_ms = get(TimeoutKind::Connect).unwrap_or(10_000);
+        let headers_ms = get(TimeoutKind::Headers).unwrap_or(60_000);
+        let first_token_ms = get(TimeoutKind::FirstToken).unwrap_or(headers_ms);
+        let idle_ms = get(TimeoutKind::Idle).unwrap_or(60_000);
+        let attempt_ms = get(TimeoutKind::Attempt);
+        let hold_headers_ms = snapshot
+            .program
+            .hold_headers
+            .as_ref()
+            .and_then(|term| machine.eval(term, focus).as_duration())
+            .unwrap_or(first_token_ms);
+        Timeouts {
+            connect_ms,
+            headers_ms,
+            first_token_ms,
+            idle_ms,
+            attempt_ms,
+            hold_headers_ms,
+        }
+    }
+
+    /// The response headers, once `served` (an index, if any) answered last
+    /// after `attempts` candidates.
+    pub fn headers(
+        &self,
+        snapshot: &Snapshot,
+        served: Option<usize>,
+        progress: Progress,
+    ) -> Vec<(String, String)> {
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        machine.progress = progress;
+        headers(snapshot, &mut machine, served)
+    }
+
+    /// The SSE comment naming the serving provider when headers went out
+    /// before it was known.
+    pub fn late_comment(&self, snapshot: &Snapshot, served: usize) -> Option<String> {
+        let term = snapshot.program.late_comment.as_ref()?;
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        let focus = Focus {
+            served: Some(served),
+            ..Focus::default()
+        };
+        machine.eval(term, focus).as_str().map(str::to_string)
+    }
+
+    /// The error a request ends with when it gives up before any attempt
+    /// (no capacity) or runs out of time.
+    pub fn exhausted(
+        &self,
+        snapshot: &Snapshot,
+        budget: bool,
+        free_in_ms: Option<u64>,
+        served: Option<usize>,
+        progress: Progress,
+    ) -> Refusal {
+        let error = if budget {
+            snapshot
+                .program
+                .failover
+                .budget
+                .as_ref()
+                .map(|(_, error)| *error)
+        } else {
+            snapshot.program.capacity_error
+        };
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        machine.free_in_ms = free_in_ms;
+        machine.progress = progress;
+        match error {
+            Some(error) => refusal_with(snapshot, error, &mut machine, served),
+            None => builtin_refusal(
+                503,
+                "capacity_exhausted",
+                "no provider had room for the request",
+            ),
+        }
+    }
+}
+
+fn ending(
+    snapshot: &Snapshot,
+    machine: &mut Machine<'_>,
+    choice: &ErrorChoiceSpec,
+    focus: Focus,
+) -> Ending {
+    let chosen = match choice {
+        ErrorChoiceSpec::Fixed(error) => *error,
+        ErrorChoiceSpec::Conditional(condition, error, rest) => {
+            if machine.truth(condition, focus) {
+                *error
+            } else {
+                return ending(snapshot, machine, rest, focus);
+            }
+        }
+    };
+    match chosen {
+        ErrorRef::Passthrough => Ending::Passthrough,
+        ErrorRef::Declared(_) => Ending::Error(error_response(snapshot, chosen, machine, focus)),
+    }
+}
+
+fn headers(
+    snapshot: &Snapshot,
+    machine: &mut Machine<'_>,
+    served: Option<usize>,
+) -> Vec<(String, String)> {
+    let focus = Focus {
+        served,
+        ..Focus::default()
+    };
+    snapshot
+        .program
+        .headers
+        .iter()
+        .filter_map(|field| {
+            let value = machine.eval(&field.term, focus);
+            (!value.is_null()).then(|| (field.name.clone(), value.to_string()))
+        })
+        .collect()
+}
+
+/// The name of an error, for traces.
+pub fn error_name(snapshot: &Snapshot, error: ErrorRef) -> String {
+    match error {
+        ErrorRef::Passthrough => String::from("passthrough"),
+        ErrorRef::Declared(index) => snapshot
+            .program
+            .errors
+            .get(index)
+            .map_or_else(|| String::from("?"), |spec| spec.name.clone()),
+    }
+}
+
+/// The default `type` of an error object, by status.
+pub fn default_type(status: u16) -> &'static str {
+    match status {
+        400 | 409 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+fn builtin_error(status: u16, code: &str, message: &str) -> ErrorResponse {
+    ErrorResponse {
+        status,
+        code: code.to_string(),
+        message: message.to_string(),
+        error_type: default_type(status).to_string(),
+        retry_after_secs: None,
+    }
+}
+
+pub fn builtin_refusal(status: u16, code: &str, message: &str) -> Refusal {
+    Refusal {
+        error: builtin_error(status, code, message),
+        headers: Vec::new(),
+    }
+}
+
+fn error_response(
+    snapshot: &Snapshot,
+    error: ErrorRef,
+    machine: &mut Machine<'_>,
+    focus: Focus,
+) -> ErrorResponse {
+    let ErrorRef::Declared(index) = error else {
+        return builtin_error(502, "upstream_error", "the provider failed");
+    };
+    let Some(spec) = snapshot.program.errors.get(index) else {
+        return builtin_error(
+            500,
+            "policy_error",
+            "the policy names an error it does not declare",
+        );
+    };
+    let status = machine
+        .eval(&spec.status, focus)
+        .as_number()
+        .filter(|s| (400.0..=599.0).contains(s))
+        .map_or(500, |s| s as u16);
+    let message = match machine.eval(&spec.message, focus) {
+        Value::Null => spec.name.clone(),
+        value => value.to_string(),
+    };
+    let retry_after_secs = spec
+        .retry_after
+        .as_ref()
+        .and_then(|term| machine.eval(term, focus).as_duration())
+        .map(|ms| ms.div_ceil(1000));
+    let error_type = spec
+        .error_type
+        .as_ref()
+        .and_then(|term| machine.eval(term, focus).as_str().map(str::to_string))
+        .unwrap_or_else(|| default_type(status).to_string());
+    ErrorResponse {
+        status,
+        code: spec.name.clone(),
+        message,
+        error_type,
+        retry_after_secs,
+    }
+}
+
+/// A refusal before any candidate exists.
+pub fn refusal(snapshot: &Snapshot, error: ErrorRef, served: Option<usize>) -> Refusal {
+    let request = super::RequestState {
+        id: std::sync::Arc::from(""),
+        model: std::sync::Arc::from(""),
+        endpoint: super::Endpoint::ChatCompletions,
+        stream: false,
+        parameters: std::sync::Arc::from(Vec::new()),
+        estimated_tokens: 0.0,
+        caller: super::Caller {
+            tenant: 0,
+            workspace: 0,
+            key: None,
+        },
+        inputs: vec![Value::Null; snapshot.program.inputs.len()],
+        settings: vec![Value::Null; snapshot.data.schema.settings.entries.len()],
+        merges: vec![Value::Null; snapshot.program.merges.len()],
+    };
+    let mut machine = Machine::new(snapshot, &request, &[], &[]);
+    refusal_with(snapshot, error, &mut machine, served)
+}
+
+/// A refusal evaluated with the request's state.
+pub fn refusal_with(
+    snapshot: &Snapshot,
+    error: ErrorRef,
+    machine: &mut Machine<'_>,
+    served: Option<usize>,
+) -> Refusal {
+    let focus = Focus {
+        served,
+        ..Focus::default()
+    };
+    Refusal {
+        error: error_response(snapshot, error, machine, focus),
+        headers: headers(snapshot, machine, served),
+    }
+}

@@ -1,0 +1,201 @@
+//! Reading the request's routing inputs: declared body fields and headers,
+//! checked against their types. A value of the wrong shape gets the input's
+//! `malformed` error; a provider or model name the catalog does not know,
+//! its `unknown` error.
+
+use crate::compile::{ModelName, Snapshot};
+use crate::data::schema::parse_duration;
+use crate::language::ir::{ErrorRef, InputSourceKind, InputSpec, InputType};
+use crate::value::{EnumMember, Value};
+use serde_json::Value as Json;
+use std::sync::Arc;
+
+/// Why an input was refused: the error to answer with, and what was wrong
+/// (for the trace).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputProblem {
+    pub error: ErrorRef,
+    pub detail: String,
+}
+
+enum Problem {
+    Malformed(String),
+    Unknown(String),
+}
+
+/// A raw input: a JSON body field, or a header's text.
+pub enum Raw<'a> {
+    Json(&'a Json),
+    Text(&'a str),
+}
+
+/// Parses one input's raw value (or `None` when the request does not carry it).
+pub fn parse_input(
+    snapshot: &Snapshot,
+    spec: &InputSpec,
+    raw: Option<Raw<'_>>,
+    expand_shorthand: &mut dyn FnMut(&InputSpec, Value) -> Value,
+) -> Result<Value, InputProblem> {
+    let Some(raw) = raw else {
+        return Ok(Value::Null);
+    };
+    let problem = |problem: Problem| match problem {
+        Problem::Malformed(detail) => InputProblem {
+            error: spec.malformed,
+            detail: format!("`{}`: {detail}", spec.name),
+        },
+        Problem::Unknown(detail) => InputProblem {
+            error: spec.unknown,
+            detail: format!("`{}`: {detail}", spec.name),
+        },
+    };
+    // A header holding a structured input carries it as JSON.
+    let parsed_json;
+    let raw = match (raw, spec.source, &spec.ty) {
+        (Raw::Text(text), InputSourceKind::Header, InputType::Object(_) | InputType::List(_)) => {
+            parsed_json = serde_json::from_str::<Json>(text)
+                .map_err(|_| problem(Problem::Malformed(String::from("not valid JSON"))))?;
+            Raw::Json(&parsed_json)
+        }
+        (raw, _, _) => raw,
+    };
+    if let Some((shorthand_type, _)) = &spec.shorthand {
+        let is_object = matches!(raw, Raw::Json(Json::Object(_)));
+        if !is_object {
+            let value = parse(snapshot, shorthand_type, &raw).map_err(problem)?;
+            return Ok(expand_shorthand(spec, value));
+        }
+    }
+    parse(snapshot, &spec.ty, &raw).map_err(problem)
+}
+
+fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Problem> {
+    let malformed = |what: &str| Problem::Malformed(format!("expected {what}"));
+    match ty {
+        InputType::Bool => match raw {
+            Raw::Json(Json::Bool(b)) => Ok(Value::Bool(*b)),
+            Raw::Text(text) => match text.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Ok(Value::Bool(true)),
+                "false" | "0" | "no" => Ok(Value::Bool(false)),
+                _ => Err(malformed("true or false")),
+            },
+            _ => Err(malformed("true or false")),
+        },
+        InputType::Number | InputType::Int { .. } => {
+            let number = match raw {
+                Raw::Json(Json::Number(n)) => n.as_f64(),
+                Raw::Text(text) => text.trim().parse::<f64>().ok(),
+                _ => None,
+            }
+            .filter(|n| n.is_finite())
+            .ok_or_else(|| malformed("a number"))?;
+            if let InputType::Int { low, high } = ty
+                && (number.fract() != 0.0 || number < *low || number > *high)
+            {
+                return Err(Problem::Malformed(format!(
+                    "a whole number from {} to {}, found {number}",
+                    Value::Number(*low),
+                    Value::Number(*high)
+                )));
+            }
+            Ok(Value::Number(number))
+        }
+        InputType::String => text_of(raw)
+            .map(Value::string)
+            .ok_or_else(|| malformed("a string")),
+        InputType::Duration => text_of(raw)
+            .and_then(parse_duration)
+            .map(Value::Duration)
+            .ok_or_else(|| malformed("a duration such as \"10s\"")),
+        InputType::Provider => {
+            let name = text_of(raw).ok_or_else(|| malformed("a provider id"))?;
+            let provider = snapshot
+                .providers_named(name.trim())
+                .first()
+                .and_then(|index| snapshot.provider(*index))
+                .ok_or_else(|| Problem::Unknown(format!("no provider is named `{name}`")))?;
+            Ok(Value::string(&provider.name))
+        }
+        InputType::Model => {
+            let id = text_of(raw).ok_or_else(|| malformed("a model id"))?;
+            match snapshot.model_named(id) {
+                Some(ModelName::Model(_) | ModelName::Alias(_)) => Ok(Value::string(id)),
+                None => Err(Problem::Unknown(format!("no model has the id `{id}`"))),
+            }
+        }
+        InputType::Enum(e) => {
+            let name = text_of(raw)
+                .ok_or_else(|| malformed(&format!("one of {}", e.members.join(", "))))?;
+            let rank = e
+                .members
+                .iter()
+                .position(|member| member == name)
+                .ok_or_else(|| malformed(&format!("one of {}", e.members.join(", "))))?;
+            Ok(Value::Enum(EnumMember {
+                rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                name: Arc::from(name),
+            }))
+        }
+        InputType::List(item) => match raw {
+            Raw::Json(Json::Array(items)) => {
+                let values = items
+                    .iter()
+                    .map(|item_raw| parse(snapshot, item, &Raw::Json(item_raw)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Value::List(Arc::from(values)))
+            }
+            _ => Err(malformed("a list")),
+        },
+        InputType::Csv(item) => {
+            let text = text_of(raw).ok_or_else(|| malformed("a comma-separated list"))?;
+            let values = text
+                .split(',')
+                .map(str::trim)
+                .filter(|part| !part.is_empty())
+                .map(|part| parse(snapshot, item, &Raw::Text(part)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Value::List(Arc::from(values)))
+        }
+        InputType::Object(fields) => {
+            let Raw::Json(Json::Object(object)) = raw else {
+                return Err(malformed("an object"));
+            };
+            if let Some(unknown) = object
+                .keys()
+                .find(|key| !fields.iter().any(|(name, _)| **name == ***key))
+            {
+                let known: Vec<&str> = fields.iter().map(|(name, _)| &**name).collect();
+                return Err(Problem::Malformed(format!(
+                    "unknown field `{unknown}`; the fields are {}",
+                    known.join(", ")
+                )));
+            }
+            let mut values = Vec::new();
+            for (name, field_type) in fields {
+                let value =
+                    match object.get(&**name) {
+                        None | Some(Json::Null) => Value::Null,
+                        Some(field_raw) => parse(snapshot, field_type, &Raw::Json(field_raw))
+                            .map_err(|problem| match problem {
+                                Problem::Malformed(detail) => {
+                                    Problem::Malformed(format!("`{name}`: {detail}"))
+                                }
+                                Problem::Unknown(detail) => {
+                                    Problem::Unknown(format!("`{name}`: {detail}"))
+                                }
+                            })?,
+                    };
+                values.push((name.clone(), value));
+            }
+            Ok(Value::Record(Arc::from(values)))
+        }
+    }
+}
+
+fn text_of<'a>(raw: &'a Raw<'_>) -> Option<&'a str> {
+    match raw {
+        Raw::Json(Json::String(s)) => Some(s.as_str()),
+        Raw::Text(text) => Some(text),
+        _ => None,
+    }
+}

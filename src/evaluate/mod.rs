@@ -1,0 +1,590 @@
+//! Evaluate: a pure, deterministic function of (snapshot, request, health)
+//! to a [`Decision`] — an ordered attempt plan or the error the policy names
+//! — with a trace of why. No clock, no randomness, no I/O: the time, the
+//! health of providers and the load-balancing seed are inputs.
+//!
+//! During execution the proxy asks the same program what an attempt's
+//! outcome means ([`Plan::react`]), which later candidates a `keep`
+//! constraint allows, and which error and headers to answer with.
+
+mod candidates;
+mod execution;
+pub mod health;
+mod inputs;
+mod machine;
+mod merge;
+mod order;
+
+pub use execution::{Action, AttemptOutcome, OutcomeClass, Reaction, Timeouts};
+pub use machine::{OutcomeFacts, Progress};
+pub use order::Rng;
+
+use crate::compile::Snapshot;
+use crate::data::{ModelKind, WireFormat};
+use crate::language::ir::StepKind;
+use crate::source::Span;
+use crate::value::Value;
+use health::{CandidateHealth, HealthView};
+use machine::{Focus, Machine};
+use serde_json::Value as Json;
+use std::sync::Arc;
+
+/// The client-facing endpoints the proxy serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+    Responses,
+    Messages,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+        Endpoint::Responses,
+        Endpoint::Messages,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat_completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The path after `/v1`.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Responses => "/responses",
+            Endpoint::Messages => "/messages",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        let rest = path.strip_prefix("/v1")?;
+        Endpoint::ALL.into_iter().find(|e| e.path() == rest)
+    }
+
+    pub fn wire(self) -> WireFormat {
+        match self {
+            Endpoint::Messages => WireFormat::Anthropic,
+            _ => WireFormat::OpenAi,
+        }
+    }
+
+    pub fn kind(self) -> ModelKind {
+        match self {
+            Endpoint::Completions => ModelKind::Completion,
+            Endpoint::Embeddings => ModelKind::Embedding,
+            _ => ModelKind::Chat,
+        }
+    }
+}
+
+/// Who is asking: a tenant, one of its workspaces and, usually, a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: usize,
+    pub workspace: usize,
+    pub key: Option<usize>,
+}
+
+/// A request as the evaluator sees it.
+#[derive(Debug, Clone)]
+pub struct RequestContext<'a> {
+    pub id: &'a str,
+    pub endpoint: Endpoint,
+    /// The parsed body; `None` when it is not JSON.
+    pub body: Option<&'a Json>,
+    pub body_bytes: usize,
+    /// Request headers, names in lowercase.
+    pub headers: &'a [(String, String)],
+    pub caller: Caller,
+    /// Drives load balancing; the proxy draws one per request.
+    pub seed: u64,
+    /// Drives round-robin balancing; the proxy counts requests per model.
+    pub rotation: u64,
+}
+
+/// Body fields that ask for a capability routes must support
+/// (`request.parameters`), by the name routes list in `capabilities`.
+const CAPABILITY_FIELDS: [(&str, &str); 10] = [
+    ("tools", "tools"),
+    ("tool_choice", "tools"),
+    ("functions", "tools"),
+    ("parallel_tool_calls", "tools"),
+    ("reasoning", "reasoning"),
+    ("reasoning_effort", "reasoning"),
+    ("thinking", "reasoning"),
+    ("response_format", "response_format"),
+    ("logprobs", "logprobs"),
+    ("web_search_options", "web_search"),
+];
+
+/// Request-level values, fixed once inputs and merges are known. A plan
+/// keeps them for the rest of the request.
+#[derive(Debug, Clone)]
+pub struct RequestState {
+    pub id: Arc<str>,
+    pub model: Arc<str>,
+    pub endpoint: Endpoint,
+    pub stream: bool,
+    pub parameters: Arc<[Value]>,
+    pub estimated_tokens: f64,
+    pub caller: Caller,
+    pub inputs: Vec<Value>,
+    pub settings: Vec<Value>,
+    pub merges: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolutionKind {
+    Bare,
+    Alias,
+    Pin,
+    Unknown,
+}
+
+/// Which requested id a candidate came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Requested {
+    /// Position of its model among the requested models, aliases expanded.
+    pub index: usize,
+    pub kind: ResolutionKind,
+    pub id: Arc<str>,
+}
+
+/// A route of a model with one credential.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The catalog model; `None` for an id the catalog does not know, served
+    /// by an `unknown serve` tier.
+    pub model: Option<usize>,
+    pub route: Option<usize>,
+    pub provider: usize,
+    pub credential: usize,
+    pub upstream_model: Arc<str>,
+    pub requested: Requested,
+}
+
+/// The error object a request ends with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorResponse {
+    pub status: u16,
+    /// The error's name in the policy.
+    pub code: String,
+    pub message: String,
+    pub error_type: String,
+    pub retry_after_secs: Option<u64>,
+}
+
+/// What the client gets instead of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub error: ErrorResponse,
+    pub headers: Vec<(String, String)>,
+}
+
+/// An ordered attempt plan.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub request: Arc<RequestState>,
+    /// In attempt order: the first, then the rest as `reorder` puts them.
+    pub candidates: Vec<Candidate>,
+    /// How many distinct candidates may be tried.
+    pub attempts: usize,
+    pub budget_ms: Option<u64>,
+    pub capacity_wait_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub result: Result<Plan, Refusal>,
+    pub trace: Trace,
+}
+
+/// Why a decision came out as it did.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub model: String,
+    pub inputs: Vec<(String, String)>,
+    pub merges: Vec<(String, String)>,
+    pub candidates: Vec<CandidateTrace>,
+    pub steps: Vec<StepTrace>,
+    /// Labels of the sort keys, in order.
+    pub keys: Vec<String>,
+    pub balance: Option<Span>,
+    /// What ended the request, when it was refused.
+    pub refused: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CandidateTrace {
+    pub candidate: Candidate,
+    /// Provider, credential and model, for people.
+    pub label: String,
+    /// The step that removed it, as an index into `Trace::steps`.
+    pub removed_by: Option<usize>,
+    /// Its sort key values.
+    pub keys: Vec<String>,
+    /// Its position in the plan.
+    pub position: Option<usize>,
+    pub health: CandidateHealth,
+}
+
+#[derive(Debug, Clone)]
+pub struct StepTrace {
+    pub span: Span,
+    /// `require … else ERROR` or `prefer exclusively`.
+    pub label: String,
+    pub kept: usize,
+    pub removed: usize,
+}
+
+/// Decides a request.
+pub fn evaluate(
+    snapshot: &Snapshot,
+    context: &RequestContext<'_>,
+    health: &dyn HealthView,
+) -> Decision {
+    let mut trace = Trace::default();
+    let result = decide(snapshot, context, health, &mut trace);
+    Decision { result, trace }
+}
+
+fn decide(
+    snapshot: &Snapshot,
+    context: &RequestContext<'_>,
+    health_view: &dyn HealthView,
+    trace: &mut Trace,
+) -> Result<Plan, Refusal> {
+    let program = &snapshot.program;
+    let Some(body) = context.body.filter(|body| body.is_object()) else {
+        trace.refused = Some(String::from("the body is not a JSON object"));
+        return Err(match program.malformed_body {
+            Some(error) => execution::refusal(snapshot, error, None),
+            None => execution::builtin_refusal(
+                400,
+                "invalid_request_body",
+                "the request body is not a JSON object",
+            ),
+        });
+    };
+    let model: Arc<str> = Arc::from(body.get("model").and_then(Json::as_str).unwrap_or(""));
+    trace.model = model.to_string();
+    let mut parameters: Vec<Value> = Vec::new();
+    for (field, capability) in CAPABILITY_FIELDS {
+        let capability = Value::string(capability);
+        if body.get(field).is_some_and(|v| !v.is_null()) && !parameters.contains(&capability) {
+            parameters.push(capability);
+        }
+    }
+    let mut request = RequestState {
+        id: Arc::from(context.id),
+        model,
+        endpoint: context.endpoint,
+        stream: body.get("stream").and_then(Json::as_bool).unwrap_or(false),
+        parameters: Arc::from(parameters),
+        estimated_tokens: (context.body_bytes / 4) as f64,
+        caller: context.caller,
+        inputs: Vec::new(),
+        settings: Vec::new(),
+        merges: Vec::new(),
+    };
+    request.settings = resolve_settings(snapshot, &request);
+
+    // Inputs.
+    for spec in &program.inputs {
+        let raw = match spec.source {
+            crate::language::ir::InputSourceKind::Body => {
+                body.get(&spec.field).map(inputs::Raw::Json)
+            }
+            crate::language::ir::InputSourceKind::Header => context
+                .headers
+                .iter()
+                .find(|(name, _)| *name == spec.field)
+                .map(|(_, value)| inputs::Raw::Text(value.as_str())),
+        };
+        let mut expand = |spec: &crate::language::ir::InputSpec, value: Value| {
+            let Some((_, term)) = &spec.shorthand else {
+                return value;
+            };
+            let mut machine = Machine::new(snapshot, &request, &[], &[]);
+            machine.shorthand = Some(value);
+            machine.eval(term, Focus::default())
+        };
+        match inputs::parse_input(snapshot, spec, raw, &mut expand) {
+            Ok(value) => {
+                if !value.is_null() {
+                    trace.inputs.push((spec.name.clone(), value.to_string()));
+                }
+                request.inputs.push(value);
+            }
+            Err(problem) => {
+                trace.refused = Some(problem.detail);
+                return Err(execution::refusal(snapshot, problem.error, None));
+            }
+        }
+    }
+
+    // Validation, then merges.
+    {
+        let mut machine = Machine::new(snapshot, &request, &[], &[]);
+        for reject in &program.rejects {
+            if machine.truth(&reject.condition, Focus::default()) {
+                trace.refused = Some(String::from("a `validate` rule rejected the request"));
+                return Err(execution::refusal_with(
+                    snapshot,
+                    reject.error,
+                    &mut machine,
+                    None,
+                ));
+            }
+        }
+        let mut merges = Vec::new();
+        for (index, spec) in program.merges.iter().enumerate() {
+            let value = machine.eval(
+                &crate::language::ir::Term::new(
+                    crate::language::ir::TermKind::Merge(index),
+                    Span::default(),
+                ),
+                Focus::default(),
+            );
+            if let Some(error) = spec.strict {
+                let requested = machine.eval(&spec.request, Focus::default());
+                if !requested.is_null() && requested != value {
+                    trace.refused = Some(format!("`{}` may only tighten the default", spec.name));
+                    return Err(execution::refusal_with(snapshot, error, &mut machine, None));
+                }
+            }
+            trace.merges.push((spec.name.clone(), value.to_string()));
+            merges.push(value);
+        }
+        request.merges = merges;
+    }
+
+    // Candidates.
+    let candidates = match candidates::resolve(snapshot, &request) {
+        Ok(candidates) => candidates,
+        Err(unresolved) => {
+            trace.refused = Some(unresolved.detail);
+            let mut machine = Machine::new(snapshot, &request, &[], &[]);
+            return Err(execution::refusal_with(
+                snapshot,
+                unresolved.error,
+                &mut machine,
+                None,
+            ));
+        }
+    };
+    let health: Vec<CandidateHealth> = candidates.iter().map(|c| health_view.health(c)).collect();
+    trace.candidates = candidates
+        .iter()
+        .zip(&health)
+        .map(|(candidate, health)| CandidateTrace {
+            candidate: candidate.clone(),
+            label: label(snapshot, candidate),
+            removed_by: None,
+            keys: Vec::new(),
+            position: None,
+            health: health.clone(),
+        })
+        .collect();
+
+    let mut machine = Machine::new(snapshot, &request, &candidates, &health);
+
+    // Eligibility.
+    let mut remaining: Vec<usize> = (0..candidates.len()).collect();
+    for (step_index, step) in program.steps.iter().enumerate() {
+        machine.set_candidates(remaining.clone());
+        let keep: Vec<usize> = remaining
+            .iter()
+            .copied()
+            .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate)))
+            .collect();
+        let (label, next) = match &step.kind {
+            StepKind::Require(error) => {
+                let name = execution::error_name(snapshot, *error);
+                (format!("require … else {name}"), keep)
+            }
+            StepKind::PreferExclusively => {
+                let next = if keep.is_empty() {
+                    remaining.clone()
+                } else {
+                    keep
+                };
+                (String::from("prefer exclusively …"), next)
+            }
+        };
+        for candidate in remaining.iter().filter(|c| !next.contains(c)) {
+            if let Some(entry) = trace.candidates.get_mut(*candidate) {
+                entry.removed_by = Some(step_index);
+            }
+        }
+        trace.steps.push(StepTrace {
+            span: step.span,
+            label,
+            kept: next.len(),
+            removed: remaining.len() - next.len(),
+        });
+        if next.is_empty()
+            && let StepKind::Require(error) = step.kind
+        {
+            trace.refused = Some(format!("no candidate passed step {}", step_index + 1));
+            return Err(execution::refusal_with(snapshot, error, &mut machine, None));
+        }
+        remaining = next;
+    }
+
+    // Order, then balance.
+    machine.set_candidates(remaining.clone());
+    let keys = order::order_keys(&mut machine, &program.order);
+    trace.keys = keys
+        .iter()
+        .map(|(key, sort)| {
+            let direction = if key.descending { " desc" } else { "" };
+            match sort {
+                Some(sort) => format!("{sort}: line {}{direction}", key.term.span.start),
+                None => format!("line {}{direction}", key.term.span.start),
+            }
+        })
+        .collect();
+    let key_specs: Vec<&crate::language::ir::SortKeySpec> =
+        keys.iter().map(|(key, _)| *key).collect();
+    let mut ordered = remaining.clone();
+    let values = order::sort_by_keys(&mut machine, &mut ordered, &key_specs);
+    for (candidate, key_values) in values {
+        if let Some(entry) = trace.candidates.get_mut(candidate) {
+            entry.keys = key_values.iter().map(Value::to_string).collect();
+        }
+    }
+    for spec in &program.balance {
+        let applies = match &spec.when {
+            Some(when) => machine.truth(when, Focus::default()),
+            None => true,
+        };
+        if applies {
+            order::balance(
+                &mut machine,
+                &mut ordered,
+                &spec.strategy,
+                context.seed,
+                context.rotation,
+            );
+            trace.balance = Some(spec.span);
+            break;
+        }
+    }
+
+    // The plan: the first, then the rest as `reorder` says.
+    if ordered.len() > 1 && !program.failover.reorder.is_empty() {
+        let reorder: Vec<&crate::language::ir::SortKeySpec> =
+            program.failover.reorder.iter().collect();
+        if let Some(rest) = ordered.get_mut(1..) {
+            let mut rest_vec = rest.to_vec();
+            order::sort_by_keys(&mut machine, &mut rest_vec, &reorder);
+            rest.copy_from_slice(&rest_vec);
+        }
+    }
+    let attempts = machine
+        .eval(&program.failover.attempts, Focus::default())
+        .as_number()
+        .filter(|n| *n >= 1.0)
+        .map_or(1, |n| n.min(1e6) as usize);
+    let budget_ms = program
+        .failover
+        .budget
+        .as_ref()
+        .and_then(|(limit, _)| machine.eval(limit, Focus::default()).as_duration());
+    let capacity_wait_ms = program
+        .capacity_wait
+        .as_ref()
+        .and_then(|wait| machine.eval(wait, Focus::default()).as_duration())
+        .unwrap_or(0);
+    for (position, candidate) in ordered.iter().enumerate() {
+        if let Some(entry) = trace.candidates.get_mut(*candidate) {
+            entry.position = Some(position);
+        }
+    }
+    let planned = ordered
+        .iter()
+        .filter_map(|index| candidates.get(*index))
+        .cloned()
+        .collect();
+    drop(machine);
+    Ok(Plan {
+        request: Arc::new(request),
+        candidates: planned,
+        attempts,
+        budget_ms,
+        capacity_wait_ms,
+    })
+}
+
+/// `defaults.NAME`: the first layer that sets it, else its declared default.
+fn resolve_settings(snapshot: &Snapshot, request: &RequestState) -> Vec<Value> {
+    let data = &snapshot.data;
+    let tenant = data.tenants.tenants.get(request.caller.tenant);
+    let workspace = tenant.and_then(|t| t.workspaces.get(request.caller.workspace));
+    let key = request.caller.key.and_then(|k| data.tenants.keys.get(k));
+    let model = request.model.as_ref();
+    data.schema
+        .settings
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(index, decl)| {
+            snapshot
+                .program
+                .layers
+                .iter()
+                .find_map(|layer| {
+                    let settings = match layer.level {
+                        crate::language::ast::Level::Key => key.map(|k| &k.settings),
+                        crate::language::ast::Level::Workspace => workspace.map(|w| &w.settings),
+                        crate::language::ast::Level::Tenant => tenant.map(|t| &t.settings),
+                    }?;
+                    if layer.per_model {
+                        settings
+                            .per_model
+                            .iter()
+                            .find(|(id, _)| id == model)
+                            .and_then(|(_, values)| values.get(index))
+                            .cloned()
+                    } else {
+                        settings.all_models.get(index).cloned()
+                    }
+                })
+                .or_else(|| decl.default.clone())
+                .unwrap_or(Value::Null)
+        })
+        .collect()
+}
+
+/// `provider/credential → model`, for traces and `explain`.
+pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
+    let provider = snapshot.provider(candidate.provider);
+    let credential = snapshot.credential(candidate.provider, candidate.credential);
+    format!(
+        "{} ({}) {}",
+        provider.map_or("?", |p| p.id.as_str()),
+        credential.map_or("?", |c| c.id.as_str()),
+        candidate.upstream_model
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! Decisions for the reference policies, end to end from their files.
+
+use super::*;
+use crate::compile::{AllSecrets, Snapshot, compile_file};
+use health::Healthy;
+use std::path::Path;
+
+fn snapshot(name: &str) -> Snapshot {
+    let path = format!("{}/policies/{name}.policy", env!("CARGO_MANIFEST_DIR"));
+    match compile_file(Path::new(&path), &AllSecrets) {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!("{name} does not compile: {:#?}", report.diagnostics),
+    }
+}
+
+fn caller(snapshot: &Snapshot, key_id: &str) -> Caller {
+    let tenants = &snapshot.data.tenants;
+    let (index, key) = tenants
+        .keys
+        .iter()
+        .enumerate()
+        .find(|(_, k)| k.id == key_id)
+        .unwrap();
+    Caller {
+        tenant: key.tenant,
+        workspace: key.workspace,
+        key: Some(index),
+    }
+}
+
+fn decide(
+    snapshot: &Snapshot,
+    key: &str,
+    endpoint: Endpoint,
+    body: serde_json::Value,
+    headers: &[(String, String)],
+) -> Decision {
+    let text = body.to_string();
+    let context = RequestContext {
+        id: "req-1",
+        endpoint,
+        body: Some(&body),
+        body_bytes: text.len(),
+        headers,
+        caller: caller(snapshot, key),
+        seed: 7,
+        rotation: 0,
+    };
+    evaluate(snapshot, &context, &Healthy)
+}
+
+fn providers(snapshot: &Snapshot, decision: &Decision) -> Vec<String> {
+    match &decision.result {
+        Ok(plan) => plan
+            .candidates
+            .iter()
+            .map(|c| snapshot.provider(c.provider).unwrap().id.clone())
+            .collect(),
+        Err(refusal) => panic!(
+            "refused: {:?} ({:?})",
+            refusal.error, decision.trace.refused
+        ),
+    }
+}
+
+fn refused(decision: &Decision) -> (u16, String) {
+    match &decision.result {
+        Ok(plan) => panic!(
+            "expected a refusal, got a plan of {}",
+            plan.candidates.len()
+        ),
+        Err(refusal) => (refusal.error.status, refusal.error.code.clone()),
+    }
+}
+
+#[test]
+fn noirdoc_orders_by_price_then_priority_then_listing() {
+    let snap = snapshot("noirdoc");
+    let decision = decide(
+        &snap,
+        "acme-default",
+        Endpoint::ChatCompletions,
+        serde_json::json!({"model": "qwen3.8-27b", "messages": []}),
+        &[],
+    );
+    // aki-io and scaleway cost 3*0.20+0.60 = 1.20, ionos 3*0.25+0.45 = 1.20:
+    // equal; aki-io has priority 10, then ionos and scaleway (8) by listing
+    // date: scaleway listed earlier. together has no price: last.
+    let order = providers(&snap, &decision);
+    assert_eq!(order[0], "aki-io");
+    assert_eq!(order.last().unwrap(), "together");
+}
+
+#[test]
+fn noirdoc_prefers_own_provider_exclusively() {
+    let snap = snapshot("noirdoc");
+    let decision = decide(
+        &snap,
+        "acme-default",
+        Endpoint::ChatCompletions,
+        serde_json::json!({"model": "gpt-5"}),
+        &[],
+    );
+    assert_eq!(providers(&snap, &decision), ["acme-openai"]);
+    let decision = decide(
+        &snap,
+        "kanzlei-default",
+        Endpoint::ChatCompletions,
+        serde_json::json!({"model": "gpt-5"}),
+        &[],
+    );
+    assert_eq!(
+        refused(&decision),
+        (403, String::from("provider_not_allowed_for_tenant"))
+    );
+}
+
+#[test]
+fn noirdoc_refuses_the_wrong_endpoint_and_unknown_models() {
+    let snap = snapshot("noirdoc");
+    let decision = decide(
+        &snap,
+        "acme-default",
+        Endpoint::Embeddings,
+        serde_json::json!({"model": "qwen3.8-27b"}),
+        &[],
+    );
+    assert_eq!(
+        refused(&decision),
+        (400, String::from("wrong_endpoint_for_model"))
+    );
+    let decision = decide(
+        &snap,
+        "acme-default",
+        Endpoint::ChatCompletions,
+        serde_json::json!({"model": "nope"}),
+        &[],
+    );
+    assert_eq!(
+        refused(&decision),
+        (404, String::from("model_not_available"))
+    );
+}
+
+#[test]
+fn anonrouter_applies_pins_conflicts_and_floors() {
+    let snap = snapshot("anonrouter");
+    let body = serde_json::json!({"model": "deepseek/deepseek-v3.2", "provider": "venice"});
+    let decision = decide(&snap, "lumen-default", Endpoint::ChatCompletions, body, &[]);
+    assert_eq!(providers(&snap, &decision), ["venice"]);
+    let plan = decision.result.unwrap();
+    assert_eq!(plan.attempts, 1);
+
+    let body = serde_json::json!({"model": "deepseek/deepseek-v3.2", "provider": {"only": ["venice"], "ignore": ["venice"]}});
+    let decision = decide(&snap, "lumen-default", Endpoint::ChatCompletions, body, &[]);
+    assert_eq!(
+        refused(&decision),
+        (400, String::from("provider_policy_conflict"))
+    );
+
+    let body =
+        serde_json::json!({"model": "deepseek/deepseek-v3.2", "provider": {"max_attempts": 4}});
+    let decision = decide(&snap, "lumen-default", Endpoint::ChatCompletions, body, &[]);
+    assert_eq!(refused(&decision), (400, String::from("invalid_request")));
+
+    let body =
+        serde_json::json!({"model": "deepseek/deepseek-v3.2", "provider": {"only": ["nowhere"]}});
+    let decision = decide(&snap, "lumen-default", Endpoint::ChatCompletions, body, &[]);
+    assert_eq!(
+        refused(&decision),
+        (400, String::from("invalid_provider_policy"))
+    );
+
+    // The privacy sort keeps the strongest tier first.
+    let body =
+        serde_json::json!({"model": "deepseek/deepseek-v3.2", "provider": {"sort": "privacy"}});
+    let decision = decide(&snap, "lumen-default", Endpoint::ChatCompletions, body, &[]);
+    let order = providers(&snap, &decision);
+    assert!(
+        order[0] == "tinfoil" || order[0] == "near-ai-us",
+        "{order:?}"
+    );
+    assert!(
+        !order.contains(&String::from("phala")),
+        "E2EE routes serve only E2EE requests"
+    );
+}
