@@ -17,8 +17,8 @@
 //! Data files live in `tests/diagnostics/data/`: `catalog.yaml` and
 //! `tenants.yaml` are valid; each data-error case names its own broken copy
 //! (`bad-unknown-field.catalog.yaml`, ...) in its header. The policies in
-//! `tests/diagnostics/known-bugs/` are not golden cases: the ignored tests in
-//! `known_bugs` use them.
+//! `tests/diagnostics/regressions/` are not golden cases: the tests in
+//! `regressions`, each a fixed checker bug, use them.
 
 #![allow(
     clippy::unwrap_used,
@@ -301,7 +301,7 @@ fn several_mistakes_are_all_reported_in_one_run() {
 /// right behaviour and is ignored until the bug is fixed; the golden files of
 /// the cases they use record today's output, so fixing a bug also shows up as
 /// a `.stderr` diff to bless.
-mod known_bugs {
+mod regressions {
     use super::*;
     use switchyard::language::CheckReport;
 
@@ -322,26 +322,23 @@ mod known_bugs {
     }
 
     #[test]
-    #[ignore = "checker bug: Diagnostics::sort dedups by text, and Span equality ignores positions"]
     fn the_same_mistake_in_two_places_is_reported_twice() {
         let report = check_file(Path::new(
-            "tests/diagnostics/known-bugs/same-typo-twice.policy",
+            "tests/diagnostics/regressions/same-typo-twice.policy",
         ));
         let found = codes(&report);
         assert_eq!(found, ["E0302", "E0302"], "{found:?}");
     }
 
     #[test]
-    #[ignore = "checker bug: an error named only in a statement that did not parse is reported as never produced"]
     fn an_error_raised_by_an_unparsed_statement_is_not_unreachable() {
         let report = check_file(Path::new(
-            "tests/diagnostics/known-bugs/unparsed-raise.policy",
+            "tests/diagnostics/regressions/unparsed-raise.policy",
         ));
         assert_eq!(codes(&report), ["E0101"]);
     }
 
     #[test]
-    #[ignore = "checker bug: a `let` dropped by a literal or length error is not a broken name"]
     fn a_dropped_let_is_not_reported_as_undefined() {
         let report = check_file(Path::new(
             "tests/diagnostics/E0107-expression-too-long.policy",
@@ -350,14 +347,12 @@ mod known_bugs {
     }
 
     #[test]
-    #[ignore = "checker bug: brackets nested too deeply also report a missing `policy` header"]
     fn too_deep_nesting_does_not_hide_the_header() {
         let report = check_file(Path::new("tests/diagnostics/E0107-nesting-too-deep.policy"));
         assert_eq!(codes(&report), ["E0107"]);
     }
 
     #[test]
-    #[ignore = "checker bug: rule spans that end in an optional part include the whitespace after them"]
     fn a_repeated_layer_underlines_only_the_layer() {
         let report = check_file(Path::new("tests/diagnostics/E0512-bad-layers.policy"));
         assert_eq!(primary_text(&report, "E0512"), "key");
@@ -366,14 +361,12 @@ mod known_bugs {
     }
 
     #[test]
-    #[ignore = "checker bug: a provider with a bad `format` is dropped, so its routes name an unknown provider"]
     fn a_bad_wire_format_does_not_orphan_routes() {
         let report = check_file(Path::new("tests/diagnostics/E0201-bad-wire-format.policy"));
         assert_eq!(codes(&report), ["E0201"]);
     }
 
     #[test]
-    #[ignore = "checker bug: a misspelled header setting says `expected something else` and reports the file as missing"]
     fn a_misspelled_header_setting_is_explained() {
         let report = check_file(Path::new("tests/diagnostics/E0101-header-typo.policy"));
         assert_eq!(codes(&report), ["E0101"]);
@@ -382,7 +375,6 @@ mod known_bugs {
     }
 
     #[test]
-    #[ignore = "checker bug: a broken sort header is reported at `sort`, and its sort then counts as undeclared"]
     fn a_broken_sort_header_points_at_the_mistake() {
         let report = check_file(Path::new("tests/diagnostics/E0101-sort-header.policy"));
         assert_eq!(codes(&report), ["E0101"]);

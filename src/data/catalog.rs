@@ -78,7 +78,7 @@ fn validate_provider(
         None => {
             let span = v.span(source, &p.format);
             let help = suggest(&p.format.value, WireFormat::NAMES)
-                .map(|close| format!("did you mean `{close}`?"))
+                .map(|close| format!("did you mean {close}?"))
                 .unwrap_or_else(|| String::from("a provider speaks `openai` or `anthropic`"));
             v.report(
                 codes::DATA_SCHEMA,
@@ -130,7 +130,9 @@ fn validate_provider(
             .as_ref()
             .map_or_else(|| p.id.value.clone(), |name| name.value.clone()),
         aliases: p.aliases.iter().map(|alias| alias.value.clone()).collect(),
-        format: format?,
+        // A bad format is reported above; the provider stays so its routes
+        // are not reported as naming a missing provider.
+        format: format.unwrap_or(WireFormat::OpenAi),
         base_url: p.base_url.value.trim_end_matches('/').to_string(),
         priority,
         listed,
@@ -290,7 +292,7 @@ fn validate_model(
         None => {
             let span = v.span(source, &m.kind);
             let help = suggest(&m.kind.value, ModelKind::NAMES)
-                .map(|close| format!("did you mean `{close}`?"))
+                .map(|close| format!("did you mean {close}?"))
                 .unwrap_or_else(|| {
                     String::from("a model is a `chat`, `completion` or `embedding` model")
                 });
@@ -337,7 +339,7 @@ fn validate_route(
     let Some(&provider) = providers.get(r.provider.value.as_str()) else {
         let span = v.span(source, &r.provider);
         let help = suggest(&r.provider.value, providers.keys().copied())
-            .map(|close| format!("did you mean `{close}`?"))
+            .map(|close| format!("did you mean {close}?"))
             .unwrap_or_else(|| String::from("a route names a provider by its `id`"));
         v.report(
             codes::UNKNOWN_REFERENCE,
@@ -488,7 +490,7 @@ fn validate_aliases(
                 Some(index) => targets.push(index),
                 None => {
                     let help = suggest(&id, models.iter().map(|m| m.id.as_str()))
-                        .map(|close| format!("did you mean `{close}`?"));
+                        .map(|close| format!("did you mean {close}?"));
                     v.report(
                         codes::UNKNOWN_REFERENCE,
                         source,

@@ -45,6 +45,7 @@ fn io_reason(error: &std::io::Error) -> String {
         std::io::ErrorKind::NotFound => String::from("no such file"),
         std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
         std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
+        std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
         _ => error.to_string(),
     }
 }
@@ -100,7 +101,7 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
             let (code, help) = if let Some(field) = unknown_field(message) {
                 let expected = expected_fields(message);
                 let help = suggest(field, expected.iter().map(String::as_str))
-                    .map(|close| format!("did you mean `{close}`?"))
+                    .map(|close| format!("did you mean {close}?"))
                     .unwrap_or_else(|| {
                         format!("the fields allowed here are: {}", expected.join(", "))
                     });
@@ -164,6 +165,9 @@ pub(super) struct Validator<'a> {
     /// Provider public names, aliases and ids (lowercase) → canonical name.
     provider_names: HashMap<String, String>,
     model_ids: Vec<String>,
+    /// Attributes whose declaration was refused, so entries setting them
+    /// are not reported again.
+    refused_attributes: HashSet<(Subject, String)>,
 }
 
 impl<'a> Validator<'a> {
@@ -296,7 +300,7 @@ impl<'a> Validator<'a> {
                     .chain(self.schema.enums.iter().map(|e| e.name.clone()))
                     .collect();
                 let help = suggest(&spec.value.ty.value, known.iter().map(String::as_str))
-                    .map(|close| format!("did you mean `{close}`?"))
+                    .map(|close| format!("did you mean {close}?"))
                     .unwrap_or_else(|| {
                         String::from("types are bool, number, string, duration, date, provider, model, list<T>, or an enumeration declared under `enums`")
                     });
@@ -308,6 +312,8 @@ impl<'a> Validator<'a> {
                     "unknown type",
                     Some(help),
                 );
+                self.refused_attributes
+                    .insert((subject, name.value.clone()));
                 continue;
             };
             let default = spec
@@ -337,6 +343,7 @@ impl<'a> Validator<'a> {
     ) -> Option<Value> {
         let span = self.span(source, raw);
         let describe = ty.describe(&self.schema.enums);
+        let expected_help = format!("write {} here", example_of(ty));
         let mismatch = |this: &mut Self, help: Option<String>| {
             this.report(
                 codes::ATTRIBUTE_TYPE,
@@ -347,7 +354,7 @@ impl<'a> Validator<'a> {
                     raw.value.kind()
                 ),
                 "wrong type",
-                help,
+                help.or_else(|| Some(expected_help.clone())),
             );
             None
         };
@@ -380,7 +387,7 @@ impl<'a> Validator<'a> {
                     })),
                     None => {
                         let help = suggest(s, def.members.iter().map(String::as_str))
-                            .map(|close| format!("did you mean `{close}`?"))
+                            .map(|close| format!("did you mean {close}?"))
                             .unwrap_or_else(|| {
                                 format!("members of `{}`: {}", def.name, def.members.join(", "))
                             });
@@ -402,8 +409,7 @@ impl<'a> Validator<'a> {
                     None => {
                         let names: Vec<&str> =
                             self.provider_names.values().map(String::as_str).collect();
-                        let help =
-                            suggest(s, names).map(|close| format!("did you mean `{close}`?"));
+                        let help = suggest(s, names).map(|close| format!("did you mean {close}?"));
                         self.report(
                             codes::UNKNOWN_REFERENCE,
                             source,
@@ -421,7 +427,7 @@ impl<'a> Validator<'a> {
                     Some(Value::String(Arc::from(s.as_str())))
                 } else {
                     let help = suggest(s, self.model_ids.iter().map(String::as_str))
-                        .map(|close| format!("did you mean `{close}`?"));
+                        .map(|close| format!("did you mean {close}?"));
                     self.report(
                         codes::UNKNOWN_REFERENCE,
                         source,
@@ -457,9 +463,15 @@ impl<'a> Validator<'a> {
         let mut seen = HashSet::new();
         for (name, raw) in &values.0 {
             let span = self.span(source, name);
+            if self
+                .refused_attributes
+                .contains(&(subject, name.value.clone()))
+            {
+                continue;
+            }
             let Some(index) = table.index_of(&name.value) else {
                 let help = suggest(&name.value, table.names())
-                    .map(|close| format!("did you mean `{close}`?"))
+                    .map(|close| format!("did you mean {close}?"))
                     .unwrap_or_else(|| {
                         format!(
                             "declare it under `attributes: {}:` with its type",
@@ -492,8 +504,9 @@ impl<'a> Validator<'a> {
                 *slot = Some(value);
             }
         }
-        for (decl, value) in table.entries.iter().zip(&out) {
-            if decl.required && value.is_none() {
+        for (index, (decl, value)) in table.entries.iter().zip(&out).enumerate() {
+            // An attribute set to a refused value was reported already.
+            if decl.required && value.is_none() && !seen.contains(&index) {
                 let (owner_name, owner_span) = owner;
                 self.report(
                     codes::UNDECLARED_ATTRIBUTE,
@@ -519,9 +532,15 @@ impl<'a> Validator<'a> {
         let mut out: Vec<Option<Value>> = vec![None; table.entries.len()];
         for (name, raw) in &values.0 {
             let span = self.span(source, name);
+            if self
+                .refused_attributes
+                .contains(&(Subject::Setting, name.value.clone()))
+            {
+                continue;
+            }
             let Some(index) = table.index_of(&name.value) else {
                 let help = suggest(&name.value, table.names())
-                    .map(|close| format!("did you mean `{close}`?"))
+                    .map(|close| format!("did you mean {close}?"))
                     .unwrap_or_else(|| {
                         String::from("declare it under the top-level `settings:` with its type")
                     });
@@ -562,7 +581,7 @@ impl<'a> Validator<'a> {
             if !self.model_ids.iter().any(|id| id == &model.value) {
                 let span = self.span(source, model);
                 let help = suggest(&model.value, self.model_ids.iter().map(String::as_str))
-                    .map(|close| format!("did you mean `{close}`?"));
+                    .map(|close| format!("did you mean {close}?"));
                 self.report(
                     codes::UNKNOWN_REFERENCE,
                     source,
@@ -586,6 +605,21 @@ impl<'a> Validator<'a> {
             self.diagnostics
                 .push(secret_diagnostic(source, span, field));
         }
+    }
+}
+
+/// What a value of a type looks like in YAML, for help lines.
+fn example_of(ty: &AttrType) -> &'static str {
+    match ty {
+        AttrType::Bool => "`true` or `false`",
+        AttrType::Number => "a number",
+        AttrType::String => "a string",
+        AttrType::Duration => "a duration such as `10s`",
+        AttrType::Date => "a date such as `2024-03-01`",
+        AttrType::Enum(_) => "one of the enumeration's members",
+        AttrType::Provider => "a provider id",
+        AttrType::Model => "a model id",
+        AttrType::List(_) => "a list such as `[a, b]`",
     }
 }
 
@@ -688,6 +722,7 @@ pub fn load(
         schema: Schema::default(),
         provider_names: HashMap::new(),
         model_ids: Vec::new(),
+        refused_attributes: HashSet::new(),
     };
     let v = &mut validator;
 

@@ -124,7 +124,7 @@ pub(super) fn validate(
             {
                 let span = v.span(catalog_source, owner);
                 let help = suggest(&owner.value, tenant_ids.iter().copied())
-                    .map(|close| format!("did you mean `{close}`?"));
+                    .map(|close| format!("did you mean {close}?"));
                 v.report(
                     codes::UNKNOWN_REFERENCE,
                     catalog_source,
@@ -176,7 +176,7 @@ fn validate_key(
             None => {
                 let span = v.span(source, name);
                 let help = suggest(&name.value, workspaces.iter().map(|w| w.id.as_str()))
-                    .map(|close| format!("did you mean `{close}`?"));
+                    .map(|close| format!("did you mean {close}?"));
                 v.report(
                     codes::UNKNOWN_REFERENCE,
                     source,

@@ -135,7 +135,17 @@ impl Diagnostics {
                 .map(|label| (label.source, label.span.start, label.span.end));
             (position, diagnostic.severity(), diagnostic.code.id)
         });
-        self.items.dedup();
+        // Spans compare equal whatever their position, so duplicates are
+        // judged by position explicitly: the same mistake in two places is
+        // two diagnostics.
+        self.items.dedup_by(|a, b| {
+            let place = |d: &Diagnostic| {
+                d.primary
+                    .as_ref()
+                    .map(|l| (l.source, l.span.start, l.span.end))
+            };
+            a == b && place(a) == place(b)
+        });
     }
 
     pub fn into_vec(self) -> Vec<Diagnostic> {

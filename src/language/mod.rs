@@ -71,6 +71,12 @@ pub fn check_source(
         return finish(sources, diagnostics, None);
     }
     let parsed = parse::parse(source, &text);
+    // Statements that did not parse may hold what seems missing: with syntax
+    // errors, "missing" and "unused" findings would only be noise.
+    let syntax_errors = parsed
+        .diagnostics
+        .iter()
+        .any(|d| d.severity() == crate::diagnostics::Severity::Error);
     diagnostics.extend(parsed.diagnostics);
 
     let header = parsed.file.items.iter().find_map(|item| match item {
@@ -88,6 +94,7 @@ pub fn check_source(
                 DataFileKind::Tenants => "tenants",
             };
             match settings.as_slice() {
+                [] if syntax_errors => {}
                 [] => diagnostics.push(
                     Diagnostic::new(
                         codes::MISSING_SECTION,
@@ -137,13 +144,18 @@ pub fn check_source(
             let (data, data_diagnostics) = data::load(catalog_source, tenants_source, &sources);
             diagnostics.extend(data_diagnostics);
             if let Some(data) = data {
-                let (check_diagnostics, program) =
-                    check::Checker::run(source, &parsed.file, &parsed.broken_names, &data);
+                let (check_diagnostics, program) = check::Checker::run(
+                    source,
+                    &parsed.file,
+                    &parsed.broken_names,
+                    syntax_errors,
+                    &data,
+                );
                 diagnostics.extend(check_diagnostics);
                 checked = Some((data, program));
             }
         }
-    } else if header.is_none() {
+    } else if header.is_none() && !syntax_errors {
         // Without a header there is no data to check names against; report
         // the missing header once, with the syntax problems.
         diagnostics.push(
@@ -179,8 +191,21 @@ pub fn check_text_with_data(
 ) -> Vec<Diagnostic> {
     let source = sources.add(name, text);
     let parsed = parse::parse(source, text);
+    let syntax_errors = parsed
+        .diagnostics
+        .iter()
+        .any(|d| d.severity() == crate::diagnostics::Severity::Error);
     let mut diagnostics = parsed.diagnostics;
-    diagnostics.extend(check::Checker::run(source, &parsed.file, &parsed.broken_names, data).0);
+    diagnostics.extend(
+        check::Checker::run(
+            source,
+            &parsed.file,
+            &parsed.broken_names,
+            syntax_errors,
+            data,
+        )
+        .0,
+    );
     diagnostics
 }
 

@@ -531,14 +531,22 @@ impl Checker<'_> {
                 if let (Ty::Enum(e), _) | (_, Ty::Enum(e)) = (lhs_ty.required(), rhs_ty.required())
                     && !e.ordered
                 {
+                    // Inline `one of [...]` enumerations and built-in ones have no order.
+                    let help = if e.name.starts_with("one of") {
+                        "declare the enumeration under `enums:` in a data file, weakest member first, and use its name as the input's type"
+                    } else {
+                        "compare its members with `==`, `!=` or `in`"
+                    };
                     self.err(
                         codes::NOT_ORDERED,
                         span,
-                        format!("`{}` has no order, so `{}` cannot compare it", e.name, op.symbol()),
+                        format!(
+                            "`{}` has no order, so `{}` cannot compare it",
+                            e.name,
+                            op.symbol()
+                        ),
                         "compared by order",
-                        Some(String::from(
-                            "declare the enumeration under `enums:` in a data file, weakest member first, to give it an order",
-                        )),
+                        Some(String::from(help)),
                     );
                     return broken(span);
                 }
@@ -1132,7 +1140,9 @@ impl Checker<'_> {
                 span,
                 format!("`{}` takes {expected}, found {}", name.name, args.len()),
                 "this call",
-                None,
+                Some(String::from(
+                    "docs/language.md lists every function with its arguments",
+                )),
             );
             broken(span)
         };
@@ -1143,7 +1153,7 @@ impl Checker<'_> {
         let types: Vec<Ty> = checked.iter().map(|(ty, _)| ty.clone()).collect();
         let Some(function) = Function::by_name(&name.name) else {
             let help = suggest(&name.name, FUNCTIONS.iter().copied())
-                .map(|close| format!("did you mean `{close}`?"))
+                .map(|close| format!("did you mean {close}?"))
                 .or_else(|| Some(format!("the functions are: {}", FUNCTIONS.join(", "))));
             self.err(
                 codes::UNKNOWN_FUNCTION,

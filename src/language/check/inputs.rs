@@ -24,6 +24,17 @@ impl<'a> Checker<'a> {
         source: InputSource,
         all: &[&'a InputDecl],
     ) -> (Ty, InputType) {
+        self.input_type_of(ty, source, all, "")
+    }
+
+    /// `self_name` is the input being declared, never suggested for its own `like`.
+    fn input_type_of(
+        &mut self,
+        ty: &TypeExpr,
+        source: InputSource,
+        all: &[&'a InputDecl],
+        self_name: &str,
+    ) -> (Ty, InputType) {
         let unknown = || (Ty::Unknown, InputType::String);
         match &ty.kind {
             TypeExprKind::Named(name) => match name.name.as_str() {
@@ -59,7 +70,7 @@ impl<'a> Checker<'a> {
                             TYPE_NAMES.iter().map(|s| s.to_string()).collect();
                         known.extend(self.schema().enums.iter().map(|e| e.name.clone()));
                         let help = suggest(other, known.iter().map(String::as_str))
-                            .map(|close| format!("did you mean `{close}`?"))
+                            .map(|close| format!("did you mean {close}?"))
                             .unwrap_or_else(|| {
                                 String::from("input types are bool, number, int, string, duration, provider, model, an enumeration from the data, list<T>, csv<T>, one of [...], int A..B, { field: T } and like NAME")
                             });
@@ -164,8 +175,18 @@ impl<'a> Checker<'a> {
                     unknown()
                 }
                 None => {
-                    let help = suggest(&other.name, all.iter().map(|d| d.name.name.as_str()))
-                        .map(|close| format!("did you mean `{close}`?"));
+                    let help = suggest(
+                        &other.name,
+                        all.iter()
+                            .map(|d| d.name.name.as_str())
+                            .filter(|name| *name != self_name),
+                    )
+                    .map(|close| format!("did you mean {close}?"))
+                    .or_else(|| {
+                        Some(String::from(
+                            "`like` names another input declared in this policy",
+                        ))
+                    });
                     self.error_at(
                         codes::UNKNOWN_NAME,
                         other.span,
@@ -222,7 +243,8 @@ impl<'a> Checker<'a> {
             } else {
                 fields.insert(field_key, decl.source_name.span);
             }
-            let (ty, input_type) = self.input_type(&decl.ty, decl.source, &decls);
+            let (ty, input_type) =
+                self.input_type_of(&decl.ty, decl.source, &decls, &decl.name.name);
             let malformed = match &decl.malformed_error {
                 Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
                 None => {
@@ -322,7 +344,7 @@ impl<'a> Checker<'a> {
                     Some(expected) => self.require_type(expr, actual, expected),
                     None => {
                         let help = suggest(name, target.fields.iter().map(|(f, _)| f.as_str()))
-                            .map(|close| format!("did you mean `{close}`?"));
+                            .map(|close| format!("did you mean {close}?"));
                         self.error_at(
                             codes::UNKNOWN_ATTRIBUTE,
                             ident.span,

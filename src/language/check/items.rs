@@ -300,7 +300,7 @@ impl<'a> Checker<'a> {
                         balance.strategy_span,
                         String::from("the share tolerance must be between 0% and 1000%"),
                         "this tolerance",
-                        None,
+                        Some(String::from("candidates within this share of the best score take turns; 10% is typical")),
                     );
                 }
                 let among = among
@@ -584,7 +584,9 @@ impl<'a> Checker<'a> {
                                 );
                             }
                             for member in e.members.iter() {
-                                if !names.contains(&member.as_str()) {
+                                if !names.contains(&member.as_str())
+                                    && !self.broken_names.contains(member)
+                                {
                                     let help = suggest(member, names.iter().copied())
                                         .map(|close| format!("did you mean to name the sort `{close}` `{member}`?"))
                                         .unwrap_or_else(|| format!("declare `sort {member} {{ by ... }}`"));
@@ -773,7 +775,7 @@ impl<'a> Checker<'a> {
                             *span,
                             String::from("this rule penalizes the same scope twice"),
                             "again",
-                            None,
+                            Some(String::from("keep one `penalize` per scope")),
                         );
                     }
                     penalties.push(*health_scope);

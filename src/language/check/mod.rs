@@ -142,10 +142,13 @@ const SINGLE_SECTIONS: &[&str] = &[
 impl<'a> Checker<'a> {
     /// Checks a parsed policy against its data. Returns every diagnostic,
     /// and the elaborated program (meaningful only when there is no error).
+    /// With `incomplete`, some statements did not parse, so findings of
+    /// things never used or never produced are left out.
     pub fn run(
         source: SourceId,
         file: &'a PolicyFile,
         broken_names: &[String],
+        incomplete: bool,
         data: &'a Data,
     ) -> (Vec<Diagnostic>, Program) {
         let builtins = Builtins::new();
@@ -175,9 +178,11 @@ impl<'a> Checker<'a> {
         for item in &file.items {
             checker.item(item, file);
         }
-        checker.error_declarations();
+        checker.error_declarations(incomplete);
         checker.structure(file);
-        checker.unused(file);
+        if !incomplete {
+            checker.unused(file);
+        }
         let name = file
             .items
             .iter()
@@ -210,13 +215,19 @@ impl<'a> Checker<'a> {
         );
     }
 
-    /// Reports "defined twice" with both places.
+    /// Reports a name given twice with both places; `verb` is "defined" or
+    /// "declared", as the message says.
     fn twice(&mut self, code: codes::Code, message: String, again: Span, first: Span, help: &str) {
+        let verb = if message.contains("declared") {
+            "declared"
+        } else {
+            "defined"
+        };
         let source = self.source;
         self.diagnostics.push(
             Diagnostic::new(code, message)
-                .at(source, again, "defined again here")
-                .also(source, first, "first defined here")
+                .at(source, again, format!("{verb} again here"))
+                .also(source, first, format!("first {verb} here"))
                 .help(help),
         );
     }
@@ -284,7 +295,7 @@ impl<'a> Checker<'a> {
         };
         for item in &file.items {
             match item {
-                Item::Let(decl) if claim(self, &decl.name, "`let`") => {
+                Item::Let(decl) if claim(self, &decl.name, "let") => {
                     let index = self.program.lets.len();
                     self.program.lets.push(None);
                     self.definitions.push(Definition {
@@ -556,7 +567,7 @@ impl<'a> Checker<'a> {
                 &ident.name,
                 self.errors.iter().map(|e| e.name.name.as_str()),
             )
-            .map(|close| format!("did you mean `{close}`?"))
+            .map(|close| format!("did you mean {close}?"))
             .unwrap_or_else(|| {
                 format!(
                     "declare it in `errors`: `{} = STATUS, \"message\"`",
@@ -581,14 +592,14 @@ impl<'a> Checker<'a> {
 
     // ------------------------------------------------------------------ errors
 
-    fn error_declarations(&mut self) {
+    fn error_declarations(&mut self, incomplete: bool) {
         for decl in self.errors.clone() {
             let sites = self
                 .raised
                 .get(&decl.name.name)
                 .cloned()
                 .unwrap_or_default();
-            if sites.is_empty() {
+            if sites.is_empty() && !incomplete {
                 self.error_at(
                     codes::UNREACHABLE_ERROR,
                     decl.name.span,

@@ -75,6 +75,7 @@ fn describe(rule: Rule) -> Option<String> {
             | Rule::headers_block
             | Rule::listing_block => "a section such as `eligibility { ... }`",
             Rule::layer => "a layer (`key`, `workspace`, `tenant`, optionally `.model`)",
+            Rule::policy_setting | Rule::policy_setting_only => "`catalog` or `tenants`",
             Rule::error_decl => "an error declaration `name = status, message`",
             Rule::header_decl => "a field `\"name\" = value`",
             Rule::op_implies
@@ -138,7 +139,7 @@ pub fn syntax_error(
     text: &str,
     error: &pest::error::Error<Rule>,
 ) -> Diagnostic {
-    let position = match error.location {
+    let mut position = match error.location {
         InputLocation::Pos(at) => at,
         InputLocation::Span((start, _)) => start,
     };
@@ -147,6 +148,17 @@ pub fn syntax_error(
         expected.extend(positives.iter().filter_map(|rule| describe(*rule)));
     }
     if let Some(attempts) = error.parse_attempts() {
+        // The parse attempts reach further than the reported position when
+        // an enclosing rule failed: the furthest point is where the mistake is.
+        if attempts.max_position > position {
+            position = attempts.max_position;
+            expected.clear();
+        }
+        for stack in &attempts.call_stacks {
+            if let Some(description) = stack.parent.and_then(describe) {
+                expected.insert(description);
+            }
+        }
         for token in attempts.expected_tokens() {
             // Only punctuation: words are already named by their keyword rules.
             let token = token.to_string();

@@ -39,6 +39,8 @@ pub struct Lowerer {
     pub source: SourceId,
     pub offset: usize,
     pub diagnostics: std::cell::RefCell<Vec<Diagnostic>>,
+    /// Names whose definitions were dropped for a bad literal.
+    pub broken_names: std::cell::RefCell<Vec<String>>,
 }
 
 fn is_keyword(rule: Rule) -> bool {
@@ -64,12 +66,19 @@ impl Lowerer {
             source,
             offset,
             diagnostics: std::cell::RefCell::new(Vec::new()),
+            broken_names: std::cell::RefCell::new(Vec::new()),
         }
     }
 
+    /// A pair's span without the whitespace a trailing optional part may
+    /// have consumed, so underlines stop at the last token.
     fn span(&self, pair: &Pair<'_, Rule>) -> Span {
         let span = pair.as_span();
-        Span::new(span.start() + self.offset, span.end() + self.offset)
+        let length = pair.as_str().trim_end().len();
+        Span::new(
+            span.start() + self.offset,
+            span.start() + length + self.offset,
+        )
     }
 
     fn error(&self, code: codes::Code, span: Span, message: String, label: &str, help: &str) {
@@ -175,7 +184,13 @@ impl Lowerer {
             Rule::let_decl => {
                 let mut iter = children.into_iter();
                 let name = self.ident(self.next(&mut iter, span, "a name")?);
-                let value = self.expr(self.next(&mut iter, span, "an expression")?)?;
+                let Some(value) = self
+                    .next(&mut iter, span, "an expression")
+                    .and_then(|p| self.expr(p))
+                else {
+                    self.broken_names.borrow_mut().push(name.name);
+                    return None;
+                };
                 Item::Let(LetDecl {
                     keyword,
                     name,
@@ -430,6 +445,20 @@ impl Lowerer {
     ) -> Option<InputDecl> {
         let mut iter = children.into_iter();
         let name = self.ident(self.next(&mut iter, span, "an input name")?);
+        let result = self.input_rest(keyword, span, name.clone(), iter);
+        if result.is_none() {
+            self.broken_names.borrow_mut().push(name.name);
+        }
+        result
+    }
+
+    fn input_rest(
+        &self,
+        keyword: Span,
+        span: Span,
+        name: Ident,
+        mut iter: std::vec::IntoIter<Pair<'_, Rule>>,
+    ) -> Option<InputDecl> {
         let source_pair = self.next(&mut iter, span, "an input source")?;
         let mut source_inner = source_pair.into_inner();
         let source = match source_inner.next().map(|p| p.as_rule()) {
@@ -575,6 +604,21 @@ impl Lowerer {
         let span = self.span(&pair);
         let mut iter = parts(pair).into_iter();
         let name = self.ident(self.next(&mut iter, span, "a name")?);
+        let broken =
+            |this: &Self, name: &Ident| this.broken_names.borrow_mut().push(name.name.clone());
+        let result = self.merge_rest(name.clone(), iter);
+        if result.is_none() {
+            broken(self, &name);
+        }
+        result
+    }
+
+    fn merge_rest(
+        &self,
+        name: Ident,
+        mut iter: std::vec::IntoIter<Pair<'_, Rule>>,
+    ) -> Option<MergeDecl> {
+        let span = name.span;
         let op_pair = self.next(&mut iter, span, "a merge operator")?;
         let op_span = self.span(&op_pair);
         let op = match op_pair.as_str() {
@@ -955,8 +999,16 @@ impl Lowerer {
         let span = self.span(&pair);
         let mut iter = parts(pair).into_iter();
         let name = self.ident(self.next(&mut iter, span, "an error name")?);
-        let status = self.expr(self.next(&mut iter, span, "a status")?)?;
-        let message = self.expr(self.next(&mut iter, span, "a message")?)?;
+        let status = self
+            .next(&mut iter, span, "a status")
+            .and_then(|p| self.expr(p));
+        let message = self
+            .next(&mut iter, span, "a message")
+            .and_then(|p| self.expr(p));
+        let (Some(status), Some(message)) = (status, message) else {
+            self.broken_names.borrow_mut().push(name.name);
+            return None;
+        };
         let mut decl = ErrorDecl {
             name,
             status,

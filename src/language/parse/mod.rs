@@ -60,7 +60,7 @@ pub fn parse(source: SourceId, text: &str) -> Parsed {
             Parsed {
                 file,
                 diagnostics,
-                broken_names: Vec::new(),
+                broken_names: lowerer.broken_names.into_inner(),
             }
         }
         Err(whole_file_error) => {
