@@ -1,6 +1,9 @@
 //! The command-line interface: one module per subcommand.
 
 pub mod check;
+mod common;
+pub mod explain;
+pub mod test;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -23,6 +26,11 @@ pub struct Cli {
 pub enum Command {
     /// Parse and check policies with their data files; report every problem.
     Check(check::CheckArgs),
+    /// Show the decision for one request: every candidate, the step that
+    /// removed it, the sort keys, and the plan or the error.
+    Explain(explain::ExplainArgs),
+    /// Run policy test cases (`*.tests.yaml` beside the policies).
+    Test(test::TestArgs),
 }
 
 /// How diagnostics are printed.
@@ -47,5 +55,7 @@ pub mod exit {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Explain(args) => explain::run(&args),
+        Command::Test(args) => test::run(&args),
     }
 }

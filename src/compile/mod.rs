@@ -267,17 +267,25 @@ pub fn compile_file(
     path: &std::path::Path,
     secrets: &dyn SecretSource,
 ) -> Result<Snapshot, Box<crate::language::CheckReport>> {
-    let mut report = crate::language::check_file(path);
+    compile_report(crate::language::check_file(path), secrets).map(|(snapshot, _)| snapshot)
+}
+
+/// Compiles a check report's policy, keeping the files read (for commands
+/// that quote policy lines).
+pub fn compile_report(
+    mut report: crate::language::CheckReport,
+    secrets: &dyn SecretSource,
+) -> Result<(Snapshot, crate::source::SourceMap), Box<crate::language::CheckReport>> {
     match report.policy.take() {
         Some(policy) => {
             let mut texts: Vec<&str> = Vec::new();
-            let mut id = 0;
-            while let Some(file) = report.sources.file_at(id) {
+            let mut index = 0;
+            while let Some(file) = report.sources.file_at(index) {
                 texts.push(file.text.as_str());
-                id += 1;
+                index += 1;
             }
             let version = content_version(texts);
-            Ok(Snapshot::build(policy, version, secrets))
+            Ok((Snapshot::build(policy, version, secrets), report.sources))
         }
         None => Err(Box::new(report)),
     }

@@ -5,7 +5,7 @@
 use super::Candidate;
 
 /// Measurements of a candidate over the policy's health window.
-#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Stats {
     pub samples: u32,
@@ -68,5 +68,107 @@ pub struct Healthy;
 impl HealthView for Healthy {
     fn health(&self, _candidate: &Candidate) -> CandidateHealth {
         CandidateHealth::default()
+    }
+}
+
+/// Health written down, for `explain --health` and policy test cases: each
+/// entry applies to the candidates of a provider, optionally narrowed to
+/// one credential or model.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthEntry {
+    pub provider: String,
+    #[serde(default)]
+    pub credential: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Paused for this long, as a duration such as `30s`.
+    #[serde(default)]
+    pub paused_for: Option<String>,
+    #[serde(default)]
+    pub penalized: bool,
+    #[serde(default)]
+    pub strikes: u32,
+    #[serde(default)]
+    pub full: bool,
+    #[serde(default)]
+    pub in_flight: u32,
+    #[serde(default)]
+    pub free_in: Option<String>,
+    #[serde(default)]
+    pub stats: Stats,
+}
+
+/// A fixed health table; candidates no entry names are healthy.
+pub struct HealthTable<'s> {
+    snapshot: &'s crate::compile::Snapshot,
+    entries: Vec<(HealthEntry, CandidateHealth)>,
+}
+
+impl<'s> HealthTable<'s> {
+    /// Builds a table, or says which entry is wrong.
+    pub fn new(
+        snapshot: &'s crate::compile::Snapshot,
+        entries: &[HealthEntry],
+    ) -> Result<HealthTable<'s>, String> {
+        let duration = |text: &Option<String>, what: &str| -> Result<Option<u64>, String> {
+            match text {
+                None => Ok(None),
+                Some(text) => crate::data::schema::parse_duration(text)
+                    .map(Some)
+                    .ok_or_else(|| format!("`{what}: {text}` is not a duration such as `30s`")),
+            }
+        };
+        let mut table = Vec::new();
+        for entry in entries {
+            if snapshot
+                .data
+                .catalog
+                .providers
+                .iter()
+                .all(|p| p.id != entry.provider)
+            {
+                return Err(format!("no provider has the id `{}`", entry.provider));
+            }
+            let health = CandidateHealth {
+                paused_for_ms: duration(&entry.paused_for, "paused_for")?,
+                penalized: entry.penalized,
+                strikes: entry.strikes,
+                stats: entry.stats.clone(),
+                full: entry.full,
+                in_flight: entry.in_flight,
+                free_in_ms: duration(&entry.free_in, "free_in")?,
+            };
+            table.push((entry.clone(), health));
+        }
+        Ok(HealthTable {
+            snapshot,
+            entries: table,
+        })
+    }
+}
+
+impl HealthView for HealthTable<'_> {
+    fn health(&self, candidate: &Candidate) -> CandidateHealth {
+        let provider = self.snapshot.provider(candidate.provider);
+        let credential = self
+            .snapshot
+            .credential(candidate.provider, candidate.credential);
+        let model = candidate
+            .model
+            .and_then(|m| self.snapshot.data.catalog.models.get(m))
+            .map(|m| m.id.as_str());
+        self.entries
+            .iter()
+            .find(|(entry, _)| {
+                provider.is_some_and(|p| p.id == entry.provider)
+                    && entry
+                        .credential
+                        .as_ref()
+                        .is_none_or(|id| credential.is_some_and(|c| &c.id == id))
+                    && entry.model.as_deref().is_none_or(|id| model == Some(id))
+            })
+            .map(|(_, health)| health.clone())
+            .unwrap_or_default()
     }
 }

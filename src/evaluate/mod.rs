@@ -15,7 +15,7 @@ mod machine;
 mod merge;
 mod order;
 
-pub use execution::{Action, AttemptOutcome, OutcomeClass, Reaction, Timeouts};
+pub use execution::{Action, AttemptOutcome, Ending, OutcomeClass, Reaction, Timeouts};
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;
 
@@ -224,11 +224,19 @@ pub struct Trace {
     pub merges: Vec<(String, String)>,
     pub candidates: Vec<CandidateTrace>,
     pub steps: Vec<StepTrace>,
-    /// Labels of the sort keys, in order.
-    pub keys: Vec<String>,
+    /// The sort keys applied, in order.
+    pub keys: Vec<KeyTrace>,
     pub balance: Option<Span>,
     /// What ended the request, when it was refused.
     pub refused: Option<String>,
+}
+
+/// A sort key: where it is written, its direction, the named sort it came from.
+#[derive(Debug, Clone)]
+pub struct KeyTrace {
+    pub span: Span,
+    pub descending: bool,
+    pub sort: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -454,12 +462,10 @@ fn decide(
     let keys = order::order_keys(&mut machine, &program.order);
     trace.keys = keys
         .iter()
-        .map(|(key, sort)| {
-            let direction = if key.descending { " desc" } else { "" };
-            match sort {
-                Some(sort) => format!("{sort}: line {}{direction}", key.term.span.start),
-                None => format!("line {}{direction}", key.term.span.start),
-            }
+        .map(|(key, sort)| KeyTrace {
+            span: key.term.span,
+            descending: key.descending,
+            sort: sort.clone(),
         })
         .collect();
     let key_specs: Vec<&crate::language::ir::SortKeySpec> =

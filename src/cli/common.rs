@@ -1,0 +1,119 @@
+//! What several commands share: reading request files, finding the caller,
+//! printing a failed check.
+
+use crate::compile::Snapshot;
+use crate::diagnostics::render::{self, Style};
+use crate::evaluate::{Caller, Endpoint};
+use crate::language::CheckReport;
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// A request as written in a file: an endpoint, headers and a body. A file
+/// holding only a body (an object with `model`) is a chat completion.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestSpec {
+    #[serde(default = "default_endpoint")]
+    pub endpoint: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub body: Json,
+}
+
+fn default_endpoint() -> String {
+    String::from("chat_completions")
+}
+
+impl RequestSpec {
+    pub fn from_json(value: Json) -> Result<RequestSpec, String> {
+        if value.get("body").is_some() {
+            serde_json::from_value(value)
+                .map_err(|e| format!("the request file does not have the expected form: {e}"))
+        } else {
+            Ok(RequestSpec {
+                endpoint: default_endpoint(),
+                headers: BTreeMap::new(),
+                body: value,
+            })
+        }
+    }
+
+    /// The endpoint by name (`messages`) or path (`/v1/messages`).
+    pub fn endpoint(&self) -> Result<Endpoint, String> {
+        Endpoint::parse(&self.endpoint)
+            .or_else(|| Endpoint::from_path(&self.endpoint))
+            .ok_or_else(|| {
+                format!(
+                    "`{}` is not an endpoint; use one of chat_completions, completions, embeddings, responses, messages",
+                    self.endpoint
+                )
+            })
+    }
+
+    /// Header names in lowercase, as the evaluator reads them.
+    pub fn header_list(&self) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .map(|(name, value)| (name.to_ascii_lowercase(), value.clone()))
+            .collect()
+    }
+}
+
+/// The caller a command acts as: a key (by id, or the key itself), or a
+/// tenant (optionally a workspace) without a key.
+pub fn resolve_caller(
+    snapshot: &Snapshot,
+    key: Option<&str>,
+    tenant: Option<&str>,
+    workspace: Option<&str>,
+) -> Result<Caller, String> {
+    let tenants = &snapshot.data.tenants;
+    if let Some(key) = key {
+        let by_id = tenants.keys.iter().position(|k| k.id == key);
+        let by_secret = || {
+            let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+            snapshot.key_by_hash(&digest)
+        };
+        let index = by_id
+            .or_else(by_secret)
+            .ok_or_else(|| format!("no key has the id `{key}`, and it is not a known key"))?;
+        let found = tenants.keys.get(index).ok_or("key index out of range")?;
+        return Ok(Caller {
+            tenant: found.tenant,
+            workspace: found.workspace,
+            key: Some(index),
+        });
+    }
+    let Some(tenant) = tenant else {
+        return Err(String::from("say who asks: --key KEY or --tenant ID"));
+    };
+    let tenant_index = tenants
+        .tenants
+        .iter()
+        .position(|t| t.id == tenant)
+        .ok_or_else(|| format!("no tenant has the id `{tenant}`"))?;
+    let workspace_index = match workspace {
+        None => 0,
+        Some(workspace) => tenants
+            .tenants
+            .get(tenant_index)
+            .and_then(|t| t.workspaces.iter().position(|w| w.id == workspace))
+            .ok_or_else(|| format!("tenant `{tenant}` has no workspace `{workspace}`"))?,
+    };
+    Ok(Caller {
+        tenant: tenant_index,
+        workspace: workspace_index,
+        key: None,
+    })
+}
+
+/// Prints the diagnostics of a policy that did not check.
+pub fn print_report(report: &CheckReport) {
+    for diagnostic in report.diagnostics.iter() {
+        eprintln!(
+            "{}\n",
+            render::human(diagnostic, &report.sources, Style::Plain)
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! `switchyard explain`: the decision for one request, and why.
+
+use super::common::{RequestSpec, print_report, resolve_caller};
+use super::{Format, exit};
+use crate::compile::{AllSecrets, Snapshot, compile_report};
+use crate::evaluate::health::{HealthEntry, HealthTable};
+use crate::evaluate::{Decision, RequestContext, evaluate};
+use crate::language::check_file;
+use crate::source::SourceMap;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    /// The policy file.
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// The request: a JSON file with `endpoint`, `headers` and `body`, or
+    /// just the body of a chat completion.
+    #[arg(long)]
+    pub request: PathBuf,
+    /// The caller's key, by id or the key itself.
+    #[arg(long, conflicts_with = "tenant")]
+    pub key: Option<String>,
+    /// The caller's tenant, when asking without a key.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// With --tenant: the workspace (default: the tenant's first).
+    #[arg(long, requires = "tenant")]
+    pub workspace: Option<String>,
+    /// Health of providers: a YAML list of entries such as
+    /// `- {provider: aki-io, paused_for: 30s}`.
+    #[arg(long)]
+    pub health: Option<PathBuf>,
+    /// The load-balancing seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(exit::USAGE)
+}
+
+pub fn run(args: &ExplainArgs) -> ExitCode {
+    let report = check_file(&args.policy);
+    // Every credential counts as configured: explain shows the policy's
+    // decision, not this machine's environment.
+    let (snapshot, sources) = match compile_report(report, &AllSecrets) {
+        Ok(compiled) => compiled,
+        Err(report) => {
+            print_report(&report);
+            eprintln!("error: the policy does not check; fix it first");
+            return ExitCode::from(exit::PROBLEMS);
+        }
+    };
+    let request_text = match std::fs::read_to_string(&args.request) {
+        Ok(text) => text,
+        Err(error) => {
+            return fail(format_args!(
+                "cannot read `{}`: {error}",
+                args.request.display()
+            ));
+        }
+    };
+    let request_json = match serde_json::from_str(&request_text) {
+        Ok(json) => json,
+        Err(error) => {
+            return fail(format_args!(
+                "`{}` is not JSON: {error}",
+                args.request.display()
+            ));
+        }
+    };
+    let spec = match RequestSpec::from_json(request_json) {
+        Ok(spec) => spec,
+        Err(message) => return fail(message),
+    };
+    let endpoint = match spec.endpoint() {
+        Ok(endpoint) => endpoint,
+        Err(message) => return fail(message),
+    };
+    let caller = match resolve_caller(
+        &snapshot,
+        args.key.as_deref(),
+        args.tenant.as_deref(),
+        args.workspace.as_deref(),
+    ) {
+        Ok(caller) => caller,
+        Err(message) => return fail(message),
+    };
+    let entries: Vec<HealthEntry> = match &args.health {
+        None => Vec::new(),
+        Some(path) => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(error) => {
+                    return fail(format_args!("cannot read `{}`: {error}", path.display()));
+                }
+            };
+            match serde_saphyr::from_str(&text) {
+                Ok(entries) => entries,
+                Err(error) => {
+                    return fail(format_args!(
+                        "`{}`: {}",
+                        path.display(),
+                        error.without_snippet()
+                    ));
+                }
+            }
+        }
+    };
+    let health = match HealthTable::new(&snapshot, &entries) {
+        Ok(health) => health,
+        Err(message) => return fail(format_args!("`--health`: {message}")),
+    };
+    let headers = spec.header_list();
+    let body_bytes = spec.body.to_string().len();
+    let context = RequestContext {
+        id: "explain",
+        endpoint,
+        body: Some(&spec.body),
+        body_bytes,
+        headers: &headers,
+        caller,
+        seed: args.seed,
+        rotation: 0,
+    };
+    let decision = evaluate(&snapshot, &context, &health);
+    match args.format {
+        Format::Human => print!("{}", human(&snapshot, &sources, &decision)),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&as_json(&snapshot, &sources, &decision))
+                .unwrap_or_default()
+        ),
+    }
+    ExitCode::from(exit::OK)
+}
+
+/// The first line of the statement at `offset` in the policy, trimmed.
+fn policy_line(sources: &SourceMap, offset: usize) -> (usize, String) {
+    let Some(file) = sources.file_at(0) else {
+        return (0, String::new());
+    };
+    let (line, _) = file.line_col(offset);
+    let text = file
+        .text
+        .lines()
+        .nth(line.saturating_sub(1))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    (line, text)
+}
+
+fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> String {
+    let trace = &decision.trace;
+    let mut out = String::new();
+    let mut line = |text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    line(format!(
+        "policy {} (version {})",
+        snapshot.name, snapshot.version
+    ));
+    line(format!(
+        "model  {}",
+        if trace.model.is_empty() {
+            "(none)"
+        } else {
+            &trace.model
+        }
+    ));
+    for (name, value) in &trace.inputs {
+        line(format!("input  {name} = {value}"));
+    }
+    for (name, value) in &trace.merges {
+        line(format!("merge  {name} = {value}"));
+    }
+    if !trace.steps.is_empty() {
+        line(String::new());
+        line(String::from("eligibility"));
+        for (index, step) in trace.steps.iter().enumerate() {
+            let (number, text) = policy_line(sources, step.span.start);
+            line(format!(
+                "  {}. line {number:<4} {text}  (kept {}, removed {})",
+                index + 1,
+                step.kept,
+                step.removed
+            ));
+        }
+    }
+    if !trace.keys.is_empty() {
+        line(String::new());
+        line(String::from("sort keys"));
+        for (index, key) in trace.keys.iter().enumerate() {
+            let (number, _) = policy_line(sources, key.span.start);
+            let text = sources
+                .file_at(0)
+                .and_then(|file| file.text.get(key.span.range()))
+                .unwrap_or("")
+                .to_string();
+            let sort = key
+                .sort
+                .as_ref()
+                .map_or_else(String::new, |name| format!("  (sort {name})"));
+            let direction = if key.descending { " desc" } else { "" };
+            line(format!(
+                "  {}. line {number:<4} {text}{direction}{sort}",
+                index + 1
+            ));
+        }
+    }
+    if !trace.candidates.is_empty() {
+        line(String::new());
+        line(String::from("candidates"));
+        let width = trace
+            .candidates
+            .iter()
+            .map(|c| c.label.len())
+            .max()
+            .unwrap_or(0);
+        let mut sorted: Vec<&crate::evaluate::CandidateTrace> = trace.candidates.iter().collect();
+        sorted.sort_by_key(|c| (c.position.is_none(), c.position, c.removed_by));
+        for candidate in sorted {
+            let status = match (candidate.position, candidate.removed_by) {
+                (Some(position), _) => format!("#{}", position + 1),
+                (None, Some(step)) => {
+                    let (number, _) = trace
+                        .steps
+                        .get(step)
+                        .map_or((0, String::new()), |s| policy_line(sources, s.span.start));
+                    let label = trace.steps.get(step).map_or("", |s| s.label.as_str());
+                    format!("removed by step {} (line {number}: {label})", step + 1)
+                }
+                (None, None) => String::from("-"),
+            };
+            let keys = if candidate.keys.is_empty() {
+                String::new()
+            } else {
+                format!("  keys [{}]", candidate.keys.join(", "))
+            };
+            let health = health_note(&candidate.health);
+            line(format!(
+                "  {:<width$}  {status}{keys}{health}",
+                candidate.label
+            ));
+        }
+    }
+    line(String::new());
+    match &decision.result {
+        Ok(plan) => {
+            let names: Vec<String> = plan
+                .candidates
+                .iter()
+                .map(|c| {
+                    snapshot
+                        .provider(c.provider)
+                        .map_or_else(|| String::from("?"), |p| p.id.clone())
+                })
+                .collect();
+            line(format!(
+                "plan   {} (at most {} attempt{})",
+                names.join(" -> "),
+                plan.attempts,
+                if plan.attempts == 1 { "" } else { "s" }
+            ));
+            if let Some(span) = trace.balance {
+                let (number, text) = policy_line(sources, span.start);
+                line(format!("       reshuffled by line {number}: {text}"));
+            }
+        }
+        Err(refusal) => {
+            let error = &refusal.error;
+            line(format!(
+                "error  {} {} ({})",
+                error.status, error.code, error.message
+            ));
+            if let Some(why) = &trace.refused {
+                line(format!("       because {why}"));
+            }
+            for (name, value) in &refusal.headers {
+                line(format!("       {name}: {value}"));
+            }
+        }
+    }
+    out
+}
+
+fn health_note(health: &crate::evaluate::health::CandidateHealth) -> String {
+    let mut notes = Vec::new();
+    if let Some(ms) = health.paused_for_ms {
+        notes.push(format!("paused {}s", ms.div_ceil(1000)));
+    }
+    if health.penalized {
+        notes.push(String::from("penalized"));
+    }
+    if health.full {
+        notes.push(String::from("full"));
+    }
+    if notes.is_empty() {
+        String::new()
+    } else {
+        format!("  ({})", notes.join(", "))
+    }
+}
+
+fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> serde_json::Value {
+    let trace = &decision.trace;
+    let steps: Vec<serde_json::Value> = trace
+        .steps
+        .iter()
+        .map(|step| {
+            let (number, text) = policy_line(sources, step.span.start);
+            json!({"line": number, "source": text, "step": step.label, "kept": step.kept, "removed": step.removed})
+        })
+        .collect();
+    let candidates: Vec<serde_json::Value> = trace
+        .candidates
+        .iter()
+        .map(|c| {
+            json!({
+                "provider": snapshot.provider(c.candidate.provider).map(|p| p.id.clone()),
+                "credential": snapshot.credential(c.candidate.provider, c.candidate.credential).map(|c| c.id.clone()),
+                "upstream_model": c.candidate.upstream_model.as_ref(),
+                "position": c.position,
+                "removed_by_step": c.removed_by.map(|s| s + 1),
+                "keys": c.keys,
+            })
+        })
+        .collect();
+    let result = match &decision.result {
+        Ok(plan) => json!({
+            "plan": plan.candidates.iter().map(|c| snapshot.provider(c.provider).map(|p| p.id.clone())).collect::<Vec<_>>(),
+            "attempts": plan.attempts,
+        }),
+        Err(refusal) => json!({
+            "error": {
+                "status": refusal.error.status,
+                "code": refusal.error.code,
+                "message": refusal.error.message,
+                "type": refusal.error.error_type,
+                "retry_after": refusal.error.retry_after_secs,
+            },
+            "headers": refusal.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
+            "because": trace.refused,
+        }),
+    };
+    json!({
+        "policy": snapshot.name,
+        "version": snapshot.version,
+        "model": trace.model,
+        "inputs": trace.inputs.iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>(),
+        "merges": trace.merges.iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>(),
+        "steps": steps,
+        "candidates": candidates,
+        "result": result,
+    })
+}

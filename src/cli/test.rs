@@ -1,0 +1,557 @@
+//! `switchyard test [PATHS]`: runs policy test cases kept beside policies
+//! (`NAME.tests.yaml` next to `NAME.policy`): a request, who sends it and
+//! the providers' health in; the expected plan or error out.
+
+use super::common::{RequestSpec, print_report, resolve_caller};
+use super::exit;
+use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::evaluate::health::{HealthEntry, HealthTable};
+use crate::evaluate::{
+    Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
+    RequestContext, evaluate,
+};
+use crate::language::ast::HealthScope;
+use crate::language::check_file;
+use serde_json::Value as Json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct TestArgs {
+    /// Test files, or directories whose `*.tests.yaml` files run. Defaults
+    /// to `policies/`.
+    pub paths: Vec<PathBuf>,
+}
+
+/// A file of cases for one policy.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestFile {
+    /// The policy, relative to the test file (default: `NAME.policy` for
+    /// `NAME.tests.yaml`).
+    #[serde(default)]
+    pub policy: Option<String>,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    pub name: String,
+    /// The caller's key id (or the key itself).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Or a tenant without a key, optionally with a workspace.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub workspace: Option<String>,
+    #[serde(default = "chat")]
+    pub endpoint: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub body: Json,
+    #[serde(default)]
+    pub health: Vec<HealthEntry>,
+    /// Environment variables of credentials to treat as unset.
+    #[serde(default)]
+    pub missing_secrets: Vec<String>,
+    #[serde(default)]
+    pub seed: u64,
+    /// An attempt's outcome to react to, instead of judging the decision.
+    #[serde(default)]
+    pub outcome: Option<OutcomeSpec>,
+    pub expect: Expect,
+}
+
+/// An attempt of a plan's candidate and how it ended.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeSpec {
+    /// Which attempt (1 = the plan's first candidate).
+    #[serde(default = "first_attempt")]
+    pub attempt: usize,
+    /// A status, or one of connect_error, reset, timeout,
+    /// first_token_timeout, malformed, stream_broken.
+    pub result: String,
+    #[serde(default)]
+    pub retry_after: Option<String>,
+    #[serde(default)]
+    pub error_code: Option<String>,
+    #[serde(default)]
+    pub error_type: Option<String>,
+    #[serde(default)]
+    pub error_message: Option<String>,
+    /// Same-candidate retries so far.
+    #[serde(default)]
+    pub retries: u32,
+    #[serde(default)]
+    pub elapsed: Option<String>,
+}
+
+fn first_attempt() -> usize {
+    1
+}
+
+fn chat() -> String {
+    String::from("chat_completions")
+}
+
+/// What a case expects: a plan, or an error.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// The plan in order; each entry `provider`, `provider/credential`,
+    /// `provider@model` or `provider/credential@model`.
+    #[serde(default)]
+    pub plan: Option<Vec<String>>,
+    #[serde(default)]
+    pub attempts: Option<usize>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub status: Option<u16>,
+    /// Response headers of a refusal that must be present with these values.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// For an outcome: `next`, `stop` or `retry`.
+    #[serde(default)]
+    pub action: Option<String>,
+    /// For a retry: the wait.
+    #[serde(default)]
+    pub retry_after: Option<String>,
+    /// Pauses by scope (`provider`, `route`, `credential`) and duration.
+    #[serde(default)]
+    pub pause: BTreeMap<String, String>,
+    /// Scopes penalized.
+    #[serde(default)]
+    pub penalize: Vec<String>,
+}
+
+/// Every credential is set except the named ones.
+struct AllBut<'a>(&'a [String]);
+
+impl SecretSource for AllBut<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        (!self.0.iter().any(|missing| missing == name)).then(|| String::from("unused"))
+    }
+}
+
+fn test_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let paths = if paths.is_empty() {
+        vec![PathBuf::from("policies")]
+    } else {
+        paths.to_vec()
+    };
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let entries = std::fs::read_dir(&path)
+                .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+            let mut found: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .filter(|p| p.to_string_lossy().ends_with(".tests.yaml"))
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else if path.is_file() {
+            files.push(path);
+        } else {
+            return Err(format!("`{}` does not exist", path.display()));
+        }
+    }
+    if files.is_empty() {
+        return Err(String::from("no `*.tests.yaml` files found"));
+    }
+    Ok(files)
+}
+
+/// A plan entry in the test files' notation.
+fn entry(
+    snapshot: &Snapshot,
+    candidate: &crate::evaluate::Candidate,
+    with_credential: bool,
+    with_model: bool,
+) -> String {
+    let mut text = snapshot
+        .provider(candidate.provider)
+        .map_or_else(|| String::from("?"), |p| p.id.clone());
+    if with_credential {
+        text.push('/');
+        text.push_str(
+            snapshot
+                .credential(candidate.provider, candidate.credential)
+                .map_or("?", |c| c.id.as_str()),
+        );
+    }
+    if with_model {
+        text.push('@');
+        let model = candidate
+            .model
+            .and_then(|m| snapshot.data.catalog.models.get(m))
+            .map_or(candidate.requested.id.as_ref(), |m| m.id.as_str());
+        text.push_str(model);
+    }
+    text
+}
+
+/// Compares a decision with what the case expects; the differences, if any.
+fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec<String> {
+    let mut problems = Vec::new();
+    match &decision.result {
+        Ok(plan) => {
+            if let Some(error) = &expect.error {
+                problems.push(format!(
+                    "expected error `{error}`, got a plan of {} candidates",
+                    plan.candidates.len()
+                ));
+            }
+            if let Some(expected) = &expect.plan {
+                let with_credential = expected.iter().any(|e| e.contains('/'));
+                let with_model = expected.iter().any(|e| e.contains('@'));
+                let actual: Vec<String> = plan
+                    .candidates
+                    .iter()
+                    .map(|c| entry(snapshot, c, with_credential, with_model))
+                    .collect();
+                if &actual != expected {
+                    problems.push(format!("expected plan [{}]", expected.join(", ")));
+                    problems.push(format!("  actual plan [{}]", actual.join(", ")));
+                }
+            }
+            if let Some(attempts) = expect.attempts
+                && attempts != plan.attempts
+            {
+                problems.push(format!(
+                    "expected at most {attempts} attempts, the plan allows {}",
+                    plan.attempts
+                ));
+            }
+        }
+        Err(refusal) => {
+            match &expect.error {
+                Some(code) if *code == refusal.error.code => {}
+                Some(code) => problems.push(format!(
+                    "expected error `{code}`, got `{}`",
+                    refusal.error.code
+                )),
+                None => problems.push(format!(
+                    "expected a plan, got error `{}` ({}){}",
+                    refusal.error.code,
+                    refusal.error.status,
+                    decision
+                        .trace
+                        .refused
+                        .as_ref()
+                        .map_or_else(String::new, |why| format!(": {why}"))
+                )),
+            }
+            if let Some(status) = expect.status
+                && status != refusal.error.status
+            {
+                problems.push(format!(
+                    "expected status {status}, got {}",
+                    refusal.error.status
+                ));
+            }
+            for (name, value) in &expect.headers {
+                let actual = refusal
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name));
+                match actual {
+                    Some((_, actual)) if actual == value => {}
+                    Some((_, actual)) => {
+                        problems.push(format!("expected header {name}: {value}, got {actual}"))
+                    }
+                    None => {
+                        problems.push(format!("expected header {name}: {value}, it is missing"))
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Runs one case; `Err` holds what went wrong.
+fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, String> {
+    let rebuilt;
+    let snapshot = if case.missing_secrets.is_empty() {
+        base
+    } else {
+        rebuilt = compile_report(check_file(policy), &AllBut(&case.missing_secrets))
+            .map_err(|_| String::from("the policy does not check"))?
+            .0;
+        &rebuilt
+    };
+    let spec = RequestSpec {
+        endpoint: case.endpoint.clone(),
+        headers: case.headers.clone(),
+        body: case.body.clone(),
+    };
+    let endpoint = spec.endpoint()?;
+    let caller = resolve_caller(
+        snapshot,
+        case.key.as_deref(),
+        case.tenant.as_deref(),
+        case.workspace.as_deref(),
+    )?;
+    let health = HealthTable::new(snapshot, &case.health)?;
+    let headers = spec.header_list();
+    let body_bytes = spec.body.to_string().len();
+    let context = RequestContext {
+        id: "test",
+        endpoint,
+        body: Some(&spec.body),
+        body_bytes,
+        headers: &headers,
+        caller,
+        seed: case.seed,
+        rotation: 0,
+    };
+    let decision = evaluate(snapshot, &context, &health);
+    match &case.outcome {
+        None => Ok(differences(snapshot, &decision, &case.expect)),
+        Some(outcome) => {
+            let plan = decision.result.as_ref().map_err(|refusal| {
+                format!(
+                    "an outcome needs a plan, but the request was refused with `{}`",
+                    refusal.error.code
+                )
+            })?;
+            Ok(reaction_differences(snapshot, plan, outcome, &case.expect)?)
+        }
+    }
+}
+
+fn duration(text: &Option<String>, what: &str) -> Result<Option<u64>, String> {
+    match text {
+        None => Ok(None),
+        Some(text) => crate::data::schema::parse_duration(text)
+            .map(Some)
+            .ok_or_else(|| format!("`{what}: {text}` is not a duration such as `5s`")),
+    }
+}
+
+fn outcome_class(text: &str) -> Result<OutcomeClass, String> {
+    Ok(match text {
+        "connect_error" => OutcomeClass::ConnectError,
+        "reset" => OutcomeClass::Reset,
+        "timeout" => OutcomeClass::Timeout,
+        "first_token_timeout" => OutcomeClass::FirstTokenTimeout,
+        "malformed" => OutcomeClass::Malformed,
+        "stream_broken" => OutcomeClass::StreamBroken,
+        status => OutcomeClass::Status(
+            status
+                .parse()
+                .ok()
+                .filter(|s| (100..=599).contains(s))
+                .ok_or_else(|| format!("`{status}` is not an HTTP status or an outcome"))?,
+        ),
+    })
+}
+
+/// Compares the policy's reaction to an outcome with what the case expects.
+fn reaction_differences(
+    snapshot: &Snapshot,
+    plan: &Plan,
+    outcome: &OutcomeSpec,
+    expect: &Expect,
+) -> Result<Vec<String>, String> {
+    let candidate = outcome
+        .attempt
+        .checked_sub(1)
+        .filter(|i| *i < plan.candidates.len())
+        .ok_or_else(|| {
+            format!(
+                "attempt {} is not in the plan of {} candidates",
+                outcome.attempt,
+                plan.candidates.len()
+            )
+        })?;
+    let text = |t: &Option<String>| t.as_deref().map(std::sync::Arc::from);
+    let facts = OutcomeFacts {
+        status: match outcome_class(&outcome.result)? {
+            OutcomeClass::Status(status) => Some(status),
+            _ => None,
+        },
+        retry_after_ms: duration(&outcome.retry_after, "retry_after")?,
+        error_code: text(&outcome.error_code),
+        error_type: text(&outcome.error_type),
+        error_message: text(&outcome.error_message),
+    };
+    let attempt = AttemptOutcome {
+        class: outcome_class(&outcome.result)?,
+        facts,
+    };
+    let progress = Progress {
+        attempt: u32::try_from(outcome.attempt).unwrap_or(u32::MAX),
+        attempts: u32::try_from(outcome.attempt).unwrap_or(u32::MAX),
+        retries: outcome.retries,
+        elapsed_ms: duration(&outcome.elapsed, "elapsed")?.unwrap_or(0),
+        jitter: 0.5,
+    };
+    let reaction = plan.react(snapshot, candidate, &attempt, progress);
+    let mut problems = Vec::new();
+    let (action, retry_ms) = match reaction.action {
+        Action::Next => ("next", None),
+        Action::Stop => ("stop", None),
+        Action::Retry { after_ms } => ("retry", Some(after_ms)),
+    };
+    if let Some(expected) = &expect.action
+        && expected != action
+    {
+        problems.push(format!("expected `{expected}`, the policy says `{action}`"));
+    }
+    if let Some(expected) = duration(&expect.retry_after, "retry_after")?
+        && retry_ms != Some(expected)
+    {
+        problems.push(format!(
+            "expected a retry after {expected}ms, got {retry_ms:?}"
+        ));
+    }
+    let scope_name = |scope: HealthScope| match scope {
+        HealthScope::Route => "route",
+        HealthScope::Provider => "provider",
+        HealthScope::Credential => "credential",
+    };
+    let pauses: BTreeMap<String, u64> = reaction
+        .pauses
+        .iter()
+        .map(|(s, ms)| (scope_name(*s).to_string(), *ms))
+        .collect();
+    let expected_pauses: BTreeMap<String, u64> = expect
+        .pause
+        .iter()
+        .map(|(scope, text)| {
+            duration(&Some(text.clone()), "pause").map(|ms| (scope.clone(), ms.unwrap_or(0)))
+        })
+        .collect::<Result<_, _>>()?;
+    if pauses != expected_pauses {
+        problems.push(format!(
+            "expected pauses {expected_pauses:?} (ms), got {pauses:?}"
+        ));
+    }
+    let penalties: Vec<&str> = reaction.penalties.iter().map(|s| scope_name(*s)).collect();
+    if penalties
+        != expect
+            .penalize
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    {
+        problems.push(format!(
+            "expected penalties {:?}, got {penalties:?}",
+            expect.penalize
+        ));
+    }
+    match (&reaction.ending, &expect.error) {
+        (Ending::Passthrough, Some(expected)) if expected == "passthrough" => {}
+        (Ending::Error(error), Some(expected)) if *expected == error.code => {
+            if let Some(status) = expect.status
+                && status != error.status
+            {
+                problems.push(format!("expected status {status}, got {}", error.status));
+            }
+        }
+        (_, None) => {}
+        (ending, Some(expected)) => {
+            let actual = match ending {
+                Ending::Passthrough => String::from("passthrough"),
+                Ending::Error(error) => error.code.clone(),
+            };
+            problems.push(format!("expected error `{expected}`, got `{actual}`"));
+        }
+    }
+    Ok(problems)
+}
+
+pub fn run(args: &TestArgs) -> ExitCode {
+    let files = match test_files(&args.paths) {
+        Ok(files) => files,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for file in &files {
+        let shown = file.display().to_string();
+        let text = match std::fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(error) => {
+                println!("FAIL  {shown}: cannot read it: {error}");
+                failed += 1;
+                continue;
+            }
+        };
+        let tests: TestFile = match serde_saphyr::from_str(&text) {
+            Ok(tests) => tests,
+            Err(error) => {
+                println!("FAIL  {shown}: {}", error.without_snippet());
+                failed += 1;
+                continue;
+            }
+        };
+        let directory = file.parent().unwrap_or_else(|| Path::new("."));
+        let policy_name = tests.policy.clone().unwrap_or_else(|| {
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            format!("{}.policy", name.trim_end_matches(".tests.yaml"))
+        });
+        let policy = directory.join(policy_name);
+        let base = match compile_report(check_file(&policy), &AllBut(&[])) {
+            Ok((snapshot, _)) => snapshot,
+            Err(report) => {
+                print_report(&report);
+                println!("FAIL  {shown}: `{}` does not check", policy.display());
+                failed += tests.cases.len().max(1);
+                continue;
+            }
+        };
+        let mut expected_errors = BTreeSet::new();
+        for case in &tests.cases {
+            if let Some(error) = &case.expect.error {
+                expected_errors.insert(error.clone());
+            }
+            match run_case(&policy, &base, case) {
+                Ok(problems) if problems.is_empty() => {
+                    passed += 1;
+                    println!("ok    {shown}: {}", case.name);
+                }
+                Ok(problems) => {
+                    failed += 1;
+                    println!("FAIL  {shown}: {}", case.name);
+                    for problem in problems {
+                        println!("        {problem}");
+                    }
+                }
+                Err(message) => {
+                    failed += 1;
+                    println!("FAIL  {shown}: {}: {message}", case.name);
+                }
+            }
+        }
+        let untested: Vec<&str> = base
+            .program
+            .errors
+            .iter()
+            .map(|e| e.name.as_str())
+            .filter(|name| !expected_errors.contains(*name))
+            .collect();
+        if !untested.is_empty() {
+            println!("note  {shown}: no case expects {}", untested.join(", "));
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        ExitCode::from(exit::PROBLEMS)
+    } else {
+        ExitCode::from(exit::OK)
+    }
+}
