@@ -102,6 +102,19 @@ pub struct Timeouts {
     pub hold_headers_ms: u64,
 }
 
+/// Which candidate to try next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextCandidate {
+    /// This one (an index into `candidates`).
+    Try(usize),
+    /// Nothing has been tried yet and every allowed candidate is paused or
+    /// full: wait for one, up to the capacity wait.
+    Wait,
+    /// No further attempt: the limit is reached, or no candidate is left
+    /// that `keep` allows and that is available.
+    Done,
+}
+
 /// Waits of `retry` without `after`: 250 ms doubling to 5 s, half random.
 const DEFAULT_RETRY_BASE_MS: f64 = 250.0;
 const DEFAULT_RETRY_MAX_MS: f64 = 5_000.0;
@@ -189,6 +202,51 @@ impl Plan {
             ending: Ending::Error(builtin_error(502, "upstream_error", "the provider failed")),
             rule: None,
         }
+    }
+
+    /// The next candidate to try after `tried` (indices in the order they
+    /// were tried), given which candidates are available now. Candidates are
+    /// taken in plan order; one `keep` does not allow after the previous
+    /// attempt is passed over, and so is one that is paused or full.
+    pub fn next_candidate(
+        &self,
+        snapshot: &Snapshot,
+        tried: &[usize],
+        available: &dyn Fn(usize) -> bool,
+    ) -> NextCandidate {
+        if tried.len() >= self.attempts {
+            return NextCandidate::Done;
+        }
+        let mut any_allowed = false;
+        for index in 0..self.candidates.len() {
+            if tried.contains(&index) {
+                continue;
+            }
+            if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
+                && !self.allows(snapshot, first, prev, index)
+            {
+                continue;
+            }
+            any_allowed = true;
+            if available(index) {
+                return NextCandidate::Try(index);
+            }
+        }
+        if any_allowed && tried.is_empty() {
+            NextCandidate::Wait
+        } else {
+            NextCandidate::Done
+        }
+    }
+
+    /// The candidates tried, in order, if every attempt fails and every
+    /// candidate is available.
+    pub fn failover_sequence(&self, snapshot: &Snapshot) -> Vec<usize> {
+        let mut tried = Vec::new();
+        while let NextCandidate::Try(index) = self.next_candidate(snapshot, &tried, &|_| true) {
+            tried.push(index);
+        }
+        tried
     }
 
     /// Whether `keep` allows trying `next` after `prev`, the first attempt

@@ -15,7 +15,9 @@ mod machine;
 mod merge;
 mod order;
 
-pub use execution::{Action, AttemptOutcome, Ending, OutcomeClass, Reaction, Timeouts};
+pub use execution::{
+    Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts,
+};
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;
 

@@ -185,3 +185,41 @@ fn anonrouter_applies_pins_conflicts_and_floors() {
         "E2EE routes serve only E2EE requests"
     );
 }
+
+#[test]
+fn noirdoc_failover_keeps_priced_after_priced_and_stops_at_three() {
+    let snap = snapshot("noirdoc");
+    let decision = decide(
+        &snap,
+        "acme-default",
+        Endpoint::ChatCompletions,
+        serde_json::json!({"model": "qwen3.8-27b"}),
+        &[],
+    );
+    let plan = decision.result.unwrap();
+    let sequence: Vec<String> = plan
+        .failover_sequence(&snap)
+        .into_iter()
+        .map(|i| {
+            snap.provider(plan.candidates[i].provider)
+                .unwrap()
+                .id
+                .clone()
+        })
+        .collect();
+    // `together` has no price: never after a priced provider.
+    assert_eq!(sequence, ["aki-io", "scaleway", "ionos"]);
+    // With the first full, the next free one in the failover order serves.
+    let next = plan.next_candidate(&snap, &[], &|i| i != 0);
+    assert_eq!(next, NextCandidate::Try(1));
+    // Nothing tried and everything full: wait for capacity.
+    assert_eq!(
+        plan.next_candidate(&snap, &[], &|_| false),
+        NextCandidate::Wait
+    );
+    // After an attempt, nothing available: done, the last answer stands.
+    assert_eq!(
+        plan.next_candidate(&snap, &[0], &|_| false),
+        NextCandidate::Done
+    );
+}
