@@ -394,7 +394,8 @@ fn reaction_differences(
         elapsed_ms: duration(&outcome.elapsed, "elapsed")?.unwrap_or(0),
         jitter: 0.5,
     };
-    let reaction = plan.react(snapshot, candidate, &attempt, progress);
+    let retries = outcome.retries;
+    let reaction = plan.react(snapshot, candidate, &attempt, progress, &|_| retries);
     let mut problems = Vec::new();
     let (action, retry_ms) = match reaction.action {
         Action::Next => ("next", None),

@@ -50,6 +50,10 @@ fn io_reason(error: &std::io::Error) -> String {
     }
 }
 
+/// Longest line accepted in a data file: the YAML reader slows down on very
+/// long flow-style lines.
+const MAX_LINE_BYTES: usize = 256 * 1024;
+
 /// Largest data file accepted; catalogs of 10,000 routes are well below it.
 const MAX_DATA_BYTES: usize = 64 * 1024 * 1024;
 
@@ -90,7 +94,21 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
         );
         return None;
     }
-    match serde_saphyr::from_str::<T>(text) {
+    if let Some((index, _)) = text
+        .lines()
+        .enumerate()
+        .find(|(_, line)| line.len() > MAX_LINE_BYTES)
+    {
+        let file = sources.file(source);
+        let start = file.map_or(0, |f| f.offset_of(index + 1, 1));
+        diagnostics.push(
+            Diagnostic::new(codes::DATA_SCHEMA, format!("line {} is longer than 256 KiB", index + 1))
+                .at(source, Span::new(start, start + 1), "this line")
+                .help("very long flow-style lines are slow to read; write the data in block style, one entry per line"),
+        );
+        return None;
+    }
+    match serde_saphyr::from_str_with_options::<T>(text, yaml_options()) {
         Ok(value) => Some(value),
         Err(error) => {
             let plain = error.without_snippet().to_string();
@@ -120,6 +138,20 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
             None
         }
     }
+}
+
+/// How data files are read: budgets that fit catalogs of tens of thousands
+/// of routes (the input is at most 64 MiB) while alias expansion stays
+/// bounded, and only `true` and `false` as booleans (so `no`, Norway's
+/// country code, stays a string).
+fn yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = 20_000_000;
+    budget.max_events = 80_000_000;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options.strict_booleans = true;
+    options
 }
 
 /// Drops the " at line N, column M" the YAML library appends: the diagnostic

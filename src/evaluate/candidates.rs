@@ -35,10 +35,11 @@ pub fn requested_ids(snapshot: &Snapshot, request: &RequestState) -> Vec<Arc<str
     let mut machine = Machine::new(snapshot, request, &[], &[]);
     let mut ids = Vec::new();
     for source in &snapshot.program.models.sources {
+        // An empty id (a body without `model`) requests nothing.
         match machine.eval(source, Focus::default()) {
-            Value::String(id) => ids.push(id),
+            Value::String(id) if !id.is_empty() => ids.push(id),
             Value::List(items) => ids.extend(items.iter().filter_map(|item| match item {
-                Value::String(id) => Some(id.clone()),
+                Value::String(id) if !id.is_empty() => Some(id.clone()),
                 _ => None,
             })),
             _ => {}

@@ -87,8 +87,8 @@ pub struct Reaction {
     pub pauses: Vec<(HealthScope, u64)>,
     pub penalties: Vec<HealthScope>,
     pub ending: Ending,
-    /// The span of the `on` rule that decided, for logs and traces.
-    pub rule: Option<crate::source::Span>,
+    /// The `on` rule that decided (its index), for retry counts and logs.
+    pub rule: Option<usize>,
 }
 
 /// Per-attempt limits, in milliseconds.
@@ -132,6 +132,7 @@ impl Plan {
         candidate: usize,
         outcome: &AttemptOutcome,
         progress: Progress,
+        rule_retries: &dyn Fn(usize) -> u32,
     ) -> Reaction {
         let health = [];
         let mut machine = self.machine(snapshot, &health);
@@ -142,7 +143,7 @@ impl Plan {
             served: Some(candidate),
             ..Focus::default()
         };
-        for rule in &snapshot.program.failover.rules {
+        for (index, rule) in snapshot.program.failover.rules.iter().enumerate() {
             if !rule
                 .outcomes
                 .iter()
@@ -150,27 +151,33 @@ impl Plan {
             {
                 continue;
             }
+            machine.progress.retries = rule_retries(index);
             if let Some(when) = &rule.when
                 && !machine.truth(when, focus)
             {
                 continue;
             }
-            let action = match &rule.action {
+            let mut action = match &rule.action {
                 ir::Action::Next => Action::Next,
                 ir::Action::Stop => Action::Stop,
                 ir::Action::Retry(after) => {
                     let after_ms = match after {
                         Some(after) => machine.eval(after, focus).as_duration().unwrap_or(0),
                         None => {
-                            let full = (DEFAULT_RETRY_BASE_MS
-                                * 2f64.powi(i32::try_from(progress.retries).unwrap_or(30)))
-                            .min(DEFAULT_RETRY_MAX_MS);
+                            let retries = i32::try_from(machine.progress.retries).unwrap_or(30);
+                            let full = (DEFAULT_RETRY_BASE_MS * 2f64.powi(retries))
+                                .min(DEFAULT_RETRY_MAX_MS);
                             (full * (0.5 + 0.5 * progress.jitter.clamp(0.0, 1.0))) as u64
                         }
                     };
                     Action::Retry { after_ms }
                 }
             };
+            // Once output reached the client nothing fails over, whatever
+            // the rule says; its health effects still apply.
+            if outcome.class == OutcomeClass::StreamBroken {
+                action = Action::Stop;
+            }
             let pauses = rule
                 .pauses
                 .iter()
@@ -181,16 +188,31 @@ impl Plan {
                         .map(|ms| (*scope, ms))
                 })
                 .collect();
-            let ending = match &rule.error {
+            let mut ending = match &rule.error {
                 Some(choice) => ending(snapshot, &mut machine, choice, focus),
                 None => Ending::Passthrough,
             };
+            // The time budget: no further attempt or wait starts once it is
+            // spent, or when a wait would outlast it.
+            if let Some((limit, error)) = &snapshot.program.failover.budget
+                && let Some(limit_ms) = machine.eval(limit, Focus::default()).as_duration()
+            {
+                let needed = match action {
+                    Action::Retry { after_ms } => progress.elapsed_ms.saturating_add(after_ms),
+                    Action::Next => progress.elapsed_ms,
+                    Action::Stop => 0,
+                };
+                if action != Action::Stop && needed >= limit_ms {
+                    action = Action::Stop;
+                    ending = Ending::Error(error_response(snapshot, *error, &mut machine, focus));
+                }
+            }
             return Reaction {
                 action,
                 pauses,
                 penalties: rule.penalties.clone(),
                 ending,
-                rule: Some(rule.span),
+                rule: Some(index),
             };
         }
         // `check` requires every outcome to be covered; this is a safe end

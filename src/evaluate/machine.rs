@@ -28,7 +28,8 @@ pub struct Progress {
     pub attempt: u32,
     /// Distinct candidates tried so far.
     pub attempts: u32,
-    /// Retries of the same candidate so far in the request.
+    /// Retries the `on` rule being evaluated has made so far in the request
+    /// (`react` sets it per rule).
     pub retries: u32,
     pub elapsed_ms: u64,
     /// A uniform sample in [0, 1) for `backoff` jitter.
@@ -69,6 +70,8 @@ pub struct Machine<'a> {
     pub free_in_ms: Option<u64>,
     /// The value of `it` in an input's shorthand.
     pub shorthand: Option<Value>,
+    /// Whether the response is a provider's successful answer (for headers).
+    pub succeeded: bool,
     request_lets: Vec<Option<Value>>,
     /// Per candidate, values of definitions that depend on it but not on
     /// the candidate set.
@@ -101,6 +104,7 @@ impl<'a> Machine<'a> {
             progress: Progress::default(),
             free_in_ms: None,
             shorthand: None,
+            succeeded: false,
             request_lets: vec![None; lets],
             candidate_lets: vec![vec![None; lets]; candidates.len()],
             set_lets: vec![vec![None; lets]; candidates.len()],
@@ -565,6 +569,7 @@ impl<'a> Machine<'a> {
             Read::Elapsed => Value::Duration(self.progress.elapsed_ms),
             Read::FreeIn => self.free_in_ms.map_or(Value::Null, Value::Duration),
             Read::ShorthandValue => self.shorthand.clone().unwrap_or(Value::Null),
+            Read::Succeeded => Value::Bool(self.succeeded),
             Read::UpstreamStatus => self
                 .outcome
                 .and_then(|o| o.status)

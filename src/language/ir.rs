@@ -185,6 +185,7 @@ pub enum Read {
     Elapsed,
     FreeIn,
     ShorthandValue,
+    Succeeded,
 }
 
 impl Read {

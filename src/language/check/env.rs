@@ -34,10 +34,11 @@ pub enum Root {
     Elapsed,
     FreeIn,
     It,
+    Succeeded,
 }
 
 impl Root {
-    pub const ALL: [Root; 25] = [
+    pub const ALL: [Root; 26] = [
         Root::Request,
         Root::Input,
         Root::Tenant,
@@ -63,6 +64,7 @@ impl Root {
         Root::Elapsed,
         Root::FreeIn,
         Root::It,
+        Root::Succeeded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +94,7 @@ impl Root {
             Root::Elapsed => "elapsed",
             Root::FreeIn => "free_in",
             Root::It => "it",
+            Root::Succeeded => "succeeded",
         }
     }
 

@@ -966,6 +966,7 @@ impl Checker<'_> {
             Root::Elapsed => read(Read::Elapsed),
             Root::FreeIn => read(Read::FreeIn),
             Root::It => read(Read::ShorthandValue),
+            Root::Succeeded => read(Read::Succeeded),
             Root::Input => read(Read::Input(usize::MAX, Vec::new())),
             Root::Prev | Root::First | Root::Served => Term::constant(Value::Bool(true), span),
             _ => {
@@ -1058,6 +1059,7 @@ impl Checker<'_> {
             Root::Elapsed => Ty::Duration,
             Root::FreeIn => Ty::Duration.optional(),
             Root::It => scope.it.clone().unwrap_or(Ty::Unknown),
+            Root::Succeeded => Ty::Bool,
         })
     }
 

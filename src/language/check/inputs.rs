@@ -265,10 +265,21 @@ impl<'a> Checker<'a> {
                 Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
                 None => malformed,
             };
-            let shorthand = decl
-                .shorthand
-                .as_ref()
-                .map(|shorthand| self.shorthand(decl, shorthand, &ty, &decls));
+            // `like NAME` takes NAME's shorthand too, so both read the same values.
+            let shorthand_decl = decl.shorthand.as_ref().or_else(|| match &decl.ty.kind {
+                TypeExprKind::Like(other) => decls
+                    .iter()
+                    .find(|d| d.name.name == other.name)
+                    .and_then(|d| d.shorthand.as_ref()),
+                _ => None,
+            });
+            let before = self.diagnostics.len();
+            let shorthand =
+                shorthand_decl.map(|shorthand| self.shorthand(decl, shorthand, &ty, &decls));
+            if decl.shorthand.is_none() {
+                // Problems of a borrowed shorthand are reported where it is written.
+                self.diagnostics.truncate(before);
+            }
             self.inputs.push(InputInfo {
                 decl,
                 ty,

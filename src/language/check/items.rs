@@ -254,6 +254,7 @@ impl<'a> Checker<'a> {
                     Root::Served,
                     Root::Attempts,
                     Root::Elapsed,
+                    Root::Succeeded,
                 ]));
                 self.program.headers = self.fields(&block.fields, &place, true);
             }
@@ -785,6 +786,26 @@ impl<'a> Checker<'a> {
                     error = Some(self.error_choice(rule, choice, &place, &scope));
                 }
             }
+        }
+        let fails_over = rule
+            .consequences
+            .iter()
+            .any(|c| matches!(c, Consequence::Next { .. } | Consequence::Retry { .. }));
+        if let Some(broken) = rule
+            .outcomes
+            .iter()
+            .find(|o| o.kind == OutcomeKind::StreamBroken)
+            && fails_over
+        {
+            self.error_at(
+                codes::BAD_CONSEQUENCE,
+                broken.span,
+                String::from("a broken stream cannot fail over: bytes already reached the client"),
+                "already committed",
+                Some(String::from(
+                    "give `stream_broken` a rule of its own that says `stop`",
+                )),
+            );
         }
         let ends_request = rule
             .consequences

@@ -1,0 +1,448 @@
+//! Decisions per second for each reference policy on generated catalogs of
+//! 1,000 and 10,000 routes, and the Noirdoc rules written by hand in plain
+//! Rust over the same snapshot: the native baseline, measured in the same run.
+//!
+//! Run: `cargo bench --bench decision`. BENCHMARKS.md records a run.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value as Json, json};
+use std::cmp::Ordering;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use switchyard::compile::{AllSecrets, ModelName, Snapshot, compile_file};
+use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::{Caller, Endpoint, RequestContext, evaluate};
+use switchyard::value::Value;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Copies a policy's catalog until it has at least `routes` routes: copy `k`
+/// suffixes every provider, credential and model id with `-k` (copy 0 keeps
+/// the original ids, so the policy's tenants and requests still fit).
+fn generate(policy: &str, routes: usize) -> Snapshot {
+    let source_dir = Path::new(ROOT).join("policies");
+    let policy_text = std::fs::read_to_string(source_dir.join(format!("{policy}.policy"))).unwrap();
+    let data_dir = source_dir.join(policy);
+    let catalog: Json =
+        serde_saphyr::from_str(&std::fs::read_to_string(data_dir.join("catalog.yaml")).unwrap())
+            .unwrap();
+    let tenants = std::fs::read_to_string(data_dir.join("tenants.yaml")).unwrap();
+
+    let template_routes: usize = catalog["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["routes"].as_array().map_or(0, Vec::len))
+        .sum();
+    let copies = routes.div_ceil(template_routes.max(1));
+    let mut providers = Vec::new();
+    let mut models = Vec::new();
+    for copy in 0..copies {
+        let suffix = |id: &str| {
+            if copy == 0 {
+                id.to_string()
+            } else {
+                format!("{id}-{copy}")
+            }
+        };
+        for provider in catalog["providers"].as_array().unwrap() {
+            let mut provider = provider.clone();
+            let id = provider["id"].as_str().unwrap().to_string();
+            provider["id"] = json!(suffix(&id));
+            if let Some(name) = provider
+                .get("name")
+                .and_then(Json::as_str)
+                .map(str::to_string)
+            {
+                provider["name"] = json!(suffix(&name));
+            }
+            if copy > 0 {
+                provider.as_object_mut().unwrap().remove("aliases");
+            }
+            if let Some(credentials) = provider.get_mut("credentials").and_then(Json::as_array_mut)
+            {
+                for credential in credentials {
+                    let id = credential["id"].as_str().unwrap().to_string();
+                    credential["id"] = json!(suffix(&id));
+                }
+            }
+            providers.push(provider);
+        }
+        for model in catalog["models"].as_array().unwrap() {
+            let mut model = model.clone();
+            let id = model["id"].as_str().unwrap().to_string();
+            model["id"] = json!(suffix(&id));
+            if copy > 0 {
+                model.as_object_mut().unwrap().remove("aliases");
+            }
+            for route in model["routes"].as_array_mut().unwrap() {
+                let provider = route["provider"].as_str().unwrap().to_string();
+                route["provider"] = json!(suffix(&provider));
+            }
+            models.push(model);
+        }
+    }
+    let mut generated = catalog.clone();
+    generated["providers"] = Json::Array(providers);
+    generated["models"] = Json::Array(models);
+
+    let dir: PathBuf = std::env::temp_dir().join(format!("switchyard-bench-{policy}-{routes}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    // YAML is a superset of JSON.
+    std::fs::write(
+        dir.join("catalog.yaml"),
+        serde_json::to_string_pretty(&generated).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("tenants.yaml"), tenants).unwrap();
+    let header_start = policy_text.find("\npolicy ").unwrap() + 1;
+    let header_end = header_start + policy_text[header_start..].find('}').unwrap() + 1;
+    let name = policy.replace('-', "_");
+    let rewritten = format!(
+        "{}policy {name} {{\n  catalog \"catalog.yaml\"\n  tenants \"tenants.yaml\"\n}}{}",
+        &policy_text[..header_start],
+        &policy_text[header_end..]
+    );
+    std::fs::write(dir.join("policy.policy"), rewritten).unwrap();
+    match compile_file(&dir.join("policy.policy"), &AllSecrets) {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!(
+            "generated {policy} does not check: {:#?}",
+            report.diagnostics
+        ),
+    }
+}
+
+fn caller(snapshot: &Snapshot, key: &str) -> Caller {
+    let (index, found) = snapshot
+        .data
+        .tenants
+        .keys
+        .iter()
+        .enumerate()
+        .find(|(_, k)| k.id == key)
+        .unwrap();
+    Caller {
+        tenant: found.tenant,
+        workspace: found.workspace,
+        key: Some(index),
+    }
+}
+
+/// A typical request for each policy: (key, endpoint, body, headers).
+fn request(policy: &str) -> (&'static str, Endpoint, Json, Vec<(String, String)>) {
+    match policy {
+        "noirdoc" => (
+            "acme-default",
+            Endpoint::ChatCompletions,
+            json!({"model": "qwen3.8-27b", "messages": [{"role": "user", "content": "Hello"}]}),
+            vec![],
+        ),
+        "anonrouter" => (
+            "lumen-default",
+            Endpoint::ChatCompletions,
+            json!({"model": "deepseek/deepseek-v3.2", "messages": [{"role": "user", "content": "Hello"}]}),
+            vec![],
+        ),
+        "noeta" => (
+            "team-workers",
+            Endpoint::Messages,
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]}),
+            vec![],
+        ),
+        "ngrok" => (
+            "tunnelco-default",
+            Endpoint::ChatCompletions,
+            json!({"model": "gpt-4o", "models": ["claude-sonnet-4-5"], "messages": [{"role": "user", "content": "Hello"}]}),
+            vec![],
+        ),
+        _ => (
+            "globex-default",
+            Endpoint::Messages,
+            json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]}),
+            vec![(
+                String::from("x-ai-setu-provider-order"),
+                String::from("bedrock,anthropic"),
+            )],
+        ),
+    }
+}
+
+/// The Noirdoc rules by hand: the same steps, keys and failover re-sort as
+/// policies/noirdoc.policy, over the same snapshot.
+struct NativeNoirdoc {
+    region: usize,
+    cloud_act: usize,
+    s203: usize,
+    starter: usize,
+    secrecy_bound: usize,
+    starter_only: usize,
+    managed_models: usize,
+    allowed_models: usize,
+    allowed_providers: usize,
+    residency: usize,
+    no_cloud_act: usize,
+    require_s203: usize,
+}
+
+#[derive(Clone, Copy)]
+struct NativeCandidate {
+    route: usize,
+    provider: usize,
+    credential: usize,
+    own: bool,
+}
+
+impl NativeNoirdoc {
+    fn new(snapshot: &Snapshot) -> NativeNoirdoc {
+        let schema = &snapshot.data.schema;
+        NativeNoirdoc {
+            region: schema.provider.index_of("region").unwrap(),
+            cloud_act: schema.provider.index_of("cloud_act").unwrap(),
+            s203: schema.provider.index_of("s203_approved").unwrap(),
+            starter: schema.route.index_of("starter_credit").unwrap(),
+            secrecy_bound: schema.tenant.index_of("secrecy_bound").unwrap(),
+            starter_only: schema.tenant.index_of("starter_only").unwrap(),
+            managed_models: schema.tenant.index_of("managed_models").unwrap(),
+            allowed_models: schema.key.index_of("allowed_models").unwrap(),
+            allowed_providers: schema.key.index_of("allowed_providers").unwrap(),
+            residency: schema.key.index_of("residency").unwrap(),
+            no_cloud_act: schema.key.index_of("no_cloud_act").unwrap(),
+            require_s203: schema.key.index_of("require_s203").unwrap(),
+        }
+    }
+
+    fn decide(
+        &self,
+        snapshot: &Snapshot,
+        caller: Caller,
+        model_id: &str,
+        endpoint: Endpoint,
+    ) -> Result<Vec<NativeCandidate>, &'static str> {
+        let data = &snapshot.data;
+        let Some(ModelName::Model(model_index)) = snapshot.model_named(model_id) else {
+            return Err("model_not_available");
+        };
+        let model = &data.catalog.models[*model_index];
+        let tenant = &data.tenants.tenants[caller.tenant];
+        let key = &data.tenants.keys[caller.key.unwrap()];
+        let flag = |v: Option<&Value>| matches!(v, Some(Value::Bool(true)));
+        fn items(value: Option<&Value>) -> &[Value] {
+            value.map(Value::items).unwrap_or(&[])
+        }
+
+        let mut candidates: Vec<NativeCandidate> = Vec::new();
+        for entry in snapshot.routes_of(*model_index) {
+            let provider = &data.catalog.providers[entry.provider];
+            let mut best: Option<(usize, bool)> = None;
+            for (index, credential) in provider.credentials.iter().enumerate() {
+                let own = credential.tenant.as_deref() == Some(tenant.id.as_str());
+                let usable = (credential.tenant.is_none() || own)
+                    && snapshot.secret(entry.provider, index).is_some();
+                if usable && best.is_none_or(|(_, best_own)| own && !best_own) {
+                    best = Some((index, own));
+                }
+            }
+            if let Some((credential, own)) = best {
+                candidates.push(NativeCandidate {
+                    route: entry.route,
+                    provider: entry.provider,
+                    credential,
+                    own,
+                });
+            }
+        }
+        if candidates.is_empty() {
+            return Err("model_not_available");
+        }
+        if candidates.iter().any(|c| c.own) {
+            candidates.retain(|c| c.own);
+        }
+        let step = |candidates: &mut Vec<NativeCandidate>,
+                    keep: &dyn Fn(&NativeCandidate) -> bool,
+                    error: &'static str| {
+            candidates.retain(|c| keep(c));
+            if candidates.is_empty() {
+                Err(error)
+            } else {
+                Ok(())
+            }
+        };
+        let provider = |c: &NativeCandidate| &data.catalog.providers[c.provider];
+        step(
+            &mut candidates,
+            &|c| model.kind == endpoint.kind() && provider(c).format == endpoint.wire(),
+            "wrong_endpoint_for_model",
+        )?;
+        let allowed_models = items(key.attributes.get(self.allowed_models));
+        step(
+            &mut candidates,
+            &|_| {
+                allowed_models.is_empty()
+                    || allowed_models.iter().any(|m| m.as_str() == Some(&model.id))
+            },
+            "model_not_allowed_for_key",
+        )?;
+        step(
+            &mut candidates,
+            &|c| {
+                !flag(tenant.attributes.get(self.secrecy_bound))
+                    || flag(provider(c).attributes.get(self.s203))
+            },
+            "provider_not_allowed_for_tenant",
+        )?;
+        let allowed_providers = items(key.attributes.get(self.allowed_providers));
+        let residency = items(key.attributes.get(self.residency));
+        step(
+            &mut candidates,
+            &|c| {
+                let p = provider(c);
+                (allowed_providers.is_empty()
+                    || allowed_providers
+                        .iter()
+                        .any(|a| a.as_str() == Some(&p.name)))
+                    && (residency.is_empty()
+                        || p.attributes
+                            .get(self.region)
+                            .is_some_and(|r| residency.contains(r)))
+                    && (!flag(key.attributes.get(self.no_cloud_act))
+                        || !flag(p.attributes.get(self.cloud_act)))
+                    && (!flag(key.attributes.get(self.require_s203))
+                        || flag(p.attributes.get(self.s203)))
+            },
+            "provider_not_allowed_for_key",
+        )?;
+        step(
+            &mut candidates,
+            &|c| {
+                c.own
+                    || !flag(tenant.attributes.get(self.starter_only))
+                    || flag(model.routes[c.route].attributes.get(self.starter))
+            },
+            "starter_model_not_allowed",
+        )?;
+        step(
+            &mut candidates,
+            &|c| c.own || flag(tenant.attributes.get(self.managed_models)),
+            "model_not_available",
+        )?;
+
+        let price = |c: &NativeCandidate| {
+            let p = model.routes[c.route].price;
+            match (p.input, p.output) {
+                (Some(i), Some(o)) => Some(((3.0 * i + o) * 1e9).round() / 1e9),
+                _ => None,
+            }
+        };
+        let by_price = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        };
+        candidates.sort_by(|a, b| {
+            b.own
+                .cmp(&a.own)
+                .then(price(b).is_some().cmp(&price(a).is_some()))
+                .then(by_price(price(a), price(b)))
+                .then(
+                    provider(b)
+                        .priority
+                        .partial_cmp(&provider(a).priority)
+                        .unwrap_or(Ordering::Equal),
+                )
+                .then(match (provider(a).listed, provider(b).listed) {
+                    (Some(x), Some(y)) => x.cmp(&y),
+                    (Some(_), None) => Ordering::Less,
+                    (None, Some(_)) => Ordering::Greater,
+                    (None, None) => Ordering::Equal,
+                })
+        });
+        if candidates.len() > 1 {
+            candidates[1..].sort_by(|a, b| {
+                provider(b)
+                    .priority
+                    .partial_cmp(&provider(a).priority)
+                    .unwrap_or(Ordering::Equal)
+                    .then(by_price(price(a), price(b)))
+            });
+        }
+        Ok(candidates)
+    }
+}
+
+fn benchmarks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    for routes in [1_000, 10_000] {
+        for policy in ["noirdoc", "anonrouter", "noeta", "ngrok", "ai-setu"] {
+            let snapshot = generate(policy, routes);
+            let (key, endpoint, body, headers) = request(policy);
+            let text = body.to_string();
+            let context = RequestContext {
+                id: "bench",
+                endpoint,
+                body: Some(&body),
+                body_bytes: text.len(),
+                headers: &headers,
+                caller: caller(&snapshot, key),
+                seed: 7,
+                rotation: 0,
+            };
+            assert!(
+                evaluate(&snapshot, &context, &Healthy).result.is_ok(),
+                "{policy} refuses its benchmark request"
+            );
+            group.bench_function(format!("{policy}/{routes}"), |b| {
+                b.iter(|| {
+                    black_box(evaluate(
+                        black_box(&snapshot),
+                        black_box(&context),
+                        &Healthy,
+                    ))
+                });
+            });
+            if policy == "noirdoc" {
+                let native = NativeNoirdoc::new(&snapshot);
+                let caller = caller(&snapshot, key);
+                let interpreted: Vec<(usize, usize)> = evaluate(&snapshot, &context, &Healthy)
+                    .result
+                    .unwrap()
+                    .candidates
+                    .iter()
+                    .map(|c| (c.provider, c.credential))
+                    .collect();
+                let by_hand: Vec<(usize, usize)> = native
+                    .decide(&snapshot, caller, "qwen3.8-27b", endpoint)
+                    .unwrap()
+                    .iter()
+                    .map(|c| (c.provider, c.credential))
+                    .collect();
+                assert_eq!(
+                    interpreted, by_hand,
+                    "the native baseline must decide as the policy does"
+                );
+                group.bench_function(format!("noirdoc-native/{routes}"), |b| {
+                    b.iter(|| {
+                        black_box(native.decide(
+                            black_box(&snapshot),
+                            caller,
+                            black_box("qwen3.8-27b"),
+                            endpoint,
+                        ))
+                    });
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, benchmarks);
+criterion_main!(benches);
