@@ -4,7 +4,7 @@ use super::common::{RequestSpec, print_report, resolve_caller};
 use super::{Format, exit};
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::evaluate::health::{HealthEntry, HealthTable};
-use crate::evaluate::{Decision, RequestContext, evaluate};
+use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
 use crate::source::SourceMap;
 use serde_json::json;
@@ -129,7 +129,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         seed: args.seed,
         rotation: 0,
     };
-    let decision = evaluate(&snapshot, &context, &health);
+    let decision = evaluate_traced(&snapshot, &context, &health);
     match args.format {
         Format::Human => print!("{}", human(&snapshot, &sources, &decision)),
         Format::Json => println!(

@@ -8,7 +8,7 @@ use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
     Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
-    RequestContext, evaluate,
+    RequestContext, evaluate_traced,
 };
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
@@ -312,7 +312,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         seed: case.seed,
         rotation: 0,
     };
-    let decision = evaluate(snapshot, &context, &health);
+    let decision = evaluate_traced(snapshot, &context, &health);
     match &case.outcome {
         None => Ok(differences(snapshot, &decision, &case.expect)),
         Some(outcome) => {

@@ -6,9 +6,14 @@
 //! each credential's secret is read from the environment. Per request, the
 //! evaluator then only looks at the requested model's own candidates.
 
+mod stage;
+
 use crate::data::{Credential, Data, Provider};
+use crate::evaluate::health::CandidateHealth;
+use crate::evaluate::machine::{Focus, Machine};
+use crate::evaluate::{Candidate, RequestState};
 use crate::language::CheckedPolicy;
-use crate::language::ir::Program;
+use crate::language::ir::{Program, Term};
 use crate::value::Value;
 use std::collections::HashMap;
 use std::fmt;
@@ -83,6 +88,119 @@ pub struct RouteEntry {
     pub credentials: Vec<usize>,
 }
 
+/// Values of the catalog's names, built once so evaluating a request clones
+/// shared strings instead of allocating new ones.
+#[derive(Debug, Default)]
+pub struct Interned {
+    pub provider_id: Vec<Value>,
+    pub provider_name: Vec<Value>,
+    pub provider_format: Vec<Value>,
+    pub provider_aliases: Vec<Value>,
+    pub model_id: Vec<Value>,
+    pub model_kind: Vec<Value>,
+    pub model_aliases: Vec<Value>,
+    /// Per model, per route.
+    pub route_capabilities: Vec<Vec<Value>>,
+    /// Per provider, per credential.
+    pub credential_id: Vec<Vec<Value>>,
+}
+
+impl Interned {
+    fn new(data: &Data) -> Interned {
+        let strings =
+            |items: &[String]| Value::List(items.iter().map(|s| Value::string(s)).collect());
+        let catalog = &data.catalog;
+        Interned {
+            provider_id: catalog
+                .providers
+                .iter()
+                .map(|p| Value::string(&p.id))
+                .collect(),
+            provider_name: catalog
+                .providers
+                .iter()
+                .map(|p| Value::string(&p.name))
+                .collect(),
+            provider_format: catalog
+                .providers
+                .iter()
+                .map(|p| builtin_member(p.format.name()))
+                .collect(),
+            provider_aliases: catalog
+                .providers
+                .iter()
+                .map(|p| strings(&p.aliases))
+                .collect(),
+            model_id: catalog
+                .models
+                .iter()
+                .map(|m| Value::string(&m.id))
+                .collect(),
+            model_kind: catalog
+                .models
+                .iter()
+                .map(|m| builtin_member(m.kind.name()))
+                .collect(),
+            model_aliases: catalog.models.iter().map(|m| strings(&m.aliases)).collect(),
+            route_capabilities: catalog
+                .models
+                .iter()
+                .map(|m| m.routes.iter().map(|r| strings(&r.capabilities)).collect())
+                .collect(),
+            credential_id: catalog
+                .providers
+                .iter()
+                .map(|p| p.credentials.iter().map(|c| Value::string(&c.id)).collect())
+                .collect(),
+        }
+    }
+}
+
+/// Members of the built-in enumerations (endpoints, wire formats, model
+/// kinds, resolutions), shared: they compare by name.
+pub fn builtin_member(name: &str) -> Value {
+    static MEMBERS: std::sync::LazyLock<Vec<(&'static str, Value)>> =
+        std::sync::LazyLock::new(|| {
+            [
+                "chat_completions",
+                "completions",
+                "embeddings",
+                "responses",
+                "messages",
+                "openai",
+                "anthropic",
+                "chat",
+                "completion",
+                "embedding",
+                "bare",
+                "alias",
+                "pin",
+                "unknown",
+            ]
+            .into_iter()
+            .map(|name| {
+                (
+                    name,
+                    Value::Enum(crate::value::EnumMember {
+                        rank: 0,
+                        name: Arc::from(name),
+                    }),
+                )
+            })
+            .collect()
+        });
+    MEMBERS
+        .iter()
+        .find(|(member, _)| *member == name)
+        .map(|(_, value)| value.clone())
+        .unwrap_or_else(|| {
+            Value::Enum(crate::value::EnumMember {
+                rank: 0,
+                name: Arc::from(name),
+            })
+        })
+}
+
 /// The compiled policy and data: immutable, shared by every request that
 /// starts while it is live.
 #[derive(Debug)]
@@ -105,6 +223,36 @@ pub struct Snapshot {
     keys: HashMap<[u8; 32], usize>,
     /// Deployment attribute values, constant for the snapshot.
     pub deployment: Vec<Value>,
+    pub interned: Interned,
+    /// Catalog-only parts of the program's terms, per route and credential.
+    pub statics: StaticTable,
+    /// How many request-only parts the staged program caches per request.
+    pub hoisted: usize,
+}
+
+/// The values of the staged program's catalog-only terms: for model `m`,
+/// route `r` and credential `c`, slot `s` is at
+/// `base[m][r] + c * slots + s`.
+#[derive(Debug, Default)]
+pub struct StaticTable {
+    slots: usize,
+    base: Vec<Vec<usize>>,
+    values: Vec<Value>,
+}
+
+impl StaticTable {
+    /// The slot's value for a catalog route and credential; `None` for a
+    /// candidate outside the catalog (an unknown model served by a fallback).
+    pub fn get(
+        &self,
+        model: Option<usize>,
+        route: Option<usize>,
+        credential: usize,
+        slot: usize,
+    ) -> Option<&Value> {
+        let base = *self.base.get(model?)?.get(route?)?;
+        self.values.get(base + credential * self.slots + slot)
+    }
 }
 
 impl Snapshot {
@@ -209,10 +357,13 @@ impl Snapshot {
             })
             .collect();
 
-        Snapshot {
+        let interned = Interned::new(&data);
+        let staged = stage::stage(&program);
+        let mut snapshot = Snapshot {
             name,
             version,
             program,
+            interned,
             data,
             models,
             provider_names,
@@ -221,7 +372,52 @@ impl Snapshot {
             secrets,
             keys,
             deployment,
+            statics: StaticTable::default(),
+            hoisted: staged.hoisted,
+        };
+        // Static terms are evaluated by the program as checked, then the
+        // staged program that reads them takes its place.
+        snapshot.statics = snapshot.precompute(&staged.statics);
+        snapshot.program = staged.program;
+        snapshot
+    }
+
+    fn precompute(&self, terms: &[Term]) -> StaticTable {
+        let mut table = StaticTable {
+            slots: terms.len(),
+            ..StaticTable::default()
+        };
+        if terms.is_empty() {
+            return table;
         }
+        let request = RequestState::placeholder();
+        for (model_index, model) in self.data.catalog.models.iter().enumerate() {
+            let mut candidates = Vec::new();
+            let mut bases = Vec::with_capacity(model.routes.len());
+            for (route_index, route) in model.routes.iter().enumerate() {
+                bases.push(table.values.len() + candidates.len() * terms.len());
+                let credentials = self
+                    .provider(route.provider)
+                    .map_or(0, |p| p.credentials.len());
+                for credential in 0..credentials {
+                    candidates.push(Candidate::of_route(
+                        model_index,
+                        route_index,
+                        route,
+                        credential,
+                    ));
+                }
+            }
+            let health = vec![CandidateHealth::default(); candidates.len()];
+            let mut machine = Machine::new(self, &request, &candidates, &health);
+            for candidate in 0..candidates.len() {
+                for term in terms {
+                    table.values.push(machine.eval(term, Focus::on(candidate)));
+                }
+            }
+            table.base.push(bases);
+        }
+        table
     }
 
     pub fn model_named(&self, id: &str) -> Option<&ModelName> {

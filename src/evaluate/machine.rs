@@ -73,16 +73,19 @@ pub struct Machine<'a> {
     /// Whether the response is a provider's successful answer (for headers).
     pub succeeded: bool,
     request_lets: Vec<Option<Value>>,
-    /// Per candidate, values of definitions that depend on it but not on
-    /// the candidate set.
-    candidate_lets: Vec<Vec<Option<Value>>>,
+    /// Per candidate and definition (`candidate * lets + let`), values of
+    /// definitions that depend on the candidate but not on the set.
+    candidate_lets: Vec<Option<Value>>,
     /// Same, for definitions that use aggregates; cleared when the set changes.
-    set_lets: Vec<Vec<Option<Value>>>,
+    set_lets: Vec<Option<Value>>,
+    lets: usize,
     merges: Vec<Option<Value>>,
+    /// Values of the staged program's request-only parts.
+    hoisted: Vec<Option<Value>>,
     depth: usize,
 }
 
-/// Deepest nesting of definitions and candidate switches; a checked program
+/// Deepest nesting of definitions; a checked program
 /// stays far below it, so hitting it means a cycle the checker missed.
 const MAX_DEPTH: usize = 256;
 
@@ -106,39 +109,29 @@ impl<'a> Machine<'a> {
             shorthand: None,
             succeeded: false,
             request_lets: vec![None; lets],
-            candidate_lets: vec![vec![None; lets]; candidates.len()],
-            set_lets: vec![vec![None; lets]; candidates.len()],
+            candidate_lets: vec![None; lets * candidates.len()],
+            set_lets: vec![None; lets * candidates.len()],
+            lets,
             merges: request.merges.iter().cloned().map(Some).collect(),
+            hoisted: vec![None; snapshot.hoisted],
             depth: 0,
         }
     }
 
     /// Sets the candidates aggregates range over.
-    pub fn set_candidates(&mut self, set: Vec<usize>) {
-        if set != self.set {
-            self.set = set;
-            for cache in &mut self.set_lets {
-                cache.iter_mut().for_each(|slot| *slot = None);
-            }
+    pub fn set_candidates(&mut self, set: &[usize]) {
+        if set != self.set.as_slice() {
+            self.set.clear();
+            self.set.extend_from_slice(set);
+            self.set_lets.iter_mut().for_each(|slot| *slot = None);
         }
-    }
-
-    pub fn eval(&mut self, term: &Term, focus: Focus) -> Value {
-        self.depth += 1;
-        let value = if self.depth > MAX_DEPTH {
-            Value::Null
-        } else {
-            self.eval_inner(term, focus)
-        };
-        self.depth -= 1;
-        value
     }
 
     pub fn truth(&mut self, term: &Term, focus: Focus) -> bool {
         matches!(self.eval(term, focus), Value::Bool(true))
     }
 
-    fn eval_inner(&mut self, term: &Term, focus: Focus) -> Value {
+    pub fn eval(&mut self, term: &Term, focus: Focus) -> Value {
         match &term.kind {
             TermKind::Const(value) => value.clone(),
             TermKind::Read(read) => self.read(read, focus),
@@ -161,7 +154,17 @@ impl<'a> Machine<'a> {
                     None => Value::Null,
                 }
             }
-            TermKind::Let(index) => self.let_value(*index, focus),
+            TermKind::Let(index) => {
+                // Terms are finite trees; only definitions can recur.
+                self.depth += 1;
+                let value = if self.depth > MAX_DEPTH {
+                    Value::Null
+                } else {
+                    self.let_value(*index, focus)
+                };
+                self.depth -= 1;
+                value
+            }
             TermKind::Merge(index) => self.merge_value(*index),
             TermKind::Not(inner) => match self.eval(inner, focus) {
                 Value::Bool(b) => Value::Bool(!b),
@@ -200,6 +203,31 @@ impl<'a> Machine<'a> {
                 Value::Enum(member) => to_member(&target.members, member.name),
                 _ => Value::Null,
             },
+            TermKind::Static(slot, inner) => {
+                let precomputed = focus.current.and_then(|current| {
+                    let candidate = self.candidates.get(current)?;
+                    self.snapshot.statics.get(
+                        candidate.model,
+                        candidate.route,
+                        candidate.credential,
+                        *slot,
+                    )
+                });
+                match precomputed {
+                    Some(value) => value.clone(),
+                    None => self.eval(inner, focus),
+                }
+            }
+            TermKind::Hoisted(slot, inner) => {
+                if let Some(Some(value)) = self.hoisted.get(*slot) {
+                    return value.clone();
+                }
+                let value = self.eval(inner, Focus::default());
+                if let Some(cached) = self.hoisted.get_mut(*slot) {
+                    *cached = Some(value.clone());
+                }
+                value
+            }
         }
     }
 
@@ -227,7 +255,8 @@ impl<'a> Machine<'a> {
         } else {
             &self.candidate_lets
         };
-        if let Some(Some(value)) = cache.get(candidate).and_then(|slots| slots.get(index)) {
+        let slot = candidate * self.lets + index;
+        if let Some(Some(value)) = cache.get(slot) {
             return value.clone();
         }
         let value = self.eval(term, Focus::on(candidate));
@@ -236,11 +265,8 @@ impl<'a> Machine<'a> {
         } else {
             &mut self.candidate_lets
         };
-        if let Some(slot) = cache
-            .get_mut(candidate)
-            .and_then(|slots| slots.get_mut(index))
-        {
-            *slot = Some(value.clone());
+        if let Some(cached) = cache.get_mut(slot) {
+            *cached = Some(value.clone());
         }
         value
     }
@@ -315,8 +341,15 @@ impl<'a> Machine<'a> {
         }
     }
 
+    fn arg(&mut self, args: &[Term], index: usize, focus: Focus) -> Value {
+        match args.get(index) {
+            Some(term) => self.eval(term, focus),
+            None => Value::Null,
+        }
+    }
+
     fn call(&mut self, function: Function, args: &[Term], focus: Focus) -> Value {
-        let values: Vec<Value> = match function {
+        match function {
             // `coalesce` stops at the first present value.
             Function::Coalesce => {
                 for arg in args {
@@ -325,74 +358,72 @@ impl<'a> Machine<'a> {
                         return value;
                     }
                 }
-                return Value::Null;
+                Value::Null
             }
-            _ => args.iter().map(|arg| self.eval(arg, focus)).collect(),
-        };
-        let arg = |index: usize| values.get(index).cloned().unwrap_or(Value::Null);
-        match function {
             Function::Min | Function::Max => {
                 let want = if function == Function::Min {
                     Ordering::Less
                 } else {
                     Ordering::Greater
                 };
-                values
-                    .iter()
-                    .filter(|v| !v.is_null())
-                    .fold(Value::Null, |best, value| {
-                        if best.is_null() || value.compare(&best) == Some(want) {
-                            value.clone()
-                        } else {
-                            best
-                        }
-                    })
+                let mut best = Value::Null;
+                for arg in args {
+                    let value = self.eval(arg, focus);
+                    if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
+                        best = value;
+                    }
+                }
+                best
             }
             Function::Clamp => {
-                let (value, low, high) = (arg(0), arg(1), arg(2));
+                let value = self.arg(args, 0, focus);
                 if value.is_null() {
                     return Value::Null;
                 }
+                let low = self.arg(args, 1, focus);
                 if value.compare(&low) == Some(Ordering::Less) {
-                    low
-                } else if value.compare(&high) == Some(Ordering::Greater) {
+                    return low;
+                }
+                let high = self.arg(args, 2, focus);
+                if value.compare(&high) == Some(Ordering::Greater) {
                     high
                 } else {
                     value
                 }
             }
-            Function::Coalesce => Value::Null,
-            Function::Present => Value::Bool(!arg(0).is_null()),
-            Function::Empty => Value::Bool(arg(0).items().is_empty()),
-            Function::Len => Value::Number(arg(0).items().len() as f64),
+            Function::Present => Value::Bool(!self.arg(args, 0, focus).is_null()),
+            Function::Empty => Value::Bool(self.arg(args, 0, focus).items().is_empty()),
+            Function::Len => Value::Number(self.arg(args, 0, focus).items().len() as f64),
             Function::Intersects => {
-                let (a, b) = (arg(0), arg(1));
+                let (a, b) = (self.arg(args, 0, focus), self.arg(args, 1, focus));
                 Value::Bool(a.items().iter().any(|item| b.items().contains(item)))
             }
             Function::Subset => {
-                let (a, b) = (arg(0), arg(1));
+                let (a, b) = (self.arg(args, 0, focus), self.arg(args, 1, focus));
                 Value::Bool(a.items().iter().all(|item| b.items().contains(item)))
             }
             Function::IndexOf => {
-                let (list, item) = (arg(0), arg(1));
+                let (list, item) = (self.arg(args, 0, focus), self.arg(args, 1, focus));
                 list.items()
                     .iter()
                     .position(|candidate| *candidate == item)
                     .map_or(Value::Null, |index| Value::Number(index as f64))
             }
-            Function::Contains => match (arg(0).as_str(), arg(1).as_str()) {
-                (Some(a), Some(b)) => Value::Bool(a.contains(b)),
-                _ => Value::Bool(false),
-            },
-            Function::StartsWith => match (arg(0).as_str(), arg(1).as_str()) {
-                (Some(a), Some(b)) => Value::Bool(a.starts_with(b)),
-                _ => Value::Bool(false),
-            },
-            Function::Lower => match arg(0).as_str() {
+            Function::Contains | Function::StartsWith => {
+                let (a, b) = (self.arg(args, 0, focus), self.arg(args, 1, focus));
+                match (a.as_str(), b.as_str()) {
+                    (Some(a), Some(b)) if function == Function::Contains => {
+                        Value::Bool(a.contains(b))
+                    }
+                    (Some(a), Some(b)) => Value::Bool(a.starts_with(b)),
+                    _ => Value::Bool(false),
+                }
+            }
+            Function::Lower => match self.arg(args, 0, focus).as_str() {
                 Some(text) => Value::String(Arc::from(text.to_lowercase())),
                 None => Value::Null,
             },
-            Function::Seconds => match arg(0) {
+            Function::Seconds => match self.arg(args, 0, focus) {
                 Value::Duration(ms) => Value::Number(ms as f64 / 1000.0),
                 _ => Value::Null,
             },
@@ -402,7 +433,12 @@ impl<'a> Machine<'a> {
                     Value::Number(factor),
                     Value::Duration(max),
                     Value::Number(jitter),
-                ) = (arg(0), arg(1), arg(2), arg(3))
+                ) = (
+                    self.arg(args, 0, focus),
+                    self.arg(args, 1, focus),
+                    self.arg(args, 2, focus),
+                    self.arg(args, 3, focus),
+                )
                 else {
                     return Value::Null;
                 };
@@ -602,34 +638,38 @@ impl<'a> Machine<'a> {
             return Value::Null;
         };
         let catalog = &self.snapshot.data.catalog;
+        let interned = &self.snapshot.interned;
         let model = candidate.model.and_then(|m| catalog.models.get(m));
         let route = model.and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
         let provider = catalog.providers.get(candidate.provider);
         let credential = provider.and_then(|p| p.credentials.get(candidate.credential));
         let health = self.health.get(index);
-        let strings =
-            |items: &[String]| Value::List(items.iter().map(|s| Value::string(s)).collect());
+        let from = |values: &Vec<Value>, at: Option<usize>| {
+            at.and_then(|i| values.get(i))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
         match read {
-            Read::ModelId => match model {
-                Some(model) => Value::string(&model.id),
+            Read::ModelId => match candidate.model {
+                Some(model) => from(&interned.model_id, Some(model)),
                 None => Value::String(candidate.requested.id.clone()),
             },
-            Read::ModelKind => builtin(
-                model
-                    .map_or(self.request.endpoint.kind(), |m| m.kind)
-                    .name(),
-            ),
-            Read::ModelAliases => {
-                model.map_or(Value::List(Arc::from(Vec::new())), |m| strings(&m.aliases))
-            }
+            Read::ModelKind => match candidate.model {
+                Some(model) => from(&interned.model_kind, Some(model)),
+                None => builtin(self.request.endpoint.kind().name()),
+            },
+            Read::ModelAliases => match candidate.model {
+                Some(model) => from(&interned.model_aliases, Some(model)),
+                None => Value::List(Arc::from(Vec::new())),
+            },
             Read::ModelAttr(attr) => match model {
                 Some(model) => model.attributes.get(*attr).cloned().unwrap_or(Value::Null),
                 None => self.fallback(&self.snapshot.data.schema.model, *attr),
             },
-            Read::ProviderId => provider.map_or(Value::Null, |p| Value::string(&p.id)),
-            Read::ProviderName => provider.map_or(Value::Null, |p| Value::string(&p.name)),
-            Read::ProviderAliases => provider.map_or(Value::Null, |p| strings(&p.aliases)),
-            Read::ProviderFormat => provider.map_or(Value::Null, |p| builtin(p.format.name())),
+            Read::ProviderId => from(&interned.provider_id, Some(candidate.provider)),
+            Read::ProviderName => from(&interned.provider_name, Some(candidate.provider)),
+            Read::ProviderAliases => from(&interned.provider_aliases, Some(candidate.provider)),
+            Read::ProviderFormat => from(&interned.provider_format, Some(candidate.provider)),
             Read::ProviderPriority => provider.map_or(Value::Null, |p| Value::Number(p.priority)),
             Read::ProviderListed => provider
                 .and_then(|p| p.listed)
@@ -649,14 +689,27 @@ impl<'a> Machine<'a> {
                 };
                 value.map_or(Value::Null, Value::Number)
             }
-            Read::RouteCapabilities => route.map_or(Value::List(Arc::from(Vec::new())), |r| {
-                strings(&r.capabilities)
-            }),
+            Read::RouteCapabilities => candidate
+                .model
+                .zip(candidate.route)
+                .and_then(|(m, r)| {
+                    interned
+                        .route_capabilities
+                        .get(m)
+                        .and_then(|routes| routes.get(r))
+                })
+                .cloned()
+                .unwrap_or_else(|| Value::List(Arc::from(Vec::new()))),
             Read::RouteAttr(attr) => match route {
                 Some(route) => route.attributes.get(*attr).cloned().unwrap_or(Value::Null),
                 None => self.fallback(&self.snapshot.data.schema.route, *attr),
             },
-            Read::CredentialId => credential.map_or(Value::Null, |c| Value::string(&c.id)),
+            Read::CredentialId => interned
+                .credential_id
+                .get(candidate.provider)
+                .and_then(|ids| ids.get(candidate.credential))
+                .cloned()
+                .unwrap_or(Value::Null),
             Read::CredentialOwned => Value::Bool(credential.is_some_and(|c| {
                 let tenant = self
                     .snapshot
@@ -713,13 +766,7 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// A member of a built-in enumeration; they compare by name only.
-fn builtin(name: &str) -> Value {
-    Value::Enum(EnumMember {
-        rank: 0,
-        name: Arc::from(name),
-    })
-}
+use crate::compile::builtin_member as builtin;
 
 fn to_member(members: &[String], name: Arc<str>) -> Value {
     match members.iter().position(|m| **m == *name) {

@@ -11,7 +11,7 @@ mod candidates;
 mod execution;
 pub mod health;
 mod inputs;
-mod machine;
+pub(crate) mod machine;
 mod merge;
 mod order;
 
@@ -152,6 +152,29 @@ pub struct RequestState {
     pub merges: Vec<Value>,
 }
 
+impl RequestState {
+    /// A request that reads as nothing: the compiler evaluates the
+    /// catalog-only terms, which never look at it, against this.
+    pub(crate) fn placeholder() -> RequestState {
+        RequestState {
+            id: Arc::from(""),
+            model: Arc::from(""),
+            endpoint: Endpoint::ChatCompletions,
+            stream: false,
+            parameters: Arc::from(Vec::new()),
+            estimated_tokens: 0.0,
+            caller: Caller {
+                tenant: usize::MAX,
+                workspace: usize::MAX,
+                key: None,
+            },
+            inputs: Vec::new(),
+            settings: Vec::new(),
+            merges: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResolutionKind {
     Bare,
@@ -180,6 +203,30 @@ pub struct Candidate {
     pub credential: usize,
     pub upstream_model: Arc<str>,
     pub requested: Requested,
+}
+
+impl Candidate {
+    /// A catalog route with one of its provider's credentials, requested by
+    /// its own id.
+    pub(crate) fn of_route(
+        model: usize,
+        route_index: usize,
+        route: &crate::data::Route,
+        credential: usize,
+    ) -> Candidate {
+        Candidate {
+            model: Some(model),
+            route: Some(route_index),
+            provider: route.provider,
+            credential,
+            upstream_model: Arc::from(route.upstream_model.as_str()),
+            requested: Requested {
+                index: 0,
+                kind: ResolutionKind::Bare,
+                id: Arc::from(""),
+            },
+        }
+    }
 }
 
 /// The error object a request ends with.
@@ -264,14 +311,27 @@ pub struct StepTrace {
     pub removed: usize,
 }
 
-/// Decides a request.
+/// Decides a request. The trace holds only why a request was refused; use
+/// [`evaluate_traced`] for the full account.
 pub fn evaluate(
     snapshot: &Snapshot,
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
     let mut trace = Trace::default();
-    let result = decide(snapshot, context, health, &mut trace);
+    let result = decide(snapshot, context, health, &mut trace, false);
+    Decision { result, trace }
+}
+
+/// Decides a request and records every step, candidate and key value, for
+/// `explain` and policy tests.
+pub fn evaluate_traced(
+    snapshot: &Snapshot,
+    context: &RequestContext<'_>,
+    health: &dyn HealthView,
+) -> Decision {
+    let mut trace = Trace::default();
+    let result = decide(snapshot, context, health, &mut trace, true);
     Decision { result, trace }
 }
 
@@ -280,6 +340,7 @@ fn decide(
     context: &RequestContext<'_>,
     health_view: &dyn HealthView,
     trace: &mut Trace,
+    tracing: bool,
 ) -> Result<Plan, Refusal> {
     let program = &snapshot.program;
     let Some(body) = context.body.filter(|body| body.is_object()) else {
@@ -294,12 +355,15 @@ fn decide(
         });
     };
     let model: Arc<str> = Arc::from(body.get("model").and_then(Json::as_str).unwrap_or(""));
-    trace.model = model.to_string();
+    if tracing {
+        trace.model = model.to_string();
+    }
     let mut parameters: Vec<Value> = Vec::new();
     for (field, capability) in CAPABILITY_FIELDS {
-        let capability = Value::string(capability);
-        if body.get(field).is_some_and(|v| !v.is_null()) && !parameters.contains(&capability) {
-            parameters.push(capability);
+        if body.get(field).is_some_and(|v| !v.is_null())
+            && !parameters.iter().any(|p| p.as_str() == Some(capability))
+        {
+            parameters.push(Value::string(capability));
         }
     }
     let mut request = RequestState {
@@ -338,7 +402,7 @@ fn decide(
         };
         match inputs::parse_input(snapshot, spec, raw, &mut expand) {
             Ok(value) => {
-                if !value.is_null() {
+                if tracing && !value.is_null() {
                     trace.inputs.push((spec.name.clone(), value.to_string()));
                 }
                 request.inputs.push(value);
@@ -380,7 +444,9 @@ fn decide(
                     return Err(execution::refusal_with(snapshot, error, &mut machine, None));
                 }
             }
-            trace.merges.push((spec.name.clone(), value.to_string()));
+            if tracing {
+                trace.merges.push((spec.name.clone(), value.to_string()));
+            }
             merges.push(value);
         }
         request.merges = merges;
@@ -401,82 +467,90 @@ fn decide(
         }
     };
     let health: Vec<CandidateHealth> = candidates.iter().map(|c| health_view.health(c)).collect();
-    trace.candidates = candidates
-        .iter()
-        .zip(&health)
-        .map(|(candidate, health)| CandidateTrace {
-            candidate: candidate.clone(),
-            label: label(snapshot, candidate),
-            removed_by: None,
-            keys: Vec::new(),
-            position: None,
-            health: health.clone(),
-        })
-        .collect();
+    if tracing {
+        trace.candidates = candidates
+            .iter()
+            .zip(&health)
+            .map(|(candidate, health)| CandidateTrace {
+                candidate: candidate.clone(),
+                label: label(snapshot, candidate),
+                removed_by: None,
+                keys: Vec::new(),
+                position: None,
+                health: health.clone(),
+            })
+            .collect();
+    }
 
     let mut machine = Machine::new(snapshot, &request, &candidates, &health);
 
     // Eligibility.
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
+    let mut kept: Vec<usize> = Vec::with_capacity(candidates.len());
     for (step_index, step) in program.steps.iter().enumerate() {
-        machine.set_candidates(remaining.clone());
-        let keep: Vec<usize> = remaining
-            .iter()
-            .copied()
-            .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate)))
-            .collect();
-        let (label, next) = match &step.kind {
-            StepKind::Require(error) => {
-                let name = execution::error_name(snapshot, *error);
-                (format!("require … else {name}"), keep)
-            }
-            StepKind::PreferExclusively => {
-                let next = if keep.is_empty() {
-                    remaining.clone()
-                } else {
-                    keep
-                };
-                (String::from("prefer exclusively …"), next)
-            }
-        };
-        for candidate in remaining.iter().filter(|c| !next.contains(c)) {
-            if let Some(entry) = trace.candidates.get_mut(*candidate) {
-                entry.removed_by = Some(step_index);
-            }
+        machine.set_candidates(&remaining);
+        kept.clear();
+        kept.extend(
+            remaining
+                .iter()
+                .copied()
+                .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate))),
+        );
+        // An exclusive preference that nothing satisfies keeps everything.
+        if kept.is_empty() && step.kind == StepKind::PreferExclusively {
+            kept.extend_from_slice(&remaining);
         }
-        trace.steps.push(StepTrace {
-            span: step.span,
-            label,
-            kept: next.len(),
-            removed: remaining.len() - next.len(),
-        });
+        let next = &kept;
+        if tracing {
+            for candidate in remaining.iter().filter(|c| !next.contains(c)) {
+                if let Some(entry) = trace.candidates.get_mut(*candidate) {
+                    entry.removed_by = Some(step_index);
+                }
+            }
+            let label = match &step.kind {
+                StepKind::Require(error) => {
+                    format!("require … else {}", execution::error_name(snapshot, *error))
+                }
+                StepKind::PreferExclusively => String::from("prefer exclusively …"),
+            };
+            trace.steps.push(StepTrace {
+                span: step.span,
+                label,
+                kept: next.len(),
+                removed: remaining.len() - next.len(),
+            });
+        }
         if next.is_empty()
             && let StepKind::Require(error) = step.kind
         {
             trace.refused = Some(format!("no candidate passed step {}", step_index + 1));
             return Err(execution::refusal_with(snapshot, error, &mut machine, None));
         }
-        remaining = next;
+        std::mem::swap(&mut remaining, &mut kept);
     }
 
     // Order, then balance.
-    machine.set_candidates(remaining.clone());
+    machine.set_candidates(&remaining);
     let keys = order::order_keys(&mut machine, &program.order);
-    trace.keys = keys
-        .iter()
-        .map(|(key, sort)| KeyTrace {
-            span: key.term.span,
-            descending: key.descending,
-            sort: sort.clone(),
-        })
-        .collect();
+    if tracing {
+        trace.keys = keys
+            .iter()
+            .map(|(key, sort)| KeyTrace {
+                span: key.term.span,
+                descending: key.descending,
+                sort: sort.clone(),
+            })
+            .collect();
+    }
     let key_specs: Vec<&crate::language::ir::SortKeySpec> =
         keys.iter().map(|(key, _)| *key).collect();
     let mut ordered = remaining.clone();
     let values = order::sort_by_keys(&mut machine, &mut ordered, &key_specs);
-    for (candidate, key_values) in values {
-        if let Some(entry) = trace.candidates.get_mut(candidate) {
-            entry.keys = key_values.iter().map(Value::to_string).collect();
+    if tracing {
+        for (candidate, key_values) in values {
+            if let Some(entry) = trace.candidates.get_mut(candidate) {
+                entry.keys = key_values.iter().map(Value::to_string).collect();
+            }
         }
     }
     for spec in &program.balance {
@@ -522,9 +596,11 @@ fn decide(
         .as_ref()
         .and_then(|wait| machine.eval(wait, Focus::default()).as_duration())
         .unwrap_or(0);
-    for (position, candidate) in ordered.iter().enumerate() {
-        if let Some(entry) = trace.candidates.get_mut(*candidate) {
-            entry.position = Some(position);
+    if tracing {
+        for (position, candidate) in ordered.iter().enumerate() {
+            if let Some(entry) = trace.candidates.get_mut(*candidate) {
+                entry.position = Some(position);
+            }
         }
     }
     let planned = ordered

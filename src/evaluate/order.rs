@@ -12,24 +12,43 @@ pub fn sort_by_keys(
     candidates: &mut [usize],
     keys: &[&SortKeySpec],
 ) -> Vec<(usize, Vec<Value>)> {
-    let values: Vec<(usize, Vec<Value>)> = candidates
+    if keys.is_empty() || candidates.len() < 2 {
+        return Vec::new();
+    }
+    // Every key of every candidate, evaluated once: row `i` holds the keys of
+    // `candidates[i]`.
+    let width = keys.len();
+    let mut values: Vec<Value> = Vec::with_capacity(candidates.len() * width);
+    for candidate in candidates.iter() {
+        let focus = Focus::on(*candidate);
+        for key in keys {
+            values.push(machine.eval(&key.term, focus));
+        }
+    }
+    let mut rows: Vec<usize> = (0..candidates.len()).collect();
+    rows.sort_by(|a, b| {
+        let row = |r: usize| values.get(r * width..(r + 1) * width).unwrap_or(&[]);
+        compare_keys(row(*a), row(*b), keys)
+    });
+    let original: Vec<usize> = candidates.to_vec();
+    for (slot, row) in candidates.iter_mut().zip(&rows) {
+        if let Some(candidate) = original.get(*row) {
+            *slot = *candidate;
+        }
+    }
+    original
         .iter()
-        .map(|candidate| {
-            let focus = Focus::on(*candidate);
+        .enumerate()
+        .map(|(row, candidate)| {
             (
                 *candidate,
-                keys.iter()
-                    .map(|key| machine.eval(&key.term, focus))
-                    .collect(),
+                values
+                    .get(row * width..(row + 1) * width)
+                    .unwrap_or(&[])
+                    .to_vec(),
             )
         })
-        .collect();
-    let lookup = |candidate: usize| values.iter().find(|(c, _)| *c == candidate).map(|(_, v)| v);
-    candidates.sort_by(|a, b| match (lookup(*a), lookup(*b)) {
-        (Some(a), Some(b)) => compare_keys(a, b, keys),
-        _ => Ordering::Equal,
-    });
-    values
+        .collect()
 }
 
 fn compare_keys(a: &[Value], b: &[Value], keys: &[&SortKeySpec]) -> Ordering {

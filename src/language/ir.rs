@@ -38,6 +38,13 @@ pub enum TermKind {
     Field(Box<Term>, Arc<str>),
     /// A string taken as a member of an enumeration (absent if it is none).
     ToEnum(Arc<EnumTy>, Box<Term>),
+    /// Made by the compiler, never the checker: a part that reads only the
+    /// catalog, precomputed per route and credential in this slot. The term
+    /// is evaluated for a candidate the catalog does not describe.
+    Static(usize, Box<Term>),
+    /// Made by the compiler: a part that reads only the request, computed
+    /// once per request into this slot.
+    Hoisted(usize, Box<Term>),
 }
 
 /// Which candidate `At` reads.

@@ -1,0 +1,352 @@
+//! Staging: splits the terms evaluated per candidate by what they depend on.
+//!
+//! A part that reads only the catalog (a provider's attributes, a route's
+//! price, a model's kind …) has one value per route and credential: it is
+//! computed once per snapshot and looked up per candidate. A part that reads
+//! only the request (the key, the tenant, inputs, merges …) has one value per
+//! request: it is computed the first time a candidate needs it. What is left
+//! — health, the candidate set, failover state, and terms that mix a
+//! candidate with the caller — is interpreted per candidate as before.
+
+use crate::language::ir::{LetSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
+
+/// What a term's value depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Deps {
+    request: bool,
+    catalog: bool,
+    /// Health, the candidate set, other candidates, execution state.
+    live: bool,
+}
+
+impl Deps {
+    const NONE: Deps = Deps {
+        request: false,
+        catalog: false,
+        live: false,
+    };
+    const REQUEST: Deps = Deps {
+        request: true,
+        catalog: false,
+        live: false,
+    };
+    const CATALOG: Deps = Deps {
+        request: false,
+        catalog: true,
+        live: false,
+    };
+    const LIVE: Deps = Deps {
+        request: false,
+        catalog: false,
+        live: true,
+    };
+
+    fn union(self, other: Deps) -> Deps {
+        Deps {
+            request: self.request || other.request,
+            catalog: self.catalog || other.catalog,
+            live: self.live || other.live,
+        }
+    }
+
+    fn only_catalog(self) -> bool {
+        self.catalog && !self.request && !self.live
+    }
+
+    fn only_request(self) -> bool {
+        self.request && !self.catalog && !self.live
+    }
+}
+
+fn read_deps(read: &Read) -> Deps {
+    use Read::*;
+    match read {
+        ModelId | ModelKind | ModelAliases | ModelAttr(_) | ProviderId | ProviderName
+        | ProviderAliases | ProviderFormat | ProviderPriority | ProviderListed
+        | ProviderAttr(_) | RoutePrice(_) | RouteCapabilities | RouteAttr(_) | CredentialId
+        | CredentialAttr(_) => Deps::CATALOG,
+        DeploymentAttr(_) => Deps::NONE,
+        RequestId
+        | RequestModel
+        | RequestEndpoint
+        | RequestWire
+        | RequestKind
+        | RequestStream
+        | RequestParameters
+        | RequestEstimatedTokens
+        | Input(..)
+        | TenantId
+        | TenantAttr(_)
+        | WorkspaceId
+        | WorkspaceAttr(_)
+        | KeyId
+        | KeyAttr(_)
+        | Setting(_) => Deps::REQUEST,
+        // Ownership depends on the caller; the upstream name and the
+        // requested id on how the request resolved.
+        CredentialOwned | RouteUpstreamModel | RequestedIndex | RequestedKind | RequestedId => {
+            Deps::REQUEST.union(Deps::CATALOG)
+        }
+        _ => Deps::LIVE,
+    }
+}
+
+/// The staged program and what the snapshot must precompute for it.
+pub struct Staged {
+    pub program: Program,
+    /// Catalog-only terms, by slot: evaluated for every route and credential.
+    pub statics: Vec<Term>,
+    /// How many request-only slots a request may fill.
+    pub hoisted: usize,
+}
+
+struct Stager<'p> {
+    /// The definitions as checked, for what each depends on.
+    lets: &'p [LetSpec],
+    let_deps: Vec<Option<Deps>>,
+    statics: Vec<Term>,
+    hoisted: Vec<Term>,
+}
+
+/// Stages the terms evaluated per candidate: candidate definitions,
+/// eligibility steps, sort keys and the constraints between attempts.
+pub fn stage(original: &Program) -> Staged {
+    let mut stager = Stager {
+        lets: &original.lets,
+        let_deps: vec![None; original.lets.len()],
+        statics: Vec::new(),
+        hoisted: Vec::new(),
+    };
+    let mut program = original.clone();
+    for spec in &mut program.lets {
+        if spec.candidate {
+            spec.term = stager.stage(&spec.term);
+        }
+    }
+    for step in &mut program.steps {
+        step.condition = stager.stage(&step.condition);
+    }
+    for part in &mut program.order {
+        match part {
+            OrderPart::By(key) => stager.stage_key(key),
+            OrderPart::UseSort { sorts, .. } => {
+                for (_, keys) in sorts {
+                    keys.iter_mut().for_each(|key| stager.stage_key(key));
+                }
+            }
+        }
+    }
+    for key in &mut program.failover.reorder {
+        stager.stage_key(key);
+    }
+    for keep in &mut program.failover.keep {
+        *keep = stager.stage(keep);
+    }
+    Staged {
+        program,
+        statics: stager.statics,
+        hoisted: stager.hoisted.len(),
+    }
+}
+
+impl Stager<'_> {
+    fn stage_key(&mut self, key: &mut SortKeySpec) {
+        key.term = self.stage(&key.term);
+    }
+
+    fn deps(&mut self, term: &Term) -> Deps {
+        match &term.kind {
+            TermKind::Const(_) => Deps::NONE,
+            TermKind::Read(read) => read_deps(read),
+            TermKind::At(..) | TermKind::Aggregate(..) => Deps::LIVE,
+            TermKind::Static(..) => Deps::CATALOG,
+            TermKind::Hoisted(..) | TermKind::Merge(_) => Deps::REQUEST,
+            TermKind::Let(index) => self.let_deps(*index),
+            TermKind::Not(inner)
+            | TermKind::Negate(inner)
+            | TermKind::Field(inner, _)
+            | TermKind::ToEnum(_, inner) => self.deps(inner),
+            TermKind::Binary(_, lhs, rhs) => self.deps(lhs).union(self.deps(rhs)),
+            TermKind::If(condition, then, otherwise) => self
+                .deps(condition)
+                .union(self.deps(then))
+                .union(self.deps(otherwise)),
+            TermKind::Call(_, items) | TermKind::List(items) => items
+                .iter()
+                .fold(Deps::NONE, |deps, item| deps.union(self.deps(item))),
+            TermKind::Record(fields) => fields
+                .iter()
+                .fold(Deps::NONE, |deps, (_, item)| deps.union(self.deps(item))),
+        }
+    }
+
+    fn let_deps(&mut self, index: usize) -> Deps {
+        match self.let_deps.get(index) {
+            Some(Some(deps)) => *deps,
+            Some(None) => {
+                // Marked live while its body is looked at: a cycle (which the
+                // checker refuses) then stays interpreted.
+                if let Some(slot) = self.let_deps.get_mut(index) {
+                    *slot = Some(Deps::LIVE);
+                }
+                let lets = self.lets;
+                let deps = lets
+                    .get(index)
+                    .map_or(Deps::LIVE, |spec| self.deps(&spec.term));
+                if let Some(slot) = self.let_deps.get_mut(index) {
+                    *slot = Some(deps);
+                }
+                deps
+            }
+            None => Deps::LIVE,
+        }
+    }
+
+    fn stage(&mut self, term: &Term) -> Term {
+        let deps = self.deps(term);
+        if deps.only_catalog() && !matches!(term.kind, TermKind::Const(_)) {
+            let slot = slot_of(&mut self.statics, term);
+            return Term::new(TermKind::Static(slot, Box::new(term.clone())), term.span);
+        }
+        // Reads, definitions and merges are already cheap or cached.
+        let worth_hoisting = !matches!(
+            term.kind,
+            TermKind::Const(_) | TermKind::Read(_) | TermKind::Let(_) | TermKind::Merge(_)
+        );
+        if deps.only_request() && worth_hoisting {
+            let slot = slot_of(&mut self.hoisted, term);
+            return Term::new(TermKind::Hoisted(slot, Box::new(term.clone())), term.span);
+        }
+        let mut boxed = |inner: &Term| Box::new(self.stage(inner));
+        let kind = match &term.kind {
+            TermKind::Not(inner) => TermKind::Not(boxed(inner)),
+            TermKind::Negate(inner) => TermKind::Negate(boxed(inner)),
+            TermKind::Field(inner, name) => TermKind::Field(boxed(inner), name.clone()),
+            TermKind::ToEnum(target, inner) => TermKind::ToEnum(target.clone(), boxed(inner)),
+            TermKind::Binary(op, lhs, rhs) => TermKind::Binary(*op, boxed(lhs), boxed(rhs)),
+            TermKind::If(condition, then, otherwise) => {
+                TermKind::If(boxed(condition), boxed(then), boxed(otherwise))
+            }
+            TermKind::Call(function, args) => {
+                TermKind::Call(*function, args.iter().map(|arg| self.stage(arg)).collect())
+            }
+            TermKind::List(items) => {
+                TermKind::List(items.iter().map(|item| self.stage(item)).collect())
+            }
+            TermKind::Record(fields) => TermKind::Record(
+                fields
+                    .iter()
+                    .map(|(name, item)| (name.clone(), self.stage(item)))
+                    .collect(),
+            ),
+            // Candidate switches and aggregates look at other candidates
+            // with the same terms; they stay as written.
+            other => other.clone(),
+        };
+        Term::new(kind, term.span)
+    }
+}
+
+/// The slot of an equal term already staged, or a new one.
+fn slot_of(slots: &mut Vec<Term>, term: &Term) -> usize {
+    match slots.iter().position(|staged| staged == term) {
+        Some(slot) => slot,
+        None => {
+            slots.push(term.clone());
+            slots.len() - 1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::language::ast::BinaryOp;
+    use crate::source::Span;
+    use crate::value::Value;
+
+    fn read(read: Read) -> Term {
+        Term::read(read, Span::default())
+    }
+
+    fn binary(op: BinaryOp, lhs: Term, rhs: Term) -> Term {
+        Term::new(
+            TermKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+            Span::default(),
+        )
+    }
+
+    fn stager() -> Stager<'static> {
+        Stager {
+            lets: &[],
+            let_deps: Vec::new(),
+            statics: Vec::new(),
+            hoisted: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn catalog_parts_become_static_and_request_parts_hoisted() {
+        let mut stager = stager();
+        // (3 * route.price.input > 1) and (len(key.regions) > 0) and health.paused
+        let price = binary(
+            BinaryOp::Gt,
+            binary(
+                BinaryOp::Mul,
+                Term::constant(Value::Number(3.0), Span::default()),
+                read(Read::RoutePrice(crate::language::ir::PriceField::Input)),
+            ),
+            Term::constant(Value::Number(1.0), Span::default()),
+        );
+        let key = binary(
+            BinaryOp::Gt,
+            Term::new(
+                TermKind::Call(
+                    crate::language::ir::Function::Len,
+                    vec![read(Read::KeyAttr(0))],
+                ),
+                Span::default(),
+            ),
+            Term::constant(Value::Number(0.0), Span::default()),
+        );
+        let term = binary(
+            BinaryOp::And,
+            binary(BinaryOp::And, price.clone(), key.clone()),
+            read(Read::HealthPaused),
+        );
+        let staged = stager.stage(&term);
+        let TermKind::Binary(_, left, right) = staged.kind else {
+            panic!("the conjunction stays");
+        };
+        assert_eq!(right.kind, TermKind::Read(Read::HealthPaused));
+        let TermKind::Binary(_, static_part, hoisted_part) = left.kind else {
+            panic!("the inner conjunction stays");
+        };
+        assert_eq!(
+            static_part.kind,
+            TermKind::Static(0, Box::new(price.clone()))
+        );
+        assert_eq!(hoisted_part.kind, TermKind::Hoisted(0, Box::new(key)));
+        assert_eq!(stager.statics, vec![price]);
+    }
+
+    #[test]
+    fn ownership_and_lone_reads_stay_interpreted() {
+        let mut stager = stager();
+        let owned = read(Read::CredentialOwned);
+        assert_eq!(stager.stage(&owned), owned);
+        let key = read(Read::KeyAttr(0));
+        assert_eq!(stager.stage(&key), key);
+        assert!(stager.statics.is_empty() && stager.hoisted.is_empty());
+    }
+
+    #[test]
+    fn equal_terms_share_a_slot() {
+        let mut stager = stager();
+        let priority = read(Read::ProviderPriority);
+        let first = stager.stage(&priority);
+        let second = stager.stage(&priority);
+        assert_eq!(first, second);
+        assert_eq!(stager.statics.len(), 1);
+    }
+}
