@@ -2,7 +2,8 @@
 //!
 //! The pipeline, one module each: [`language`] (parse, syntax tree, check),
 //! [`data`] (catalog and tenants), [`compile`] (the immutable snapshot),
-//! [`evaluate`] (the pure decision), and the command-line interface in [`cli`].
+//! [`evaluate`] (the pure decision), [`sim`] (simulated providers), and the
+//! command-line interface in [`cli`].
 
 pub mod cli;
 pub mod compile;
@@ -10,5 +11,7 @@ pub mod data;
 pub mod diagnostics;
 pub mod evaluate;
 pub mod language;
+#[cfg(feature = "server")]
+pub mod sim;
 pub mod source;
 pub mod value;

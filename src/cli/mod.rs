@@ -3,6 +3,8 @@
 pub mod check;
 mod common;
 pub mod explain;
+#[cfg(feature = "server")]
+pub mod sim;
 pub mod test;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -31,6 +33,10 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run policy test cases (`*.tests.yaml` beside the policies).
     Test(test::TestArgs),
+    /// Run simulated providers that speak the OpenAI and Anthropic wire
+    /// formats and misbehave as a scenario file says.
+    #[cfg(feature = "server")]
+    Sim(sim::SimArgs),
 }
 
 /// How diagnostics are printed.
@@ -57,5 +63,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Test(args) => test::run(&args),
+        #[cfg(feature = "server")]
+        Command::Sim(args) => sim::run(&args),
     }
 }

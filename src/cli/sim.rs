@@ -1,0 +1,110 @@
+//! `switchyard sim`: simulated providers for demos and tests.
+
+use super::exit;
+use crate::sim::{self, Scenario};
+use clap::Args;
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// The address to listen on; the shipped catalogs expect 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9100")]
+    pub listen: SocketAddr,
+
+    /// The scenario: which providers to simulate and how each answers
+    /// (see docs/sim.md; scenarios/ has examples).
+    #[arg(long, value_name = "FILE")]
+    pub scenario: PathBuf,
+}
+
+pub fn run(args: &SimArgs) -> ExitCode {
+    let shown = args.scenario.display().to_string();
+    let text = match std::fs::read_to_string(&args.scenario) {
+        Ok(text) => text,
+        Err(error) => return usage_error(&format!("cannot read `{shown}`: {}", reason(&error))),
+    };
+    let scenario = match Scenario::parse(&text, &shown) {
+        Ok(scenario) => scenario,
+        Err(message) => return usage_error(&message),
+    };
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::from(exit::PROBLEMS);
+        }
+    };
+    runtime.block_on(serve(args.listen, scenario))
+}
+
+async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
+    let handle = match sim::start(listen, scenario).await {
+        Ok(handle) => handle,
+        Err(error) => {
+            return usage_error(&format!("cannot listen on {listen}: {}", reason(&error)));
+        }
+    };
+    println!(
+        "switchyard sim: listening on http://{} for {}",
+        handle.addr(),
+        handle.providers().join(", ")
+    );
+    shutdown_signal().await;
+    handle.shutdown().await;
+    ExitCode::from(exit::OK)
+}
+
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(exit::USAGE)
+}
+
+fn reason(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => String::from("no such file"),
+        std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
+        std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
+        std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
+        std::io::ErrorKind::AddrInUse => String::from("the address is in use"),
+        std::io::ErrorKind::AddrNotAvailable => {
+            String::from("the address is not one of this machine's")
+        }
+        _ => error.to_string(),
+    }
+}
+
+/// One line per request on standard error; `RUST_LOG` overrides the level.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("switchyard::sim=info"));
+    // Fails only when a subscriber is already set, which then does the job.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

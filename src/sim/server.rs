@@ -1,0 +1,754 @@
+//! The HTTP side: accepting connections, routing `/{provider}/v1/...`,
+//! choosing the scenario step, and playing it out in time.
+
+use super::body::{Feed, Gone, SimBody, read_limited};
+use super::record::{Record, RecordedRequest};
+use super::scenario::{Scenario, SequenceKey, Settings};
+use super::step::{Action, Ending, ErrorReply, Step, Success};
+use super::wire::{self, Answer, Endpoint, StreamEvents};
+use bytes::Bytes;
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::http::request::Parts;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value as Json;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Largest request body read; larger ones are answered 413.
+const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// How long shutdown waits for connections to close before dropping them;
+/// answers in progress end at once when the sim stops, so this is a bound,
+/// not a wait.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(2);
+
+/// Pause after a failed accept (out of file descriptors), so the loop does
+/// not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What the server and the handle share.
+#[derive(Debug)]
+pub struct Shared {
+    started: Instant,
+    /// Makes answer ids unique.
+    serial: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    scenario: Scenario,
+    /// Requests each sequence has answered so far.
+    positions: HashMap<SequenceKey, usize>,
+    record: Record,
+}
+
+impl Shared {
+    pub fn new(scenario: Scenario) -> Shared {
+        Shared {
+            started: Instant::now(),
+            serial: AtomicU64::new(1),
+            state: Mutex::new(State {
+                scenario,
+                positions: HashMap::new(),
+                record: Record::default(),
+            }),
+        }
+    }
+
+    /// The state; a panic elsewhere while it was held leaves it usable, as
+    /// every change to it is a single assignment or push.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state().record.to_vec()
+    }
+
+    pub fn set_scenario(&self, scenario: Scenario) {
+        let mut state = self.state();
+        state.scenario = scenario;
+        state.positions.clear();
+    }
+
+    pub fn clear(&self) {
+        let mut state = self.state();
+        state.record.clear();
+        state.positions.clear();
+    }
+
+    pub fn providers(&self) -> Vec<String> {
+        self.state()
+            .scenario
+            .providers()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Resolves once the sim is told to stop (or its handle is gone).
+#[derive(Debug, Clone)]
+pub struct Stop(pub watch::Receiver<bool>);
+
+impl Stop {
+    async fn wait(&self) {
+        let mut receiver = self.0.clone();
+        // An error means the handle was dropped, which also stops the sim.
+        let _ = receiver.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// Waits `duration`; `Err` when the sim stops first.
+async fn pause(duration: Duration, stop: &Stop) -> Result<(), Stopped> {
+    if duration.is_zero() {
+        return Ok(());
+    }
+    tokio::select! {
+        () = tokio::time::sleep(duration) => Ok(()),
+        () = stop.wait() => Err(Stopped),
+    }
+}
+
+struct Stopped;
+
+/// Returned by the service to make hyper drop the connection without
+/// writing a response: a reset, a no-answer at shutdown, a client gone.
+#[derive(Debug)]
+pub struct CloseConnection;
+
+impl fmt::Display for CloseConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the scenario closes this connection")
+    }
+}
+
+impl std::error::Error for CloseConnection {}
+
+/// Accepts connections until told to stop, then waits for every
+/// connection to close.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Stop) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(connection(stream, Arc::clone(&shared), stop.clone()));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "sim: accepting a connection failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            () = stop.wait() => break,
+        }
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(SHUTDOWN_LIMIT, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        connections.abort_all();
+    }
+}
+
+async fn connection(stream: TcpStream, shared: Arc<Shared>, stop: Stop) {
+    // Stream events are small writes; without this they could wait for
+    // the previous one to be acknowledged.
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "sim: cannot set TCP_NODELAY");
+    }
+    let service_stop = stop.clone();
+    let service =
+        service_fn(move |request| handle(Arc::clone(&shared), service_stop.clone(), request));
+    let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = stop.wait() => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    stop: Stop,
+    request: Request<hyper::body::Incoming>,
+) -> Result<Response<SimBody>, CloseConnection> {
+    let (parts, body) = request.into_parts();
+    let body = read_limited(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| CloseConnection)?;
+    if let Some(route) = parts.uri.path().strip_prefix("/_sim/") {
+        return Ok(control(&shared, &parts.method, route, body));
+    }
+    match shared.plan(&parts, body) {
+        Plan::Reply(response) => Ok(response),
+        Plan::Play(play) => play.run(&stop).await,
+    }
+}
+
+// ------------------------------------------------------- control endpoints
+
+/// `/_sim/requests` (GET the record, DELETE to clear it) and
+/// `/_sim/scenario` (POST a new scenario as YAML).
+fn control(
+    shared: &Shared,
+    method: &Method,
+    route: &str,
+    body: Option<Bytes>,
+) -> Response<SimBody> {
+    match (route, method) {
+        ("requests", &Method::GET) => json_response(
+            StatusCode::OK,
+            &serde_json::to_value(shared.requests()).unwrap_or(Json::Null),
+        ),
+        ("requests", &Method::DELETE) => {
+            shared.clear();
+            empty_response(StatusCode::NO_CONTENT)
+        }
+        ("scenario", &Method::POST) => {
+            let text = body.as_deref().map(String::from_utf8_lossy);
+            let parsed = match text {
+                Some(text) => Scenario::parse(&text, "scenario"),
+                None => Err(String::from("scenario: a scenario is at most 1 MiB")),
+            };
+            match parsed {
+                Ok(scenario) => {
+                    shared.set_scenario(scenario);
+                    empty_response(StatusCode::NO_CONTENT)
+                }
+                Err(message) => control_error(StatusCode::BAD_REQUEST, &message),
+            }
+        }
+        ("requests" | "scenario", _) => control_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET or DELETE on /_sim/requests and POST on /_sim/scenario",
+        ),
+        _ => control_error(
+            StatusCode::NOT_FOUND,
+            "the sim's own endpoints are /_sim/requests and /_sim/scenario",
+        ),
+    }
+}
+
+fn control_error(status: StatusCode, message: &str) -> Response<SimBody> {
+    json_response(status, &serde_json::json!({"error": {"message": message}}))
+}
+
+// ------------------------------------------------------------ the decision
+
+/// What to do with a provider request.
+enum Plan {
+    /// Answer at once: the sim refuses the request, or lists models.
+    Reply(Response<SimBody>),
+    /// Play a scenario step.
+    Play(Play),
+}
+
+/// A scenario step with everything needed to play it.
+struct Play {
+    step: Step,
+    settings: Settings,
+    endpoint: Endpoint,
+    stream: bool,
+    provider: String,
+    model: String,
+    request: Json,
+    serial: u64,
+}
+
+/// `/aki-io/v1/chat/completions` → (`aki-io`, `/v1/chat/completions`).
+fn split_provider(path: &str) -> (&str, &str) {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    match path.find('/') {
+        Some(at) => path.split_at(at),
+        None => (path, ""),
+    }
+}
+
+fn header_map(parts: &Parts) -> BTreeMap<String, String> {
+    let mut headers: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in &parts.headers {
+        let value = String::from_utf8_lossy(value.as_bytes());
+        headers
+            .entry(name.as_str().to_string())
+            .and_modify(|joined| {
+                joined.push_str(", ");
+                joined.push_str(&value);
+            })
+            .or_insert_with(|| value.into_owned());
+    }
+    headers
+}
+
+impl Shared {
+    /// Records the request and decides its answer, advancing its sequence.
+    fn plan(&self, parts: &Parts, body: Option<Bytes>) -> Plan {
+        let path = parts.uri.path();
+        let (provider, rest) = split_provider(path);
+        let json = match &body {
+            Some(bytes) if bytes.is_empty() => Json::Null,
+            Some(bytes) => serde_json::from_slice(bytes)
+                .unwrap_or_else(|_| Json::String(String::from_utf8_lossy(bytes).into_owned())),
+            None => Json::Null,
+        };
+        let model = json.get("model").and_then(Json::as_str).map(str::to_string);
+        let endpoint = Endpoint::from_path(rest);
+        let stream = endpoint.is_some_and(|endpoint| endpoint != Endpoint::Embeddings)
+            && json.get("stream").and_then(Json::as_bool) == Some(true);
+        let mut state = self.state();
+        let decision = decide(
+            &mut state,
+            parts,
+            provider,
+            rest,
+            endpoint,
+            body.is_none(),
+            &json,
+        );
+        let step = match &decision {
+            Decision::Reply(_) => None,
+            Decision::Play { step, .. } => Some(step.text.clone()),
+        };
+        tracing::info!(
+            "{} {path} model={} step={}",
+            parts.method,
+            model.as_deref().unwrap_or("-"),
+            step.as_deref().unwrap_or("-"),
+        );
+        state.record.push(RecordedRequest {
+            provider: provider.to_string(),
+            model,
+            method: parts.method.to_string(),
+            path: path.to_string(),
+            at_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            stream,
+            body: json.clone(),
+            headers: header_map(parts),
+            step,
+        });
+        drop(state);
+        match decision {
+            Decision::Reply(response) => Plan::Reply(response),
+            Decision::Play {
+                step,
+                settings,
+                endpoint,
+                model,
+            } => Plan::Play(Play {
+                step,
+                settings,
+                endpoint,
+                stream,
+                provider: provider.to_string(),
+                model,
+                request: json,
+                serial: self.serial.fetch_add(1, Ordering::Relaxed),
+            }),
+        }
+    }
+}
+
+enum Decision {
+    Reply(Response<SimBody>),
+    Play {
+        step: Step,
+        settings: Settings,
+        endpoint: Endpoint,
+        model: String,
+    },
+}
+
+fn decide(
+    state: &mut State,
+    parts: &Parts,
+    provider: &str,
+    rest: &str,
+    endpoint: Option<Endpoint>,
+    too_large: bool,
+    json: &Json,
+) -> Decision {
+    let refuse = |endpoint: Endpoint, status: StatusCode, code: &str, message: String| {
+        Decision::Reply(error_response(endpoint, status, Some(code), &message, None))
+    };
+    let Some(models) = state.scenario.models(provider) else {
+        return refuse(
+            Endpoint::ChatCompletions,
+            StatusCode::NOT_FOUND,
+            "unknown_provider",
+            format!("the sim has no provider `{provider}`"),
+        );
+    };
+    if rest == "/v1/models" {
+        if parts.method != Method::GET {
+            return refuse(
+                Endpoint::ChatCompletions,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                String::from("the model list is read with GET"),
+            );
+        }
+        let models: Vec<&str> = models.collect();
+        return Decision::Reply(json_response(
+            StatusCode::OK,
+            &wire::models_body(provider, &models),
+        ));
+    }
+    let Some(endpoint) = endpoint else {
+        return refuse(
+            Endpoint::ChatCompletions,
+            StatusCode::NOT_FOUND,
+            "unknown_endpoint",
+            format!("`{rest}` is not an endpoint of the sim's providers"),
+        );
+    };
+    if parts.method != Method::POST {
+        return refuse(
+            endpoint,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("`{rest}` takes POST"),
+        );
+    }
+    if too_large {
+        return refuse(
+            endpoint,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+        );
+    }
+    let Some(model) = json.get("model").and_then(Json::as_str) else {
+        return refuse(
+            endpoint,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            String::from("the body must be a JSON object with a string `model`"),
+        );
+    };
+    let Some(script) = state.scenario.script(provider, model) else {
+        return refuse(
+            endpoint,
+            StatusCode::NOT_FOUND,
+            "unknown_provider",
+            format!("the sim has no provider `{provider}`"),
+        );
+    };
+    let step = match script.sequence {
+        Some(sequence) => {
+            let key = SequenceKey {
+                provider: provider.to_string(),
+                model: script.per_model.then(|| model.to_string()),
+            };
+            let position = state.positions.entry(key).or_insert(0);
+            let step = sequence.step_at(*position);
+            *position = position.saturating_add(1);
+            step
+        }
+        None => Step::success(),
+    };
+    Decision::Play {
+        step,
+        settings: script.settings,
+        endpoint,
+        model: model.to_string(),
+    }
+}
+
+// ------------------------------------------------------------ playing a step
+
+impl Play {
+    async fn run(self, stop: &Stop) -> Result<Response<SimBody>, CloseConnection> {
+        if self.step.action == Action::NoAnswer {
+            stop.wait().await;
+            return Err(CloseConnection);
+        }
+        let before_headers = self.step.slow_headers.unwrap_or(self.settings.latency);
+        pause(before_headers, stop)
+            .await
+            .map_err(|Stopped| CloseConnection)?;
+        match &self.step.action {
+            Action::NoAnswer | Action::Reset => Err(CloseConnection),
+            Action::Error(reply) => Ok(self.error(reply)),
+            Action::Malformed { first_token } => Ok(self.malformed(*first_token, stop)),
+            Action::Success(success) => Ok(self.success(success, stop)),
+        }
+    }
+
+    fn answer(&self) -> Answer<'_> {
+        Answer {
+            provider: &self.provider,
+            model: &self.model,
+            serial: self.serial,
+            created: unix_seconds(),
+            usage: self.settings.usage,
+            chunks: self.settings.chunks,
+            request: &self.request,
+        }
+    }
+
+    /// The events of the answer, when the request asked for a stream and
+    /// the endpoint streams.
+    fn stream_events(&self) -> Option<StreamEvents> {
+        if self.stream {
+            self.answer().stream(self.endpoint)
+        } else {
+            None
+        }
+    }
+
+    fn error(&self, reply: &ErrorReply) -> Response<SimBody> {
+        let status =
+            StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let message = reply
+            .message
+            .clone()
+            .unwrap_or_else(|| format!("{} answered {} (simulated)", self.provider, reply.status));
+        error_response(
+            self.endpoint,
+            status,
+            reply.code.as_deref(),
+            &message,
+            reply.retry_after,
+        )
+    }
+
+    /// A 200 that is not valid JSON: half the body, or a stream of half its
+    /// first event.
+    fn malformed(&self, first_token: Option<Duration>, stop: &Stop) -> Response<SimBody> {
+        let Some(events) = self.stream_events() else {
+            let whole = self.answer().body(self.endpoint).to_string();
+            return with_json_type(
+                StatusCode::OK,
+                SimBody::whole(wire::first_half(&whole).to_string()),
+            );
+        };
+        let first = events.preamble.first().or(events.chunks.first());
+        let text = first
+            .map(wire::Event::to_malformed_text)
+            .unwrap_or_default();
+        let delay = first_token.unwrap_or(self.settings.first_token);
+        let (mut feed, body) = SimBody::channel();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if pause(delay, &stop).await.is_ok() {
+                let _ = feed.send(text).await;
+            }
+        });
+        stream_response(StatusCode::OK, body)
+    }
+
+    fn success(&self, success: &Success, stop: &Stop) -> Response<SimBody> {
+        let status = StatusCode::from_u16(success.status).unwrap_or(StatusCode::OK);
+        if let Some(events) = self.stream_events() {
+            let (feed, body) = SimBody::channel();
+            let producer = Producer {
+                feed,
+                stop: stop.clone(),
+            };
+            tokio::spawn(producer.stream(events, success.clone(), self.settings));
+            return stream_response(status, body);
+        }
+        let whole = self.answer().body(self.endpoint).to_string();
+        match success.ending {
+            Ending::CutAfter(_) | Ending::StallAfter(_) => {
+                let (feed, body) = SimBody::channel();
+                let producer = Producer {
+                    feed,
+                    stop: stop.clone(),
+                };
+                tokio::spawn(producer.partial_body(whole, success.ending));
+                with_json_type(status, body)
+            }
+            Ending::Complete | Ending::NoTerminator => {
+                with_json_type(status, SimBody::whole(whole))
+            }
+        }
+    }
+}
+
+/// Feeds a channel body in time.
+struct Producer {
+    feed: Feed,
+    stop: Stop,
+}
+
+impl Producer {
+    async fn pause(&self, duration: Duration) -> Result<(), Gone> {
+        pause(duration, &self.stop).await.map_err(|Stopped| Gone)
+    }
+
+    /// Sends nothing more until the client leaves, or the sim stops (then
+    /// the body is cut rather than ended cleanly).
+    async fn stall(self) {
+        tokio::select! {
+            () = self.feed.closed() => {}
+            () = self.stop.wait() => self.feed.abort().await,
+        }
+    }
+
+    /// Cuts the body once what was sent is written, unless the sim stops first.
+    async fn cut(self) {
+        let Producer { feed, stop } = self;
+        tokio::select! {
+            () = feed.cut() => {}
+            () = stop.wait() => {}
+        }
+    }
+
+    async fn stream(mut self, events: StreamEvents, success: Success, settings: Settings) {
+        match self.play_stream(&events, &success, &settings).await {
+            Ok(()) => match success.ending {
+                Ending::CutAfter(_) => self.cut().await,
+                Ending::StallAfter(_) => self.stall().await,
+                Ending::Complete | Ending::NoTerminator => {}
+            },
+            Err(Gone) => self.feed.abort().await,
+        }
+    }
+
+    /// Sends the stream up to its ending.
+    async fn play_stream(
+        &mut self,
+        events: &StreamEvents,
+        success: &Success,
+        settings: &Settings,
+    ) -> Result<(), Gone> {
+        let last_chunk = match success.ending {
+            Ending::CutAfter(chunks) | Ending::StallAfter(chunks) => Some(chunks),
+            Ending::Complete | Ending::NoTerminator => None,
+        };
+        self.pause(success.first_token.unwrap_or(settings.first_token))
+            .await?;
+        for (number, chunk) in (1u32..).zip(&events.chunks) {
+            if last_chunk.is_some_and(|last| number > last) {
+                return Ok(());
+            }
+            if number == 1 {
+                // The events before the content go out with the first chunk,
+                // so `cut_after=0` and `stall_after=0` send nothing at all.
+                for event in &events.preamble {
+                    self.feed.send(event.to_text()).await?;
+                }
+            } else {
+                self.pause(settings.chunk_interval).await?;
+            }
+            let text = if success.malformed_chunk == Some(number) {
+                chunk.to_malformed_text()
+            } else {
+                chunk.to_text()
+            };
+            self.feed.send(text).await?;
+        }
+        if last_chunk.is_some() {
+            return Ok(());
+        }
+        for event in &events.closing {
+            self.feed.send(event.to_text()).await?;
+        }
+        if success.ending == Ending::Complete {
+            self.feed.send(events.terminator.to_text()).await?;
+        }
+        Ok(())
+    }
+
+    /// A JSON body of which only the first half is sent, then cut or stalled.
+    async fn partial_body(mut self, whole: String, ending: Ending) {
+        if self
+            .feed
+            .send(wire::first_half(&whole).to_string())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        match ending {
+            Ending::StallAfter(_) => self.stall().await,
+            _ => self.cut().await,
+        }
+    }
+}
+
+// ------------------------------------------------------------- responses
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+fn with_json_type(status: StatusCode, body: SimBody) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn json_response(status: StatusCode, json: &Json) -> Response<SimBody> {
+    with_json_type(status, SimBody::whole(json.to_string()))
+}
+
+fn empty_response(status: StatusCode) -> Response<SimBody> {
+    let mut response = Response::new(SimBody::empty());
+    *response.status_mut() = status;
+    response
+}
+
+fn stream_response(status: StatusCode, body: SimBody) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// An error in the endpoint's wire format, with `Retry-After` in whole
+/// seconds (rounded up) when given.
+fn error_response(
+    endpoint: Endpoint,
+    status: StatusCode,
+    code: Option<&str>,
+    message: &str,
+    retry_after: Option<Duration>,
+) -> Response<SimBody> {
+    let body = wire::error_body(endpoint, status.as_u16(), code, message);
+    let mut response = json_response(status, &body);
+    if let Some(retry_after) = retry_after {
+        let seconds = retry_after.as_millis().div_ceil(1000);
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(RETRY_AFTER, value);
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_provider_is_the_first_segment() {
+        assert_eq!(
+            split_provider("/aki-io/v1/chat/completions"),
+            ("aki-io", "/v1/chat/completions")
+        );
+        assert_eq!(split_provider("/aki-io"), ("aki-io", ""));
+        assert_eq!(split_provider("/"), ("", ""));
+    }
+}

@@ -1,0 +1,615 @@
+//! One step of a scenario sequence: how the simulated provider answers one
+//! request, written as a short string such as `429 retry_after=2s` or
+//! `200 cut_after=3`.
+
+use crate::data::schema::parse_duration;
+use crate::diagnostics::suggest;
+use std::time::Duration;
+
+/// How one request is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// The step as written, for the record.
+    pub text: String,
+    pub action: Action,
+    /// Replaces the latency before the response headers (or before a reset).
+    pub slow_headers: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Success(Success),
+    Error(ErrorReply),
+    /// A 200 whose body (or first stream event) is not valid JSON.
+    Malformed {
+        first_token: Option<Duration>,
+    },
+    /// The connection is closed without any response.
+    Reset,
+    /// The request is read and never answered.
+    NoAnswer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Success {
+    pub status: u16,
+    /// Replaces the delay before the first stream event.
+    pub first_token: Option<Duration>,
+    pub ending: Ending,
+    /// The content chunk (counted from 1) sent as invalid JSON.
+    pub malformed_chunk: Option<u32>,
+}
+
+/// How a successful answer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every event, then the wire format's terminator.
+    Complete,
+    /// Every event except the terminator, then a normal close.
+    NoTerminator,
+    /// This many content chunks, then the connection is closed mid-stream.
+    CutAfter(u32),
+    /// This many content chunks, then nothing more while the connection stays open.
+    StallAfter(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReply {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    pub code: Option<String>,
+    pub message: Option<String>,
+}
+
+impl Step {
+    /// The step used when a provider has no sequence: a plain success.
+    pub fn success() -> Step {
+        Step {
+            text: String::from("200"),
+            action: Action::Success(Success {
+                status: 200,
+                first_token: None,
+                ending: Ending::Complete,
+                malformed_chunk: None,
+            }),
+            slow_headers: None,
+        }
+    }
+}
+
+/// A problem in a step, at a character offset within its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepError {
+    pub offset: usize,
+    pub message: String,
+}
+
+fn error_at(offset: usize, message: impl Into<String>) -> StepError {
+    StepError {
+        offset,
+        message: message.into(),
+    }
+}
+
+/// Words that stand alone.
+const FLAGS: [&str; 4] = ["reset", "no_answer", "malformed", "no_done"];
+/// Words written `name=value`.
+const OPTIONS: [&str; 8] = [
+    "retry_after",
+    "code",
+    "message",
+    "slow_headers",
+    "first_token",
+    "cut_after",
+    "stall_after",
+    "malformed_chunk",
+];
+/// Options that shape a successful stream.
+const STREAM_OPTIONS: [&str; 5] = [
+    "first_token",
+    "cut_after",
+    "stall_after",
+    "malformed_chunk",
+    "no_done",
+];
+/// Options that describe an error answer.
+const ERROR_OPTIONS: [&str; 3] = ["retry_after", "code", "message"];
+
+/// One space-separated word of a step: `name` or `name=value`.
+#[derive(Debug)]
+struct Word {
+    offset: usize,
+    name: String,
+    value: Option<String>,
+}
+
+/// Splits a step into words; a value may be double-quoted to hold spaces
+/// (`message="try again later"`), with `\"` and `\\` as escapes.
+fn words(text: &str) -> Result<Vec<Word>, StepError> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut words = Vec::new();
+    let mut at = 0;
+    while at < chars.len() {
+        if chars.get(at).is_some_and(|c| c.is_whitespace()) {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        let mut name = String::new();
+        while let Some(&c) = chars.get(at) {
+            if c.is_whitespace() || c == '=' {
+                break;
+            }
+            name.push(c);
+            at += 1;
+        }
+        let mut value = None;
+        if chars.get(at) == Some(&'=') {
+            at += 1;
+            let mut text = String::new();
+            if chars.get(at) == Some(&'"') {
+                let quote = at;
+                at += 1;
+                loop {
+                    match chars.get(at) {
+                        None => return Err(error_at(quote, "this quote is never closed")),
+                        Some('"') => {
+                            at += 1;
+                            break;
+                        }
+                        Some('\\') if matches!(chars.get(at + 1), Some('"' | '\\')) => {
+                            text.extend(chars.get(at + 1));
+                            at += 2;
+                        }
+                        Some(&c) => {
+                            text.push(c);
+                            at += 1;
+                        }
+                    }
+                }
+                if chars.get(at).is_some_and(|c| !c.is_whitespace()) {
+                    return Err(error_at(at, "put a space after the closing quote"));
+                }
+            } else {
+                while let Some(&c) = chars.get(at) {
+                    if c.is_whitespace() {
+                        break;
+                    }
+                    text.push(c);
+                    at += 1;
+                }
+            }
+            value = Some(text);
+        }
+        words.push(Word {
+            offset: start,
+            name,
+            value,
+        });
+    }
+    Ok(words)
+}
+
+/// What the words of a step say, before they are checked against each other.
+#[derive(Default)]
+struct Parts {
+    status: Option<u16>,
+    kind: Option<&'static str>,
+    retry_after: Option<Duration>,
+    code: Option<String>,
+    message: Option<String>,
+    slow_headers: Option<Duration>,
+    first_token: Option<Duration>,
+    cut_after: Option<u32>,
+    stall_after: Option<u32>,
+    malformed_chunk: Option<(usize, u32)>,
+    no_done: bool,
+    /// Every word given, with its offset, to report conflicts where they are.
+    seen: Vec<(usize, &'static str)>,
+}
+
+impl Parts {
+    fn offset_of(&self, name: &str) -> usize {
+        self.seen
+            .iter()
+            .find(|(_, seen)| *seen == name)
+            .map_or(0, |(offset, _)| *offset)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.seen.iter().any(|(_, seen)| *seen == name)
+    }
+}
+
+/// Parses a step such as `429 retry_after=2s code=rate_limited`.
+pub fn parse_step(text: &str) -> Result<Step, StepError> {
+    let words = words(text)?;
+    if words.is_empty() {
+        return Err(error_at(
+            0,
+            "a step is empty; write a status such as `200`, or `reset`, `no_answer`, `malformed`",
+        ));
+    }
+    let mut parts = Parts::default();
+    for word in &words {
+        read_word(word, &mut parts)?;
+    }
+    let action = build_action(&parts)?;
+    Ok(Step {
+        text: words_text(text),
+        action,
+        slow_headers: parts.slow_headers,
+    })
+}
+
+/// The step with its spacing normalised, as the record shows it.
+fn words_text(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
+    let name = word.name.as_str();
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_digit()) {
+        if let Some(value) = &word.value {
+            return Err(error_at(
+                word.offset,
+                format!("`{name}={value}` is not a step option"),
+            ));
+        }
+        let status = name
+            .parse::<u16>()
+            .ok()
+            .filter(|status| (200..=599).contains(status))
+            .ok_or_else(|| {
+                error_at(
+                    word.offset,
+                    format!("`{name}` is not a status a provider answers with; use 200 to 599"),
+                )
+            })?;
+        if parts.status.is_some() || parts.kind.is_some() {
+            return Err(error_at(
+                word.offset,
+                "a step answers one way; give one status or one of `reset`, `no_answer`, `malformed`",
+            ));
+        }
+        parts.status = Some(status);
+        return Ok(());
+    }
+    let known = FLAGS
+        .iter()
+        .chain(OPTIONS.iter())
+        .find(|known| **known == name)
+        .copied()
+        .ok_or_else(|| {
+            let hint = suggest(name, FLAGS.iter().chain(OPTIONS.iter()).copied())
+                .map(|close| format!("; did you mean `{close}`?"))
+                .unwrap_or_else(|| {
+                    String::from(
+                        "; a step is a status such as `503`, `reset`, `no_answer` or `malformed`, \
+                         with options such as `retry_after=2s`",
+                    )
+                });
+            error_at(word.offset, format!("`{name}` is not a step word{hint}"))
+        })?;
+    if parts.has(known) {
+        return Err(error_at(word.offset, format!("`{known}` is given twice")));
+    }
+    parts.seen.push((word.offset, known));
+    let is_flag = FLAGS.contains(&known);
+    let value = match (&word.value, is_flag) {
+        (Some(_), true) => {
+            return Err(error_at(
+                word.offset,
+                format!("`{known}` takes no value; write it alone"),
+            ));
+        }
+        (None, false) => {
+            return Err(error_at(
+                word.offset,
+                format!(
+                    "`{known}` needs a value: `{known}={}`",
+                    example_value(known)
+                ),
+            ));
+        }
+        (Some(value), false) => value.as_str(),
+        (None, true) => "",
+    };
+    let value_offset = word.offset + known.chars().count() + 1;
+    match known {
+        "reset" | "no_answer" | "malformed" => {
+            if parts.status.is_some() || parts.kind.is_some() {
+                return Err(error_at(
+                    word.offset,
+                    "a step answers one way; give one status or one of `reset`, `no_answer`, `malformed`",
+                ));
+            }
+            parts.kind = Some(known);
+        }
+        "no_done" => parts.no_done = true,
+        "retry_after" => parts.retry_after = Some(duration(value, value_offset)?),
+        "slow_headers" => parts.slow_headers = Some(duration(value, value_offset)?),
+        "first_token" => parts.first_token = Some(duration(value, value_offset)?),
+        "cut_after" => parts.cut_after = Some(count(value, value_offset)?),
+        "stall_after" => parts.stall_after = Some(count(value, value_offset)?),
+        "malformed_chunk" => {
+            let chunk = count(value, value_offset)?;
+            if chunk == 0 {
+                return Err(error_at(
+                    value_offset,
+                    "chunks count from 1; `malformed_chunk=1` breaks the first",
+                ));
+            }
+            parts.malformed_chunk = Some((word.offset, chunk));
+        }
+        "code" => {
+            if value.is_empty() {
+                return Err(error_at(value_offset, "`code` needs a non-empty value"));
+            }
+            parts.code = Some(value.to_string());
+        }
+        "message" => parts.message = Some(value.to_string()),
+        _ => {}
+    }
+    Ok(())
+}
+
+fn example_value(option: &str) -> &'static str {
+    match option {
+        "retry_after" | "slow_headers" | "first_token" => "2s",
+        "code" => "rate_limited",
+        "message" => "\"try again later\"",
+        _ => "3",
+    }
+}
+
+fn duration(value: &str, offset: usize) -> Result<Duration, StepError> {
+    parse_duration(value)
+        .map(Duration::from_millis)
+        .ok_or_else(|| {
+            error_at(
+                offset,
+                format!("`{value}` is not a duration; write it like `250ms` or `2s`"),
+            )
+        })
+}
+
+fn count(value: &str, offset: usize) -> Result<u32, StepError> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|count| *count <= super::scenario::MAX_CHUNKS)
+        .ok_or_else(|| {
+            error_at(
+                offset,
+                format!(
+                    "`{value}` is not a chunk count; write a whole number up to {}",
+                    super::scenario::MAX_CHUNKS
+                ),
+            )
+        })
+}
+
+fn build_action(parts: &Parts) -> Result<Action, StepError> {
+    let status = parts.status;
+    let is_error = status.is_some_and(|status| !(200..300).contains(&status));
+    if !is_error && let Some(option) = ERROR_OPTIONS.iter().find(|option| parts.has(option)) {
+        return Err(error_at(
+            parts.offset_of(option),
+            format!(
+                "`{option}` belongs to an error answer; give an error status such as `429` or `503`"
+            ),
+        ));
+    }
+    if let Some(kind) = parts.kind {
+        let allowed: &[&str] = match kind {
+            "reset" => &[kind, "slow_headers"],
+            "malformed" => &[kind, "slow_headers", "first_token"],
+            _ => &[kind],
+        };
+        if let Some((at, extra)) = parts.seen.iter().find(|(_, name)| !allowed.contains(name)) {
+            return Err(error_at(
+                *at,
+                format!("`{extra}` cannot be combined with `{kind}`"),
+            ));
+        }
+        return Ok(match kind {
+            "reset" => Action::Reset,
+            "no_answer" => Action::NoAnswer,
+            _ => Action::Malformed {
+                first_token: parts.first_token,
+            },
+        });
+    }
+    if is_error {
+        if let Some(option) = STREAM_OPTIONS.iter().find(|option| parts.has(option)) {
+            return Err(error_at(
+                parts.offset_of(option),
+                format!("`{option}` shapes a successful stream; an error answer has no stream"),
+            ));
+        }
+        return Ok(Action::Error(ErrorReply {
+            status: status.unwrap_or(500),
+            retry_after: parts.retry_after,
+            code: parts.code.clone(),
+            message: parts.message.clone(),
+        }));
+    }
+    let endings: Vec<&str> = ["cut_after", "stall_after", "no_done"]
+        .into_iter()
+        .filter(|ending| parts.has(ending))
+        .collect();
+    if let [first, second, ..] = endings.as_slice() {
+        return Err(error_at(
+            parts.offset_of(second),
+            format!("`{second}` and `{first}` both say how the stream ends; keep one"),
+        ));
+    }
+    let ending = match (parts.cut_after, parts.stall_after, parts.no_done) {
+        (Some(chunks), _, _) => Ending::CutAfter(chunks),
+        (_, Some(chunks), _) => Ending::StallAfter(chunks),
+        (_, _, true) => Ending::NoTerminator,
+        _ => Ending::Complete,
+    };
+    if let (Some((offset, chunk)), Ending::CutAfter(sent) | Ending::StallAfter(sent)) =
+        (parts.malformed_chunk, ending)
+        && chunk > sent
+    {
+        return Err(error_at(
+            offset,
+            format!("chunk {chunk} is never sent: the stream ends after chunk {sent}"),
+        ));
+    }
+    Ok(Action::Success(Success {
+        status: status.unwrap_or(200),
+        first_token: parts.first_token,
+        ending,
+        malformed_chunk: parts.malformed_chunk.map(|(_, chunk)| chunk),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(text: &str) -> Step {
+        match parse_step(text) {
+            Ok(step) => step,
+            Err(error) => panic!("`{text}` does not parse: {error:?}"),
+        }
+    }
+
+    fn error(text: &str) -> (usize, String) {
+        match parse_step(text) {
+            Ok(step) => panic!("`{text}` parses: {step:?}"),
+            Err(error) => (error.offset, error.message),
+        }
+    }
+
+    #[test]
+    fn statuses_and_error_options() {
+        assert_eq!(step("200"), Step::success());
+        assert_eq!(
+            step("429 retry_after=1500ms code=rate_limited message=\"slow \\\"down\\\"\"").action,
+            Action::Error(ErrorReply {
+                status: 429,
+                retry_after: Some(Duration::from_millis(1500)),
+                code: Some(String::from("rate_limited")),
+                message: Some(String::from("slow \"down\"")),
+            })
+        );
+        assert_eq!(
+            step("  503   code=x ").text,
+            "503 code=x",
+            "the record shows the step with normal spacing"
+        );
+    }
+
+    #[test]
+    fn stream_shapes() {
+        let Action::Success(success) = step("cut_after=3 first_token=20ms").action else {
+            panic!("not a success")
+        };
+        assert_eq!(success.ending, Ending::CutAfter(3));
+        assert_eq!(success.first_token, Some(Duration::from_millis(20)));
+        let Action::Success(success) = step("201 malformed_chunk=2 no_done").action else {
+            panic!("not a success")
+        };
+        assert_eq!(
+            (success.status, success.ending, success.malformed_chunk),
+            (201, Ending::NoTerminator, Some(2))
+        );
+        assert_eq!(
+            step("slow_headers=2s").slow_headers,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            step("malformed first_token=5ms").action,
+            Action::Malformed {
+                first_token: Some(Duration::from_millis(5))
+            }
+        );
+        assert_eq!(step("reset").action, Action::Reset);
+        assert_eq!(step("no_answer").action, Action::NoAnswer);
+    }
+
+    #[test]
+    fn errors_point_at_the_word() {
+        assert_eq!(
+            error("429 retry_afte=2s"),
+            (
+                4,
+                String::from("`retry_afte` is not a step word; did you mean `retry_after`?")
+            )
+        );
+        assert_eq!(
+            error("429 retry_after=2x"),
+            (
+                16,
+                String::from("`2x` is not a duration; write it like `250ms` or `2s`")
+            )
+        );
+        assert_eq!(
+            error("200 retry_after=2s"),
+            (
+                4,
+                String::from(
+                    "`retry_after` belongs to an error answer; give an error status such as `429` or `503`"
+                )
+            )
+        );
+        assert_eq!(
+            error("503 cut_after=2"),
+            (
+                4,
+                String::from(
+                    "`cut_after` shapes a successful stream; an error answer has no stream"
+                )
+            )
+        );
+        assert_eq!(
+            error("cut_after=2 stall_after=1"),
+            (
+                12,
+                String::from(
+                    "`stall_after` and `cut_after` both say how the stream ends; keep one"
+                )
+            )
+        );
+        assert_eq!(
+            error("reset retry_after=1s").1,
+            "`retry_after` belongs to an error answer; give an error status such as `429` or `503`"
+        );
+        assert_eq!(
+            error("no_answer slow_headers=1s"),
+            (
+                10,
+                String::from("`slow_headers` cannot be combined with `no_answer`")
+            )
+        );
+        assert_eq!(
+            error("99").1,
+            "`99` is not a status a provider answers with; use 200 to 599"
+        );
+        assert_eq!(error("503 429").0, 4);
+        assert_eq!(error("message=\"open").0, 8);
+        assert_eq!(error("reset=1").1, "`reset` takes no value; write it alone");
+        assert_eq!(
+            error("cut_after").1,
+            "`cut_after` needs a value: `cut_after=3`"
+        );
+        assert_eq!(
+            error("code=a code=b"),
+            (7, String::from("`code` is given twice"))
+        );
+        assert_eq!(
+            error("cut_after=2 malformed_chunk=3").1,
+            "chunk 3 is never sent: the stream ends after chunk 2"
+        );
+        assert_eq!(
+            error("malformed_chunk=0").1,
+            "chunks count from 1; `malformed_chunk=1` breaks the first"
+        );
+        assert_eq!(error("").0, 0);
+    }
+}
