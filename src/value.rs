@@ -35,6 +35,29 @@ impl Value {
         Value::String(Arc::from(text))
     }
 
+    /// The value in a JSON document (a listing): durations and dates as
+    /// their text, enumeration members as their names.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as Json;
+        match self {
+            Value::Null => Json::Null,
+            Value::Bool(b) => Json::Bool(*b),
+            // Whole numbers print without a fraction.
+            Value::Number(n) if n.fract() == 0.0 && n.abs() < 1e15 => Json::from(*n as i64),
+            Value::Number(n) => serde_json::Number::from_f64(*n).map_or(Json::Null, Json::Number),
+            Value::String(text) => Json::String(text.to_string()),
+            Value::Enum(member) => Json::String(member.name.to_string()),
+            Value::Duration(_) | Value::Date(_) => Json::String(self.to_string()),
+            Value::List(items) => Json::Array(items.iter().map(Value::to_json).collect()),
+            Value::Record(fields) => Json::Object(
+                fields
+                    .iter()
+                    .map(|(name, value)| (name.to_string(), value.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }

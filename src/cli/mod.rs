@@ -2,7 +2,13 @@
 
 pub mod check;
 mod common;
+#[cfg(feature = "server")]
+pub mod daemon;
+#[cfg(feature = "server")]
+pub mod demo;
 pub mod explain;
+#[cfg(feature = "server")]
+pub mod serve;
 #[cfg(feature = "server")]
 pub mod sim;
 pub mod test;
@@ -33,6 +39,13 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Run policy test cases (`*.tests.yaml` beside the policies).
     Test(test::TestArgs),
+    /// Run the proxy with a shipped policy in front of simulated providers:
+    /// no provider keys needed.
+    #[cfg(feature = "server")]
+    Demo(demo::DemoArgs),
+    /// Run the proxy that enforces a policy.
+    #[cfg(feature = "server")]
+    Serve(serve::ServeArgs),
     /// Run simulated providers that speak the OpenAI and Anthropic wire
     /// formats and misbehave as a scenario file says.
     #[cfg(feature = "server")]
@@ -63,6 +76,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Check(args) => check::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Test(args) => test::run(&args),
+        #[cfg(feature = "server")]
+        Command::Demo(args) => demo::run(&args),
+        #[cfg(feature = "server")]
+        Command::Serve(args) => serve::run(&args),
         #[cfg(feature = "server")]
         Command::Sim(args) => sim::run(&args),
     }

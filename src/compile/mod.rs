@@ -9,7 +9,7 @@
 mod stage;
 
 use crate::data::{Credential, Data, Provider};
-use crate::evaluate::health::CandidateHealth;
+use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
 use crate::evaluate::{Candidate, RequestState};
 use crate::language::CheckedPolicy;
@@ -228,6 +228,8 @@ pub struct Snapshot {
     pub statics: StaticTable,
     /// How many request-only parts the staged program caches per request.
     pub hoisted: usize,
+    /// The `health` section's constants.
+    pub health: HealthSettings,
 }
 
 /// The values of the staged program's catalog-only terms: for model `m`,
@@ -374,11 +376,13 @@ impl Snapshot {
             deployment,
             statics: StaticTable::default(),
             hoisted: staged.hoisted,
+            health: HealthSettings::default(),
         };
         // Static terms are evaluated by the program as checked, then the
         // staged program that reads them takes its place.
         snapshot.statics = snapshot.precompute(&staged.statics);
         snapshot.program = staged.program;
+        snapshot.health = HealthSettings::of(&snapshot);
         snapshot
     }
 

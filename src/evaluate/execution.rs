@@ -337,6 +337,21 @@ impl Plan {
         headers(snapshot, &mut machine, served)
     }
 
+    /// The `listing` fields of the plan's model in `GET /v1/models`: read
+    /// for the plan's first candidate, aggregates over all of them.
+    pub fn listing(&self, snapshot: &Snapshot) -> Vec<(String, Value)> {
+        let health = [];
+        let mut machine = self.machine(snapshot, &health);
+        let focus = Focus::on(0);
+        snapshot
+            .program
+            .listing
+            .iter()
+            .map(|field| (field.name.clone(), machine.eval(&field.term, focus)))
+            .filter(|(_, value)| !value.is_null())
+            .collect()
+    }
+
     /// The SSE comment naming the serving provider when headers went out
     /// before it was known.
     pub fn late_comment(&self, snapshot: &Snapshot, served: usize) -> Option<String> {

@@ -18,6 +18,28 @@ pub struct Stats {
     pub throughput: Option<f64>,
 }
 
+/// The `health { penalty … }` schedule: a failure penalizes for `base`; each
+/// further failure within `reset` multiplies that by `factor`, up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PenaltySchedule {
+    pub base_ms: u64,
+    pub factor: f64,
+    pub max_ms: u64,
+    pub reset_ms: u64,
+}
+
+impl Default for PenaltySchedule {
+    /// Used when a policy penalizes without declaring a schedule.
+    fn default() -> Self {
+        PenaltySchedule {
+            base_ms: 30_000,
+            factor: 2.0,
+            max_ms: 300_000,
+            reset_ms: 600_000,
+        }
+    }
+}
+
 /// One candidate's health at the moment of the decision.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CandidateHealth {
@@ -170,5 +192,59 @@ impl HealthView for HealthTable<'_> {
             })
             .map(|(_, health)| health.clone())
             .unwrap_or_default()
+    }
+}
+
+/// The `health` section's settings, which depend on nothing per request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HealthSettings {
+    pub penalty: PenaltySchedule,
+    /// How far back `stats.*` reach.
+    pub stats_window_ms: u64,
+}
+
+/// The default `health { window }`.
+const DEFAULT_STATS_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            penalty: PenaltySchedule::default(),
+            stats_window_ms: DEFAULT_STATS_WINDOW_MS,
+        }
+    }
+}
+
+impl HealthSettings {
+    pub fn of(snapshot: &crate::compile::Snapshot) -> HealthSettings {
+        let request = super::RequestState::placeholder();
+        let mut machine = super::machine::Machine::new(snapshot, &request, &[], &[]);
+        let focus = super::machine::Focus::default();
+        let program = &snapshot.program;
+        let mut duration =
+            |term: &crate::language::ir::Term| machine.eval(term, focus).as_duration();
+        let defaults = PenaltySchedule::default();
+        let penalty = match &program.penalty {
+            Some(spec) => PenaltySchedule {
+                base_ms: duration(&spec.base).unwrap_or(defaults.base_ms),
+                max_ms: duration(&spec.max).unwrap_or(defaults.max_ms),
+                reset_ms: duration(&spec.reset).unwrap_or(defaults.reset_ms),
+                factor: machine
+                    .eval(&spec.factor, focus)
+                    .as_number()
+                    .filter(|factor| factor.is_finite())
+                    .unwrap_or(defaults.factor),
+            },
+            None => defaults,
+        };
+        let stats_window_ms = program
+            .stats_window
+            .as_ref()
+            .and_then(|term| machine.eval(term, focus).as_duration())
+            .unwrap_or(DEFAULT_STATS_WINDOW_MS);
+        HealthSettings {
+            penalty,
+            stats_window_ms,
+        }
     }
 }

@@ -16,7 +16,7 @@ mod merge;
 mod order;
 
 pub use execution::{
-    Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts,
+    Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts, default_type,
 };
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;

@@ -1,0 +1,202 @@
+//! `switchyard serve`: the proxy that enforces a policy, following changes
+//! to its files.
+
+use super::common::print_report;
+use super::daemon::{LogFormat, duration_arg, init_logging, runtime, stop_signal};
+use super::exit;
+use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::language::check_file;
+use crate::proxy::{Limits, Options, Proxy, Running, serve};
+use crate::reload::Reloader;
+use crate::source::SourceMap;
+use crate::state::{InProcess, SystemClock};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The policy file; its `policy` block names the catalog and tenants
+    /// files, relative to it.
+    #[arg(long)]
+    pub policy: PathBuf,
+    /// Where to listen. Only loopback unless you say otherwise.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The largest request body accepted, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// How long requests in flight may take to finish after SIGINT or
+    /// SIGTERM.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub drain: Duration,
+    /// Do not watch the policy's files for changes (SIGHUP still reloads).
+    #[arg(long)]
+    pub no_watch: bool,
+    /// Add `x-switchyard-policy-version` to every response: the version of
+    /// the policy that decided it.
+    #[arg(long)]
+    pub version_header: bool,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(exit::USAGE)
+}
+
+/// Checks and compiles a policy, as `check` does; on failure prints why.
+pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, SourceMap), ExitCode> {
+    match compile_report(check_file(policy), secrets) {
+        Ok(compiled) => Ok(compiled),
+        Err(report) => {
+            print_report(&report);
+            eprintln!(
+                "error: {} does not check; the proxy serves only a policy that does",
+                policy.display()
+            );
+            Err(ExitCode::from(exit::PROBLEMS))
+        }
+    }
+}
+
+/// Says which credentials have no secret in the environment: their routes
+/// are skipped until a reload finds one.
+fn warn_missing_secrets(snapshot: &Snapshot) {
+    for (provider_index, provider) in snapshot.data.catalog.providers.iter().enumerate() {
+        for (credential_index, credential) in provider.credentials.iter().enumerate() {
+            if snapshot.secret(provider_index, credential_index).is_none() {
+                tracing::warn!(
+                    provider = %provider.id,
+                    credential = %credential.id,
+                    variable = %credential.env,
+                    "the credential's variable is not set; its routes are skipped"
+                );
+            }
+        }
+    }
+}
+
+/// What `serve` and `demo` run once the policy is loaded: the proxy, its
+/// reloads (file changes and SIGHUP), until SIGINT or SIGTERM.
+pub struct Service {
+    pub policy: PathBuf,
+    pub listen: SocketAddr,
+    pub options: Options,
+    pub drain: Duration,
+    pub watch: bool,
+    pub secrets: Arc<dyn SecretSource + Send + Sync>,
+}
+
+impl Service {
+    /// Starts the proxy; the reload watch lives as long as the returned guard.
+    pub async fn start(
+        &self,
+        snapshot: Snapshot,
+        sources: &SourceMap,
+    ) -> Result<(Running, Arc<Reloader>, Option<crate::reload::Watch>), String> {
+        warn_missing_secrets(&snapshot);
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|error| format!("cannot listen on {}: {error}", self.listen))?;
+        let state = InProcess::new(Arc::new(SystemClock::new()));
+        let proxy = Proxy::new(Arc::new(snapshot), state, self.options);
+        let reloader = Reloader::new(
+            proxy.clone(),
+            self.policy.clone(),
+            sources,
+            self.secrets.clone(),
+        );
+        let watch = if self.watch {
+            match reloader.watch() {
+                Ok(watch) => Some(watch),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch the policy's files; reload with SIGHUP");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let running = serve(proxy, listener, self.drain)
+            .map_err(|error| format!("cannot serve on {}: {error}", self.listen))?;
+        Ok((running, reloader, watch))
+    }
+
+    /// Serves until SIGINT or SIGTERM, reloading on SIGHUP.
+    pub async fn run_until_stopped(running: Running, reloader: Arc<Reloader>, drain: Duration) {
+        let hangups = hangup_reloads(reloader);
+        stop_signal().await;
+        hangups.abort();
+        eprintln!("switchyard: stopping; requests in flight may take up to {drain:?}");
+        running.shutdown().await;
+    }
+}
+
+/// Reloads on every SIGHUP.
+fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            let Ok(mut hangups) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while hangups.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading");
+                let reloader = reloader.clone();
+                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = reloader;
+        }
+    })
+}
+
+pub fn run(args: &ServeArgs) -> ExitCode {
+    init_logging(args.log_format);
+    let secrets = crate::reload::environment();
+    let (snapshot, sources) = match load(&args.policy, secrets.as_ref()) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(format!("could not start the runtime: {error}")),
+    };
+    let service = Service {
+        policy: args.policy.clone(),
+        listen: args.listen,
+        options: Options {
+            limits: Limits {
+                max_body_bytes: args.max_body_bytes,
+                ..Limits::default()
+            },
+            version_header: args.version_header,
+        },
+        drain: args.drain,
+        watch: !args.no_watch,
+        secrets,
+    };
+    runtime.block_on(async {
+        let name = snapshot.name.clone();
+        let version = snapshot.version.clone();
+        let (running, reloader, _watch) = match service.start(snapshot, &sources).await {
+            Ok(started) => started,
+            Err(message) => return fail(message),
+        };
+        eprintln!(
+            "switchyard: serving policy {name} (version {version}) from {} on http://{}",
+            args.policy.display(),
+            running.addr()
+        );
+        Service::run_until_stopped(running, reloader, args.drain).await;
+        ExitCode::from(exit::OK)
+    })
+}

@@ -1,0 +1,951 @@
+//! Executing a plan: attempts in the order the plan and the state allow,
+//! the policy's reaction to each outcome, and the one answer the client
+//! gets. Every decision here is the evaluator's (`Plan::next_candidate`,
+//! `Plan::react`, `Plan::timeouts`, `Plan::headers`); this module performs
+//! the I/O and the waits they ask for.
+
+use super::Proxy;
+use super::body::ProxyBody;
+use super::respond;
+use super::upstream::{Outgoing, outcome_facts};
+use super::wire::{self, EventKind, EventReader};
+use crate::compile::Snapshot;
+use crate::data::WireFormat;
+use crate::evaluate::{
+    Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
+    OutcomeFacts, Plan, Progress, Timeouts,
+};
+use crate::state::{CandidateKeys, Sample, ScopeKey, StateView, Ticket};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use hyper::header::{self, HeaderValue};
+use hyper::{HeaderMap, Response};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, timeout_at};
+
+/// Chunks queued for a slow client before the upstream read waits for it.
+const STREAM_QUEUE: usize = 16;
+/// The most of a provider's error answer that is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// The most of a provider's non-streamed answer that is accepted.
+const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
+/// How long a stream that has finished its answer may take to close.
+const FINISHED_GRACE: Duration = Duration::from_millis(500);
+
+/// The way back to the client: the response not yet sent, or, once the
+/// headers went out, the body's channel.
+pub enum Link {
+    Pending(oneshot::Sender<Response<ProxyBody>>),
+    Open(mpsc::Sender<Bytes>),
+    Closed,
+}
+
+impl Link {
+    /// Resolves when the client has gone away.
+    async fn closed(&mut self) {
+        match self {
+            Link::Pending(sender) => sender.closed().await,
+            Link::Open(sender) => sender.closed().await,
+            Link::Closed => std::future::pending().await,
+        }
+    }
+
+    fn respond(&mut self, response: Response<ProxyBody>) {
+        if let Link::Pending(sender) = std::mem::replace(self, Link::Closed) {
+            // The client may be gone already; nothing is left to do then.
+            let _ = sender.send(response);
+        }
+    }
+
+    /// Sends the headers of a stream; the body follows through `send`.
+    fn open(&mut self, head: Response<ProxyBody>) -> bool {
+        match std::mem::replace(self, Link::Closed) {
+            Link::Pending(sender) => {
+                let (chunks, receiver) = mpsc::channel(STREAM_QUEUE);
+                let (parts, _) = head.into_parts();
+                let response = Response::from_parts(parts, ProxyBody::Channel(receiver));
+                let sent = sender.send(response).is_ok();
+                if sent {
+                    *self = Link::Open(chunks);
+                }
+                sent
+            }
+            other => {
+                *self = other;
+                false
+            }
+        }
+    }
+
+    async fn send(&mut self, bytes: Bytes) -> bool {
+        match self {
+            Link::Open(sender) => sender.send(bytes).await.is_ok(),
+            _ => false,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        matches!(self, Link::Open(_))
+    }
+}
+
+/// A provider's own failed answer, for `error passthrough`.
+struct Passthrough {
+    status: u16,
+    content_type: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+    body: Bytes,
+}
+
+enum Attempted {
+    /// The answer reached the client.
+    Served {
+        usage: Option<(u64, u64)>,
+        first_byte: Option<Duration>,
+    },
+    Failed {
+        outcome: AttemptOutcome,
+        passthrough: Option<Passthrough>,
+    },
+    /// The client went away.
+    Cancelled,
+}
+
+/// One attempt, for the request's log line.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub provider: String,
+    pub credential: String,
+    pub outcome: String,
+    pub millis: u64,
+}
+
+/// What the request's log line and metrics report.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub status: u16,
+    pub outcome: &'static str,
+    pub attempts: Vec<AttemptRecord>,
+    pub served_provider: Option<String>,
+    pub served_model: Option<String>,
+    pub usage: Option<(u64, u64)>,
+    pub waited_ms: u64,
+}
+
+pub struct Exchange {
+    pub proxy: Arc<Proxy>,
+    pub snapshot: Arc<Snapshot>,
+    pub endpoint: Endpoint,
+    pub request_id: String,
+    pub plan: Plan,
+    pub outgoing: Outgoing,
+    pub started: Instant,
+    pub report: Report,
+    /// Whether the response headers went out (a stream held past
+    /// `hold_headers`, or a committed answer).
+    head_sent: bool,
+}
+
+impl Exchange {
+    pub fn new(
+        proxy: Arc<Proxy>,
+        snapshot: Arc<Snapshot>,
+        endpoint: Endpoint,
+        request_id: String,
+        plan: Plan,
+        outgoing: Outgoing,
+        started: Instant,
+    ) -> Exchange {
+        Exchange {
+            proxy,
+            snapshot,
+            endpoint,
+            request_id,
+            plan,
+            outgoing,
+            started,
+            report: Report::default(),
+            head_sent: false,
+        }
+    }
+
+    fn wire(&self) -> WireFormat {
+        self.endpoint.wire()
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn keys(&self, candidate: usize) -> Option<CandidateKeys> {
+        let candidate = self.plan.candidates.get(candidate)?;
+        Some(CandidateKeys::of(&self.snapshot, candidate))
+    }
+
+    fn limits(&self, candidate: usize) -> Option<crate::data::CapacityLimits> {
+        let candidate = self.plan.candidates.get(candidate)?;
+        self.snapshot.provider(candidate.provider)?.capacity
+    }
+
+    fn provider_id(&self, candidate: usize) -> String {
+        self.plan
+            .candidates
+            .get(candidate)
+            .and_then(|c| self.snapshot.provider(c.provider))
+            .map_or_else(String::new, |p| p.id.clone())
+    }
+
+    /// Whether the candidate may be tried now: not paused, and with room.
+    fn available(&self, candidate: usize, ticket: Option<&Ticket>) -> bool {
+        let Some(keys) = self.keys(candidate) else {
+            return false;
+        };
+        let state = &self.proxy.state;
+        let health = state.candidate_health(&keys, None, self.snapshot.health.stats_window_ms);
+        !health.paused() && state.has_room(keys.provider.provider(), self.limits(candidate), ticket)
+    }
+
+    /// Milliseconds until some candidate may become available, if known.
+    fn soonest_available_ms(&self) -> Option<u64> {
+        let view = StateView {
+            state: &self.proxy.state,
+            snapshot: &self.snapshot,
+        };
+        self.plan
+            .candidates
+            .iter()
+            .filter_map(|candidate| {
+                crate::evaluate::health::HealthView::health(&view, candidate).available_in_ms()
+            })
+            .min()
+    }
+
+    /// Runs the plan to its end and answers the client through `link`.
+    pub async fn run(mut self, mut link: Link) -> Report {
+        let mut tried: Vec<usize> = Vec::new();
+        let mut progress = Progress::default();
+        let mut rule_retries: HashMap<usize, u32> = HashMap::new();
+        let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
+        let mut ticket: Option<Ticket> = None;
+        let wait_until = self.started + Duration::from_millis(self.plan.capacity_wait_ms);
+
+        loop {
+            let next = {
+                let ticket_ref = ticket.as_ref();
+                self.plan.next_candidate(&self.snapshot, &tried, &|index| {
+                    self.available(index, ticket_ref)
+                })
+            };
+            match next {
+                NextCandidate::Try(index) => {
+                    let Some(provider) = self.keys(index).map(|k| k.provider) else {
+                        break;
+                    };
+                    let Some(permit) = self.proxy.state.try_acquire(
+                        provider.provider(),
+                        self.limits(index),
+                        ticket.as_ref(),
+                    ) else {
+                        // Taken since it was looked at: look again.
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    ticket = None;
+                    tried.push(index);
+                    progress.attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
+                    let mut permit = Some(permit);
+                    loop {
+                        progress.attempt += 1;
+                        let attempted = self.attempt(index, &mut link).await;
+                        drop(permit.take());
+                        match attempted {
+                            Attempted::Served { usage, first_byte } => {
+                                self.served(index, usage, first_byte);
+                                return self.report;
+                            }
+                            Attempted::Cancelled => {
+                                self.report.outcome = "cancelled";
+                                self.report.status = 499;
+                                return self.report;
+                            }
+                            Attempted::Failed {
+                                outcome,
+                                passthrough,
+                            } => {
+                                progress.elapsed_ms = self.elapsed_ms();
+                                progress.jitter = super::random_unit();
+                                let reaction = self.plan.react(
+                                    &self.snapshot,
+                                    index,
+                                    &outcome,
+                                    progress,
+                                    &|rule| rule_retries.get(&rule).copied().unwrap_or(0),
+                                );
+                                self.apply_health(index, &reaction);
+                                last = Some((reaction.ending, index, passthrough));
+                                match reaction.action {
+                                    Action::Stop => {
+                                        return self.end(last, progress, &mut link).await;
+                                    }
+                                    Action::Next => break,
+                                    Action::Retry { after_ms } => {
+                                        if let Some(rule) = reaction.rule {
+                                            *rule_retries.entry(rule).or_insert(0) += 1;
+                                        }
+                                        let wake = tokio::time::Instant::now()
+                                            + Duration::from_millis(after_ms);
+                                        tokio::select! {
+                                            () = link.closed() => {
+                                                self.report.outcome = "cancelled";
+                                                self.report.status = 499;
+                                                return self.report;
+                                            }
+                                            () = sleep_until(wake) => {}
+                                        }
+                                        match self.proxy.state.try_acquire(
+                                            provider.provider(),
+                                            self.limits(index),
+                                            None,
+                                        ) {
+                                            Some(again) => permit = Some(again),
+                                            // Full now: on to the next candidate.
+                                            None => break,
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                NextCandidate::Wait => {
+                    let now = Instant::now();
+                    if now >= wait_until {
+                        return self.exhausted(progress, &mut link).await;
+                    }
+                    if ticket.is_none() {
+                        let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
+                            .filter_map(|i| self.keys(i))
+                            .map(|keys| Arc::from(keys.provider.provider()))
+                            .collect();
+                        ticket = Some(self.proxy.state.enqueue(providers));
+                        self.proxy.metrics.capacity_wait();
+                    }
+                    let mut wake = wait_until;
+                    if let Some(ms) = self.soonest_available_ms() {
+                        wake = wake.min(now + Duration::from_millis(ms.max(1)));
+                    }
+                    let state = self.proxy.state.clone();
+                    tokio::select! {
+                        () = link.closed() => {
+                            self.report.outcome = "cancelled";
+                            self.report.status = 499;
+                            return self.report;
+                        }
+                        () = state.changed() => {}
+                        () = sleep_until(wake.into()) => {}
+                    }
+                    self.report.waited_ms =
+                        u64::try_from(now.duration_since(self.started).as_millis())
+                            .unwrap_or(u64::MAX);
+                }
+                NextCandidate::Done => break,
+            }
+        }
+        if last.is_none() {
+            return self.exhausted(progress, &mut link).await;
+        }
+        self.end(last, progress, &mut link).await
+    }
+
+    fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
+        let provider = self.provider_id(index);
+        if let Some(first_byte) = first_byte {
+            self.proxy
+                .metrics
+                .first_byte(&provider, first_byte.as_secs_f64());
+        }
+        self.report.outcome = "served";
+        self.report.status = self.report.status.max(200);
+        self.report.served_provider = Some(provider);
+        self.report.served_model = self
+            .plan
+            .candidates
+            .get(index)
+            .map(|c| c.upstream_model.to_string());
+        self.report.usage = usage;
+    }
+
+    /// Pauses and penalties of a reaction, by the candidate's stable ids.
+    fn apply_health(&self, index: usize, reaction: &crate::evaluate::Reaction) {
+        let Some(candidate) = self.plan.candidates.get(index) else {
+            return;
+        };
+        for (scope, ms) in &reaction.pauses {
+            let key = ScopeKey::of(&self.snapshot, candidate, *scope);
+            self.proxy.state.pause(&key, *ms);
+            self.proxy.metrics.pause(scope_name(&key));
+            tracing::info!(
+                request_id = %self.request_id,
+                scope = %key,
+                for_ms = ms,
+                "paused"
+            );
+        }
+        for scope in &reaction.penalties {
+            let key = ScopeKey::of(&self.snapshot, candidate, *scope);
+            self.proxy
+                .state
+                .penalize(&key, &self.snapshot.health.penalty);
+        }
+    }
+
+    /// Ends with the last attempt's ending.
+    async fn end(
+        mut self,
+        last: Option<(Ending, usize, Option<Passthrough>)>,
+        progress: Progress,
+        link: &mut Link,
+    ) -> Report {
+        let Some((ending, served, passthrough)) = last else {
+            return self.exhausted(progress, link).await;
+        };
+        let headers = self.plan.headers(&self.snapshot, Some(served), progress);
+        self.report.served_provider = Some(self.provider_id(served));
+        match (ending, passthrough) {
+            (Ending::Passthrough, Some(answer)) if !link.is_open() => {
+                self.report.status = answer.status;
+                self.report.outcome = "passthrough";
+                let mut response = respond::base(
+                    answer.status,
+                    &self.request_id,
+                    "application/json",
+                    ProxyBody::full(answer.body),
+                );
+                if let Some(content_type) = answer.content_type {
+                    response
+                        .headers_mut()
+                        .insert(header::CONTENT_TYPE, content_type);
+                }
+                if let Some(retry_after) = answer.retry_after {
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, retry_after);
+                }
+                link.respond(respond::with_headers(response, &headers));
+            }
+            (Ending::Passthrough, answer) => {
+                // Headers already went out (or nothing came back to pass
+                // on): say what the provider said, in the stream's format.
+                let status = answer.as_ref().map_or(502, |a| a.status);
+                let facts = answer
+                    .as_ref()
+                    .map(|a| outcome_facts(a.status, &HeaderMap::new(), &a.body))
+                    .unwrap_or_default();
+                let error = ErrorResponse {
+                    status,
+                    code: facts
+                        .error_code
+                        .as_deref()
+                        .unwrap_or("upstream_error")
+                        .to_string(),
+                    message: facts
+                        .error_message
+                        .as_deref()
+                        .unwrap_or("the provider failed")
+                        .to_string(),
+                    error_type: facts.error_type.as_deref().map_or_else(
+                        || crate::evaluate::default_type(status).to_string(),
+                        str::to_string,
+                    ),
+                    retry_after_secs: facts.retry_after_ms.map(|ms| ms.div_ceil(1000)),
+                };
+                self.fail(&error, &headers, link).await;
+            }
+            (Ending::Error(error), _) => self.fail(&error, &headers, link).await,
+        }
+        self.report
+    }
+
+    /// No candidate was available in time, or the budget ran out first.
+    async fn exhausted(mut self, progress: Progress, link: &mut Link) -> Report {
+        let budget_spent = self
+            .plan
+            .budget_ms
+            .is_some_and(|budget| self.elapsed_ms() >= budget);
+        let refusal = self.plan.exhausted(
+            &self.snapshot,
+            budget_spent,
+            self.soonest_available_ms(),
+            None,
+            progress,
+        );
+        self.fail(&refusal.error, &refusal.headers, link).await;
+        self.report
+    }
+
+    /// Answers with an error: the error object, or an error event when the
+    /// stream's headers already went out.
+    async fn fail(&mut self, error: &ErrorResponse, headers: &[(String, String)], link: &mut Link) {
+        self.report.status = if link.is_open() { 200 } else { error.status };
+        if self.report.outcome.is_empty() || self.report.outcome == "served" {
+            self.report.outcome = "error";
+        }
+        if link.is_open() {
+            link.send(wire::error_event(self.wire(), error)).await;
+            *link = Link::Closed;
+        } else {
+            link.respond(respond::error(
+                self.wire(),
+                &self.request_id,
+                error,
+                headers,
+            ));
+        }
+    }
+
+    /// One attempt at a candidate.
+    async fn attempt(&mut self, index: usize, link: &mut Link) -> Attempted {
+        let begun = Instant::now();
+        let attempted = self.attempt_inner(index, link, begun).await;
+        let millis = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let provider = self.provider_id(index);
+        let outcome = match &attempted {
+            Attempted::Served { .. } => String::from("ok"),
+            Attempted::Failed { outcome, .. } => outcome.class.name(),
+            Attempted::Cancelled => String::from("cancelled"),
+        };
+        self.proxy
+            .metrics
+            .upstream(&provider, &outcome, begun.elapsed().as_secs_f64());
+        if let Some(keys) = self.keys(index) {
+            let sample = match &attempted {
+                Attempted::Served { usage, first_byte } => {
+                    let latency = begun.elapsed();
+                    let generating = latency.saturating_sub(first_byte.unwrap_or_default());
+                    Some(Sample {
+                        success: true,
+                        ttft_ms: first_byte
+                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                        latency_ms: Some(millis),
+                        throughput: usage
+                            .map(|(_, output)| output as f64)
+                            .filter(|_| generating.as_secs_f64() > 0.0)
+                            .map(|output| output / generating.as_secs_f64()),
+                    })
+                }
+                Attempted::Failed { .. } => Some(Sample::default()),
+                Attempted::Cancelled => None,
+            };
+            if let Some(sample) = sample {
+                self.proxy.state.record(&keys.route, sample);
+            }
+        }
+        self.report.attempts.push(AttemptRecord {
+            credential: self
+                .plan
+                .candidates
+                .get(index)
+                .and_then(|c| self.snapshot.credential(c.provider, c.credential))
+                .map_or_else(String::new, |c| c.id.clone()),
+            provider,
+            outcome,
+            millis,
+        });
+        attempted
+    }
+
+    async fn attempt_inner(&mut self, index: usize, link: &mut Link, begun: Instant) -> Attempted {
+        let failed = |class: OutcomeClass| Attempted::Failed {
+            outcome: AttemptOutcome {
+                class,
+                facts: OutcomeFacts::default(),
+            },
+            passthrough: None,
+        };
+        let Some(candidate) = self.plan.candidates.get(index) else {
+            return failed(OutcomeClass::ConnectError);
+        };
+        let timeouts = self.plan.timeouts(&self.snapshot, index);
+        let Some((url, headers, body)) =
+            self.outgoing
+                .request_for(&self.snapshot, candidate, self.endpoint)
+        else {
+            return failed(OutcomeClass::ConnectError);
+        };
+        let client = match self.proxy.clients.get(timeouts.connect_ms) {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "could not build an HTTP client");
+                return failed(OutcomeClass::ConnectError);
+            }
+        };
+        let attempt_deadline = timeouts
+            .attempt_ms
+            .map(|ms| begun + Duration::from_millis(ms));
+        let by_attempt = |at: Instant| attempt_deadline.map_or(at, |limit| at.min(limit));
+        let headers_deadline = by_attempt(begun + Duration::from_millis(timeouts.headers_ms));
+        let send = client.post(&url).headers(headers).body(body).send();
+        let response = tokio::select! {
+            () = link.closed() => return Attempted::Cancelled,
+            result = timeout_at(headers_deadline.into(), send) => result,
+        };
+        let response = match response {
+            Err(_) => return failed(OutcomeClass::Timeout),
+            Ok(Err(error)) => {
+                return failed(if error.is_connect() {
+                    OutcomeClass::ConnectError
+                } else if error.is_timeout() {
+                    OutcomeClass::Timeout
+                } else {
+                    OutcomeClass::Reset
+                });
+            }
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status().as_u16();
+        if !response.status().is_success() {
+            let headers = response.headers().clone();
+            let idle = Duration::from_millis(timeouts.idle_ms);
+            let body = read_body(response, MAX_ERROR_BODY, idle, attempt_deadline, link)
+                .await
+                .unwrap_or_default();
+            return Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class: OutcomeClass::Status(status),
+                    facts: outcome_facts(status, &headers, &body),
+                },
+                passthrough: Some(Passthrough {
+                    status,
+                    content_type: headers.get(header::CONTENT_TYPE).cloned(),
+                    retry_after: headers.get(header::RETRY_AFTER).cloned(),
+                    body,
+                }),
+            };
+        }
+        let is_stream = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if is_stream && self.plan.request.stream {
+            return self
+                .stream(index, response, &timeouts, begun, attempt_deadline, link)
+                .await;
+        }
+        self.answer(index, response, &timeouts, begun, attempt_deadline, link)
+            .await
+    }
+
+    /// A whole (non-streamed) answer: read, checked, then sent.
+    async fn answer(
+        &mut self,
+        index: usize,
+        response: reqwest::Response,
+        timeouts: &Timeouts,
+        begun: Instant,
+        attempt_deadline: Option<Instant>,
+        link: &mut Link,
+    ) -> Attempted {
+        let status = response.status().as_u16();
+        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+        let idle = Duration::from_millis(timeouts.idle_ms);
+        let body = match read_body(response, MAX_ANSWER_BODY, idle, attempt_deadline, link).await {
+            Ok(body) => body,
+            Err(ReadError::Cancelled) => return Attempted::Cancelled,
+            Err(ReadError::Failed) => {
+                return Attempted::Failed {
+                    outcome: AttemptOutcome {
+                        class: OutcomeClass::Malformed,
+                        facts: OutcomeFacts::default(),
+                    },
+                    passthrough: None,
+                };
+            }
+        };
+        let first_byte = begun.elapsed();
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            return Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class: OutcomeClass::Malformed,
+                    facts: OutcomeFacts::default(),
+                },
+                passthrough: None,
+            };
+        };
+        if !json.is_object() {
+            return Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class: OutcomeClass::Malformed,
+                    facts: OutcomeFacts::default(),
+                },
+                passthrough: None,
+            };
+        }
+        let progress = Progress {
+            attempts: u32::try_from(self.report.attempts.len() + 1).unwrap_or(u32::MAX),
+            ..Progress::default()
+        };
+        let mut headers = self.plan.headers(&self.snapshot, Some(index), progress);
+        let mut response = respond::base(
+            status,
+            &self.request_id,
+            "application/json",
+            ProxyBody::full(body),
+        );
+        if let Some(content_type) = content_type {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+        }
+        headers.retain(|(name, _)| !name.eq_ignore_ascii_case("content-type"));
+        self.report.status = status;
+        link.respond(respond::with_headers(response, &headers));
+        Attempted::Served {
+            usage: wire::usage_of(&json),
+            first_byte: Some(first_byte),
+        }
+    }
+
+    /// A streamed answer: held until its first event (failover is still
+    /// possible until then), then passed on event by event.
+    async fn stream(
+        &mut self,
+        index: usize,
+        response: reqwest::Response,
+        timeouts: &Timeouts,
+        begun: Instant,
+        attempt_deadline: Option<Instant>,
+        link: &mut Link,
+    ) -> Attempted {
+        let endpoint = self.endpoint;
+        let mut upstream = response.bytes_stream();
+        let mut reader = EventReader::default();
+        let by_attempt = |at: Instant| attempt_deadline.map_or(at, |limit| at.min(limit));
+        let first_deadline = by_attempt(begun + Duration::from_millis(timeouts.first_token_ms));
+        let hold_deadline = self.started + Duration::from_millis(timeouts.hold_headers_ms);
+        let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
+            outcome: AttemptOutcome {
+                class,
+                facts: OutcomeFacts {
+                    error_message: message.map(|m| Arc::from(m.as_str())),
+                    ..OutcomeFacts::default()
+                },
+            },
+            passthrough: None,
+        };
+
+        // Before the first event: nothing reached the client yet.
+        let mut held: Vec<Bytes> = Vec::new();
+        let mut pending: VecDeque<wire::Event> = VecDeque::new();
+        let mut usage = None;
+        let mut finished = false;
+        let first_byte: Option<Duration>;
+        'first: loop {
+            while let Some(event) = pending.pop_front() {
+                match event.kind(endpoint) {
+                    EventKind::Comment => held.push(event.raw),
+                    EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
+                    EventKind::Error => {
+                        return failed(OutcomeClass::Malformed, Some(event.data.clone()));
+                    }
+                    kind => {
+                        first_byte = Some(begun.elapsed());
+                        usage = event.usage().or(usage);
+                        finished |= kind == EventKind::Finished;
+                        held.push(event.raw);
+                        if kind == EventKind::Sentinel {
+                            // The whole answer arrived at once.
+                            if !self.commit(index, held, link).await {
+                                return Attempted::Cancelled;
+                            }
+                            return Attempted::Served { usage, first_byte };
+                        }
+                        break 'first;
+                    }
+                }
+            }
+            let chunk = tokio::select! {
+                () = link.closed() => return Attempted::Cancelled,
+                () = sleep_until(hold_deadline.into()), if !self.head_sent => {
+                    self.send_stream_head(None, link);
+                    continue;
+                }
+                chunk = timeout_at(first_deadline.into(), upstream.next()) => chunk,
+            };
+            let bytes = match chunk {
+                Err(_) => return failed(OutcomeClass::FirstTokenTimeout, None),
+                Ok(None) | Ok(Some(Err(_))) => return failed(OutcomeClass::Malformed, None),
+                Ok(Some(Ok(bytes))) => bytes,
+            };
+            match reader.push(&bytes) {
+                Ok(events) => pending.extend(events),
+                Err(_) => return failed(OutcomeClass::Malformed, None),
+            }
+        }
+        if !self.commit(index, held, link).await {
+            return Attempted::Cancelled;
+        }
+
+        // Committed: nothing fails over from here on.
+        let idle = Duration::from_millis(timeouts.idle_ms);
+        loop {
+            while let Some(event) = pending.pop_front() {
+                let kind = event.kind(endpoint);
+                match kind {
+                    EventKind::Malformed => {
+                        return failed(
+                            OutcomeClass::StreamBroken,
+                            Some(String::from("the provider sent a malformed event")),
+                        );
+                    }
+                    EventKind::Error => {
+                        return failed(OutcomeClass::StreamBroken, Some(event.data.clone()));
+                    }
+                    _ => {}
+                }
+                usage = event.usage().or(usage);
+                finished |= kind == EventKind::Finished;
+                if !link.send(event.raw).await {
+                    return Attempted::Cancelled;
+                }
+                if kind == EventKind::Sentinel {
+                    return Attempted::Served { usage, first_byte };
+                }
+            }
+            let wait = if finished {
+                FINISHED_GRACE.min(idle)
+            } else {
+                idle
+            };
+            let chunk = tokio::select! {
+                () = link.closed() => return Attempted::Cancelled,
+                chunk = tokio::time::timeout(wait, upstream.next()) => chunk,
+            };
+            match chunk {
+                Ok(Some(Ok(bytes))) => match reader.push(&bytes) {
+                    Ok(events) => pending.extend(events),
+                    Err(_) => {
+                        return failed(
+                            OutcomeClass::StreamBroken,
+                            Some(String::from("the provider sent an event without end")),
+                        );
+                    }
+                },
+                // The answer is complete but its end marker is missing:
+                // finish it as the client expects, promptly.
+                _ if finished => {
+                    if let Some(sentinel) = wire::sentinel(endpoint)
+                        && !link.send(sentinel).await
+                    {
+                        return Attempted::Cancelled;
+                    }
+                    return Attempted::Served { usage, first_byte };
+                }
+                Err(_) => {
+                    return failed(
+                        OutcomeClass::StreamBroken,
+                        Some(String::from("the provider's stream stalled")),
+                    );
+                }
+                Ok(None) | Ok(Some(Err(_))) => {
+                    return failed(
+                        OutcomeClass::StreamBroken,
+                        Some(String::from("the provider's stream was cut off")),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends a stream's headers: the policy's headers when the serving
+    /// candidate is known, the rest later as the `late_comment`.
+    fn send_stream_head(&mut self, served: Option<usize>, link: &mut Link) {
+        let progress = Progress {
+            attempts: u32::try_from(self.report.attempts.len().max(1)).unwrap_or(u32::MAX),
+            ..Progress::default()
+        };
+        let headers = match served {
+            Some(index) => self.plan.headers(&self.snapshot, Some(index), progress),
+            None => Vec::new(),
+        };
+        let mut head = respond::base(
+            200,
+            &self.request_id,
+            "text/event-stream",
+            ProxyBody::empty(),
+        );
+        head.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        self.head_sent = link.open(respond::with_headers(head, &headers)) || self.head_sent;
+    }
+
+    /// Commits to the candidate: headers (if still held) and the events
+    /// received so far go to the client.
+    async fn commit(&mut self, index: usize, held: Vec<Bytes>, link: &mut Link) -> bool {
+        if self.head_sent {
+            if let Some(comment) = self.plan.late_comment(&self.snapshot, index) {
+                let line: String = comment.replace(['\r', '\n'], " ");
+                if !link.send(Bytes::from(format!(": {line}\n\n"))).await {
+                    return false;
+                }
+            }
+        } else {
+            self.send_stream_head(Some(index), link);
+        }
+        for bytes in held {
+            if !link.send(bytes).await {
+                return false;
+            }
+        }
+        link.is_open()
+    }
+}
+
+fn scope_name(key: &ScopeKey) -> &'static str {
+    match key {
+        ScopeKey::Provider(_) => "provider",
+        ScopeKey::Route(..) => "route",
+        ScopeKey::Credential(..) => "credential",
+    }
+}
+
+enum ReadError {
+    Cancelled,
+    Failed,
+}
+
+/// Reads a whole body: each chunk within `idle`, all of it within the
+/// attempt's deadline, at most `limit` bytes.
+async fn read_body(
+    response: reqwest::Response,
+    limit: usize,
+    idle: Duration,
+    deadline: Option<Instant>,
+    link: &mut Link,
+) -> Result<Bytes, ReadError> {
+    let mut stream = response.bytes_stream();
+    let mut body = Vec::new();
+    loop {
+        let wait = match deadline {
+            Some(deadline) => idle.min(deadline.saturating_duration_since(Instant::now())),
+            None => idle,
+        };
+        let chunk = tokio::select! {
+            () = link.closed() => return Err(ReadError::Cancelled),
+            chunk = tokio::time::timeout(wait, stream.next()) => chunk,
+        };
+        match chunk {
+            Ok(Some(Ok(bytes))) => {
+                if body.len() + bytes.len() > limit {
+                    return Err(ReadError::Failed);
+                }
+                body.extend_from_slice(&bytes);
+            }
+            Ok(None) => return Ok(Bytes::from(body)),
+            Ok(Some(Err(_))) | Err(_) => return Err(ReadError::Failed),
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! The proxy: authenticates callers, asks the evaluator for a plan, and
+//! executes it against the providers. It decides nothing itself: which
+//! provider, in which order, after which outcome, with which error — all of
+//! that comes from the live snapshot's evaluation.
+
+pub mod body;
+mod execute;
+pub mod metrics;
+mod models;
+mod respond;
+mod upstream;
+pub mod wire;
+
+use crate::compile::Snapshot;
+use crate::data::WireFormat;
+use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
+use crate::reload::ReloadStatus;
+use crate::state::{InProcess, StateView};
+use arc_swap::ArcSwap;
+use body::ProxyBody;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{HeaderMap, Method, Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics::Metrics;
+use serde_json::{Value as Json, json};
+use sha2::{Digest, Sha256};
+use std::convert::Infallible;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+
+pub use execute::Report;
+
+/// Limits on what a client may send.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// The most of a request's line and headers hyper buffers.
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 16 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// How a proxy behaves beyond what its policy says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    pub limits: Limits,
+    /// Whether responses carry `x-switchyard-policy-version`: the version
+    /// of the snapshot that decided them.
+    pub version_header: bool,
+}
+
+pub const VERSION_HEADER: &str = "x-switchyard-policy-version";
+
+/// Everything requests share: the live snapshot, the state, metrics and
+/// upstream connection pools.
+pub struct Proxy {
+    live: ArcSwap<Snapshot>,
+    pub state: Arc<InProcess>,
+    pub metrics: Metrics,
+    clients: upstream::Clients,
+    pub limits: Limits,
+    version_header: bool,
+    /// What `/healthz` says about live reloads.
+    pub reload_status: Mutex<ReloadStatus>,
+    /// Advances per request, for `round_robin` balancing.
+    rotation: AtomicU64,
+}
+
+impl Proxy {
+    pub fn new(snapshot: Arc<Snapshot>, state: Arc<InProcess>, options: Options) -> Arc<Proxy> {
+        install_tls_provider();
+        Arc::new(Proxy {
+            live: ArcSwap::new(snapshot),
+            state,
+            metrics: Metrics::new(),
+            clients: upstream::Clients::default(),
+            limits: options.limits,
+            version_header: options.version_header,
+            reload_status: Mutex::new(ReloadStatus::default()),
+            rotation: AtomicU64::new(0),
+        })
+    }
+
+    /// The snapshot requests starting now use.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.live.load_full()
+    }
+
+    /// Makes `snapshot` the live one; requests already running keep theirs.
+    pub fn replace(&self, snapshot: Arc<Snapshot>) {
+        self.live.store(snapshot);
+    }
+}
+
+/// rustls needs one process-wide crypto provider; the first proxy installs
+/// ring's (a second install fails harmlessly).
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A random number from the standard library's per-process seeded hasher:
+/// enough for balancing seeds and backoff jitter, never for secrets.
+pub fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.finish()
+}
+
+/// Uniform in [0, 1).
+pub fn random_unit() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A running server.
+pub struct Running {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, lets requests in flight finish (up to the drain
+    /// time given to `serve`), then returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Waits until the server stops (after `shutdown` from elsewhere).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+
+    /// A handle that can ask the server to stop.
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.shutdown.clone()
+    }
+}
+
+/// Serves `proxy` on `listener` until shut down; `drain` bounds how long
+/// requests in flight may take to finish after that.
+pub fn serve(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    drain: Duration,
+) -> std::io::Result<Running> {
+    let addr = listener.local_addr()?;
+    let (shutdown, mut stop) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else {
+                        // Out of file descriptors and the like: keep going.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    let proxy = proxy.clone();
+                    let mut stop = stop.clone();
+                    // hyper's smallest read buffer is 8 KiB.
+                    let header_bytes = proxy.limits.max_header_bytes.max(8192);
+                    connections.spawn(async move {
+                        let service = service_fn(move |request| {
+                            let proxy = proxy.clone();
+                            async move { Ok::<_, Infallible>(handle(proxy, request).await) }
+                        });
+                        let mut builder = hyper::server::conn::http1::Builder::new();
+                        builder
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(Duration::from_secs(30))
+                            .max_buf_size(header_bytes);
+                        let connection = builder.serve_connection(TokioIo::new(stream), service);
+                        tokio::pin!(connection);
+                        tokio::select! {
+                            _ = connection.as_mut() => {}
+                            _ = stop.changed() => {
+                                connection.as_mut().graceful_shutdown();
+                                let _ = connection.await;
+                            }
+                        }
+                    });
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        drop(listener);
+        let drained = tokio::time::timeout(drain, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                connections = connections.len(),
+                "drain time over; closing the remaining connections"
+            );
+        }
+    });
+    Ok(Running {
+        addr,
+        shutdown,
+        task,
+    })
+}
+
+async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<ProxyBody> {
+    let request_id = request_id(request.headers());
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    let wire = if request.headers().contains_key("anthropic-version") {
+        WireFormat::Anthropic
+    } else {
+        WireFormat::OpenAi
+    };
+    match (method, path.as_str()) {
+        (Method::GET, "/healthz") => {
+            let snapshot = proxy.snapshot();
+            let reloads = proxy
+                .reload_status
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .to_json();
+            respond::json(
+                200,
+                &request_id,
+                &json!({
+                    "status": "ok",
+                    "policy": snapshot.name,
+                    "version": snapshot.version,
+                    "in_flight": proxy.state.in_flight_total(),
+                    "reload": reloads,
+                }),
+            )
+        }
+        (Method::GET, "/metrics") => respond::base(
+            200,
+            &request_id,
+            "text/plain; version=0.0.4",
+            ProxyBody::full(proxy.metrics.render()),
+        ),
+        (Method::GET, "/v1/models") => {
+            let snapshot = proxy.snapshot();
+            match authenticate(&snapshot, request.headers()) {
+                Ok(caller) => {
+                    respond::json(200, &request_id, &models::list(&snapshot, caller, wire))
+                }
+                Err(refusal) => unauthorized(wire, &request_id, refusal),
+            }
+        }
+        (Method::POST, path) => match Endpoint::from_path(path) {
+            Some(endpoint) => complete(proxy, request, endpoint, request_id).await,
+            None => not_found(wire, &request_id, path),
+        },
+        (_, path) if Endpoint::from_path(path).is_some() => respond::builtin_error(
+            wire,
+            &request_id,
+            405,
+            "method_not_allowed",
+            "use POST for this endpoint",
+        ),
+        (_, path) => not_found(wire, &request_id, path),
+    }
+}
+
+fn not_found(wire: WireFormat, request_id: &str, path: &str) -> Response<ProxyBody> {
+    respond::builtin_error(
+        wire,
+        request_id,
+        404,
+        "not_found",
+        &format!("no endpoint at {path}"),
+    )
+}
+
+/// The client's `X-Request-Id` when it is a sensible one, else a new id.
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(respond::REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| {
+            !id.is_empty()
+                && id.len() <= 128
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map_or_else(|| format!("req_{:016x}", random_u64()), str::to_string)
+}
+
+/// Why a caller was not let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unauthorized {
+    Missing,
+    Unknown,
+}
+
+fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Response<ProxyBody> {
+    let (code, message) = match why {
+        Unauthorized::Missing => (
+            "missing_api_key",
+            "send an API key as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        ),
+        Unauthorized::Unknown => ("invalid_api_key", "the API key is not valid"),
+    };
+    let mut response = respond::builtin_error(wire, request_id, 401, code, message);
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
+/// table finds the candidate and a constant-time comparison confirms it.
+fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let key = bearer
+        .or(api_key)
+        .filter(|key| !key.is_empty())
+        .ok_or(Unauthorized::Missing)?;
+    let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
+    let stored = snapshot
+        .data
+        .tenants
+        .keys
+        .get(index)
+        .ok_or(Unauthorized::Unknown)?;
+    if !bool::from(stored.sha256.ct_eq(&digest)) {
+        return Err(Unauthorized::Unknown);
+    }
+    Ok(Caller {
+        tenant: stored.tenant,
+        workspace: stored.workspace,
+        key: Some(index),
+    })
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<Proxy>);
+
+impl InFlight {
+    fn new(proxy: Arc<Proxy>) -> InFlight {
+        proxy.metrics.in_flight(1.0);
+        InFlight(proxy)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.metrics.in_flight(-1.0);
+    }
+}
+
+async fn complete(
+    proxy: Arc<Proxy>,
+    request: Request<Incoming>,
+    endpoint: Endpoint,
+    request_id: String,
+) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let in_flight = InFlight::new(proxy.clone());
+    let wire = endpoint.wire();
+    let snapshot = proxy.snapshot();
+    let caller = match authenticate(&snapshot, request.headers()) {
+        Ok(caller) => caller,
+        Err(why) => {
+            log_refusal(&request_id, endpoint, None, 401, "unauthorized");
+            proxy.metrics.request("", "", "unauthorized", 401);
+            return unauthorized(wire, &request_id, why);
+        }
+    };
+    let (parts, incoming) = request.into_parts();
+    let bytes: Bytes = match Limited::new(incoming, proxy.limits.max_body_bytes)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            let too_large = error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            let (status, code, message) = if too_large {
+                (
+                    413,
+                    "request_too_large",
+                    "the request body is larger than this gateway accepts",
+                )
+            } else {
+                (
+                    400,
+                    "invalid_request_body",
+                    "the request body could not be read",
+                )
+            };
+            return respond::builtin_error(wire, &request_id, status, code, message);
+        }
+    };
+    let body: Option<Json> = serde_json::from_slice(&bytes).ok();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .filter_map(|(name, value)| {
+            value
+                .to_str()
+                .ok()
+                .map(|value| (name.as_str().to_ascii_lowercase(), value.to_string()))
+        })
+        .collect();
+    let context = RequestContext {
+        id: &request_id,
+        endpoint,
+        body: body.as_ref(),
+        body_bytes: bytes.len(),
+        headers: &headers,
+        caller,
+        seed: random_u64(),
+        rotation: proxy.rotation.fetch_add(1, Ordering::Relaxed),
+    };
+    let deciding = Instant::now();
+    let view = StateView {
+        state: &proxy.state,
+        snapshot: &snapshot,
+    };
+    let decision = evaluate(&snapshot, &context, &view);
+    proxy.metrics.decision(deciding.elapsed().as_secs_f64());
+    let tenant = snapshot
+        .data
+        .tenants
+        .tenants
+        .get(caller.tenant)
+        .map_or_else(String::new, |t| t.id.clone());
+    let requested_model = body
+        .as_ref()
+        .and_then(|b| b.get("model"))
+        .and_then(Json::as_str)
+        .unwrap_or("")
+        .to_string();
+    let plan = match decision.result {
+        Ok(plan) => plan,
+        Err(refusal) => {
+            log_refusal(
+                &request_id,
+                endpoint,
+                Some((&tenant, &requested_model)),
+                refusal.error.status,
+                &refusal.error.code,
+            );
+            proxy
+                .metrics
+                .request("", &requested_model, "refused", refusal.error.status);
+            return respond::error(wire, &request_id, &refusal.error, &refusal.headers);
+        }
+    };
+    let input_fields: Vec<&str> = snapshot
+        .program
+        .inputs
+        .iter()
+        .filter(|input| input.source == crate::language::ir::InputSourceKind::Body)
+        .map(|input| input.field.as_str())
+        .collect();
+    let input_headers: Vec<&str> = snapshot
+        .program
+        .inputs
+        .iter()
+        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
+        .map(|input| input.field.as_str())
+        .collect();
+    let body_object = body
+        .and_then(|b| match b {
+            Json::Object(map) => Some(map),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let outgoing = upstream::Outgoing::new(
+        body_object,
+        &parts.headers,
+        &input_fields,
+        &input_headers,
+        &request_id,
+    );
+    let planned: Vec<String> = plan
+        .candidates
+        .iter()
+        .filter_map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
+        .collect();
+    let attempts_allowed = plan.attempts;
+    let exchange = execute::Exchange::new(
+        proxy.clone(),
+        snapshot.clone(),
+        endpoint,
+        request_id.clone(),
+        plan,
+        outgoing,
+        started,
+    );
+    let (sender, receiver) = oneshot::channel();
+    let task_proxy = proxy.clone();
+    let task_request_id = request_id.clone();
+    tokio::spawn(async move {
+        let _in_flight = in_flight;
+        let report = exchange.run(execute::Link::Pending(sender)).await;
+        log_request(
+            &task_proxy,
+            &task_request_id,
+            endpoint,
+            &tenant,
+            &requested_model,
+            &planned,
+            attempts_allowed,
+            &report,
+            started,
+        );
+    });
+    match receiver.await {
+        Ok(mut response) => {
+            if proxy.version_header
+                && let Ok(version) = HeaderValue::from_str(&snapshot.version)
+            {
+                response
+                    .headers_mut()
+                    .insert(header::HeaderName::from_static(VERSION_HEADER), version);
+            }
+            response
+        }
+        // The task ended without answering: only a bug can do that.
+        Err(_) => respond::builtin_error(
+            wire,
+            &request_id,
+            500,
+            "internal_error",
+            "the gateway failed to answer",
+        ),
+    }
+}
+
+fn log_refusal(
+    request_id: &str,
+    endpoint: Endpoint,
+    who: Option<(&str, &str)>,
+    status: u16,
+    code: &str,
+) {
+    let (tenant, model) = who.unwrap_or(("", ""));
+    tracing::info!(
+        target: "switchyard::request",
+        request_id,
+        endpoint = endpoint.name(),
+        tenant,
+        model,
+        decision = %format!("refused {code}"),
+        status,
+        "request"
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn log_request(
+    proxy: &Proxy,
+    request_id: &str,
+    endpoint: Endpoint,
+    tenant: &str,
+    model: &str,
+    planned: &[String],
+    attempts_allowed: usize,
+    report: &Report,
+    started: Instant,
+) {
+    let attempts: Vec<String> = report
+        .attempts
+        .iter()
+        .map(|a| format!("{}:{}:{}ms", a.provider, a.outcome, a.millis))
+        .collect();
+    let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
+    tracing::info!(
+        target: "switchyard::request",
+        request_id,
+        endpoint = endpoint.name(),
+        tenant,
+        model,
+        decision = %format!("plan {} (at most {attempts_allowed})", planned.join(",")),
+        attempts = %attempts.join(" "),
+        served_by = report.served_provider.as_deref().unwrap_or(""),
+        served_model = report.served_model.as_deref().unwrap_or(""),
+        input_tokens,
+        output_tokens,
+        waited_ms = report.waited_ms,
+        status = report.status,
+        outcome = report.outcome,
+        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "request"
+    );
+    proxy.metrics.request(
+        report.served_provider.as_deref().unwrap_or(""),
+        model,
+        report.outcome,
+        report.status,
+    );
+    proxy
+        .metrics
+        .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+}

@@ -1,0 +1,72 @@
+//! `GET /v1/models`: the models a key may call, as the policy decides.
+
+use crate::compile::Snapshot;
+use crate::data::{ModelKind, WireFormat};
+use crate::evaluate::health::Healthy;
+use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
+use serde_json::{Map, Value as Json, json};
+
+/// Endpoints a model of this kind may be called on, in the order tried.
+fn endpoints(kind: ModelKind) -> &'static [Endpoint] {
+    match kind {
+        ModelKind::Chat => &[
+            Endpoint::ChatCompletions,
+            Endpoint::Messages,
+            Endpoint::Responses,
+        ],
+        ModelKind::Completion => &[Endpoint::Completions],
+        ModelKind::Embedding => &[Endpoint::Embeddings],
+    }
+}
+
+/// Every catalog model for which some endpoint of its kind gets a plan for
+/// this caller, once, with the policy's `listing` fields. Health does not
+/// matter here: a paused provider is still one the key may call.
+pub fn list(snapshot: &Snapshot, caller: Caller, wire: WireFormat) -> Json {
+    let mut entries = Vec::new();
+    for model in &snapshot.data.catalog.models {
+        let body = json!({ "model": model.id });
+        let plan = endpoints(model.kind).iter().find_map(|endpoint| {
+            let context = RequestContext {
+                id: "models",
+                endpoint: *endpoint,
+                body: Some(&body),
+                body_bytes: 0,
+                headers: &[],
+                caller,
+                seed: 0,
+                rotation: 0,
+            };
+            evaluate(snapshot, &context, &Healthy).result.ok()
+        });
+        let Some(plan) = plan else {
+            continue;
+        };
+        let mut entry = Map::new();
+        entry.insert(String::from("id"), json!(model.id));
+        match wire {
+            WireFormat::OpenAi => {
+                entry.insert(String::from("object"), json!("model"));
+                entry.insert(String::from("created"), json!(0));
+                entry.insert(String::from("owned_by"), json!("switchyard"));
+            }
+            WireFormat::Anthropic => {
+                entry.insert(String::from("type"), json!("model"));
+                entry.insert(String::from("display_name"), json!(model.id));
+                entry.insert(String::from("created_at"), json!("1970-01-01T00:00:00Z"));
+            }
+        }
+        for (name, value) in plan.listing(snapshot) {
+            entry.insert(name, value.to_json());
+        }
+        entries.push(Json::Object(entry));
+    }
+    match wire {
+        WireFormat::OpenAi => json!({ "object": "list", "data": entries }),
+        WireFormat::Anthropic => {
+            let first = entries.first().and_then(|e| e.get("id")).cloned();
+            let last = entries.last().and_then(|e| e.get("id")).cloned();
+            json!({ "data": entries, "has_more": false, "first_id": first, "last_id": last })
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Building responses to clients.
+
+use super::body::ProxyBody;
+use super::wire;
+use crate::data::WireFormat;
+use crate::evaluate::ErrorResponse;
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::Value as Json;
+
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Adds headers, skipping any a policy computed that HTTP cannot carry.
+pub fn with_headers(
+    mut response: Response<ProxyBody>,
+    headers: &[(String, String)],
+) -> Response<ProxyBody> {
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
+}
+
+/// A response with the request id set.
+pub fn base(
+    status: u16,
+    request_id: &str,
+    content_type: &'static str,
+    body: ProxyBody,
+) -> Response<ProxyBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static(REQUEST_ID), value);
+    }
+    response
+}
+
+pub fn json(status: u16, request_id: &str, body: &Json) -> Response<ProxyBody> {
+    base(
+        status,
+        request_id,
+        "application/json",
+        ProxyBody::full(body.to_string()),
+    )
+}
+
+/// The error object in the caller's wire format, with `Retry-After` when
+/// the error has one and the policy's headers.
+pub fn error(
+    wire: WireFormat,
+    request_id: &str,
+    error: &ErrorResponse,
+    headers: &[(String, String)],
+) -> Response<ProxyBody> {
+    let mut response = json(error.status, request_id, &wire::error_body(wire, error));
+    if let Some(seconds) = error.retry_after_secs {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    with_headers(response, headers)
+}
+
+/// An error the proxy itself raises (authentication, limits, routing).
+pub fn builtin_error(
+    wire: WireFormat,
+    request_id: &str,
+    status: u16,
+    code: &str,
+    message: &str,
+) -> Response<ProxyBody> {
+    let error = ErrorResponse {
+        status,
+        code: code.to_string(),
+        message: message.to_string(),
+        error_type: crate::evaluate::default_type(status).to_string(),
+        retry_after_secs: None,
+    };
+    self::error(wire, request_id, &error, &[])
+}

@@ -1,0 +1,230 @@
+//! Calls to providers: pooled clients, the request each attempt sends, and
+//! what a failed answer says about itself.
+
+use crate::compile::Snapshot;
+use crate::data::WireFormat;
+use crate::evaluate::OutcomeFacts;
+use crate::evaluate::{Candidate, Endpoint};
+use bytes::Bytes;
+use hyper::HeaderMap;
+use hyper::header::{self, HeaderName, HeaderValue};
+use serde_json::{Map, Value as Json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Clients by connect timeout: reqwest sets that per client, the policy per
+/// candidate. Each keeps its own pool of keep-alive connections.
+#[derive(Default)]
+pub struct Clients {
+    by_connect_ms: Mutex<HashMap<u64, reqwest::Client>>,
+}
+
+impl Clients {
+    pub fn get(&self, connect_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
+        let mut clients = self
+            .by_connect_ms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(client) = clients.get(&connect_ms) {
+            return Ok(client.clone());
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(connect_ms.max(1)))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            // Upstream calls go only where the catalog says, never through
+            // a proxy picked up from the environment.
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        clients.insert(connect_ms, client.clone());
+        Ok(client)
+    }
+}
+
+/// Client headers passed on to providers. Everything else — the client's
+/// own credentials, hop-by-hop headers, routing inputs — stays here.
+const FORWARDED_HEADERS: &[&str] = &[
+    "accept",
+    "user-agent",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+    "x-request-id",
+];
+
+/// The Anthropic API version sent when the client names none.
+const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// What every attempt of one request shares: the body without the routing
+/// inputs, and the client headers to forward.
+pub struct Outgoing {
+    body: Map<String, Json>,
+    headers: HeaderMap,
+}
+
+impl Outgoing {
+    /// `body` is the client's JSON object; `input_fields` the body fields
+    /// and headers the policy reads as inputs.
+    pub fn new(
+        mut body: Map<String, Json>,
+        client_headers: &HeaderMap,
+        input_fields: &[&str],
+        input_headers: &[&str],
+        request_id: &str,
+    ) -> Outgoing {
+        for field in input_fields {
+            body.remove(*field);
+        }
+        let mut headers = HeaderMap::new();
+        for name in FORWARDED_HEADERS {
+            if input_headers.contains(name) {
+                continue;
+            }
+            if let Some(value) = client_headers.get(*name) {
+                headers.insert(HeaderName::from_static(name), value.clone());
+            }
+        }
+        if let Ok(value) = HeaderValue::from_str(request_id) {
+            headers.insert(HeaderName::from_static("x-request-id"), value);
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Outgoing { body, headers }
+    }
+
+    /// The URL, headers and bytes of an attempt at `candidate`: the same
+    /// for every attempt at the same route, whatever happened before.
+    pub fn request_for(
+        &self,
+        snapshot: &Snapshot,
+        candidate: &Candidate,
+        endpoint: Endpoint,
+    ) -> Option<(String, HeaderMap, Bytes)> {
+        let provider = snapshot.provider(candidate.provider)?;
+        let secret = snapshot.secret(candidate.provider, candidate.credential)?;
+        let url = format!(
+            "{}{}",
+            provider.base_url.trim_end_matches('/'),
+            endpoint.path()
+        );
+        let mut body = self.body.clone();
+        body.insert(
+            String::from("model"),
+            Json::String(candidate.upstream_model.to_string()),
+        );
+        let bytes = serde_json::to_vec(&Json::Object(body)).ok()?;
+        let mut headers = self.headers.clone();
+        match provider.format {
+            WireFormat::OpenAi => {
+                let value = HeaderValue::from_str(&format!("Bearer {}", secret.expose())).ok()?;
+                headers.insert(header::AUTHORIZATION, value);
+            }
+            WireFormat::Anthropic => {
+                headers.insert(
+                    HeaderName::from_static("x-api-key"),
+                    HeaderValue::from_str(secret.expose()).ok()?,
+                );
+                headers
+                    .entry(HeaderName::from_static("anthropic-version"))
+                    .or_insert(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
+            }
+        }
+        Some((url, headers, Bytes::from(bytes)))
+    }
+}
+
+/// What a provider's non-success answer says: `Retry-After` (seconds, or
+/// OpenAI's `retry-after-ms`) and the error object in either wire format.
+pub fn outcome_facts(status: u16, headers: &HeaderMap, body: &[u8]) -> OutcomeFacts {
+    let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let retry_after_ms = header_text("retry-after-ms")
+        .and_then(|text| text.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| ms as u64)
+        .or_else(|| {
+            header_text("retry-after")
+                .and_then(|text| text.trim().parse::<f64>().ok())
+                .filter(|secs| secs.is_finite() && *secs >= 0.0)
+                .map(|secs| (secs * 1000.0) as u64)
+        });
+    let json: Option<Json> = serde_json::from_slice(body).ok();
+    let error = json.as_ref().and_then(|j| j.get("error"));
+    let text = |value: Option<&Json>| -> Option<Arc<str>> {
+        match value? {
+            Json::String(s) => Some(Arc::from(s.as_str())),
+            Json::Number(n) => Some(Arc::from(n.to_string().as_str())),
+            _ => None,
+        }
+    };
+    OutcomeFacts {
+        status: Some(status),
+        retry_after_ms,
+        error_code: text(error.and_then(|e| e.get("code"))),
+        error_type: text(error.and_then(|e| e.get("type"))),
+        error_message: text(error.and_then(|e| e.get("message")))
+            .or_else(|| error.and_then(Json::as_str).map(Arc::from)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    #[test]
+    fn facts_from_either_wire_format() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("7"));
+        let openai = outcome_facts(
+            429,
+            &headers,
+            br#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+        );
+        assert_eq!(openai.retry_after_ms, Some(7_000));
+        assert_eq!(openai.error_code.as_deref(), Some("insufficient_quota"));
+        assert_eq!(openai.error_message.as_deref(), Some("quota"));
+
+        headers.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        let anthropic = outcome_facts(
+            529,
+            &headers,
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+        );
+        assert_eq!(anthropic.retry_after_ms, Some(1_500));
+        assert_eq!(anthropic.error_type.as_deref(), Some("overloaded_error"));
+        assert_eq!(anthropic.error_code, None);
+
+        let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>");
+        assert_eq!(garbage.status, Some(502));
+        assert_eq!(garbage.error_message, None);
+        assert_eq!(garbage.retry_after_ms, None);
+    }
+
+    #[test]
+    fn routing_inputs_and_client_credentials_stay_behind() {
+        let body: Map<String, Json> =
+            serde_json::from_str(r#"{"model":"m","provider":{"only":["x"]},"messages":[]}"#)
+                .unwrap();
+        let mut client = HeaderMap::new();
+        client.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer client-key"),
+        );
+        client.insert("x-api-key", HeaderValue::from_static("client-key"));
+        client.insert("connection", HeaderValue::from_static("keep-alive"));
+        client.insert("x-route-hint", HeaderValue::from_static("eu"));
+        client.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
+        let outgoing = Outgoing::new(body, &client, &["provider"], &["x-route-hint"], "req-1");
+        assert!(!outgoing.body.contains_key("provider"));
+        assert!(outgoing.headers.get("authorization").is_none());
+        assert!(outgoing.headers.get("x-api-key").is_none());
+        assert!(outgoing.headers.get("connection").is_none());
+        assert!(outgoing.headers.get("x-route-hint").is_none());
+        assert_eq!(outgoing.headers["anthropic-version"], "2024-01-01");
+        assert_eq!(outgoing.headers["x-request-id"], "req-1");
+    }
+}

@@ -1,0 +1,329 @@
+//! The two wire formats as the proxy speaks them: error objects, error
+//! events in streams, and reading server-sent events from providers.
+
+use crate::data::WireFormat;
+use crate::evaluate::{Endpoint, ErrorResponse};
+use bytes::Bytes;
+use serde_json::{Value as Json, json};
+
+/// The error object a client of this wire format expects.
+pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
+    match wire {
+        WireFormat::OpenAi => json!({
+            "error": {
+                "message": error.message,
+                "type": error.error_type,
+                "code": error.code,
+                "param": null,
+            }
+        }),
+        WireFormat::Anthropic => json!({
+            "type": "error",
+            "error": {
+                "type": error.error_type,
+                "message": error.message,
+            }
+        }),
+    }
+}
+
+/// The event that ends a stream that broke after it started: an error in
+/// the stream's own format and no completion sentinel after it.
+pub fn error_event(wire: WireFormat, error: &ErrorResponse) -> Bytes {
+    let body = error_body(wire, error);
+    Bytes::from(match wire {
+        WireFormat::OpenAi => format!("data: {body}\n\n"),
+        WireFormat::Anthropic => format!("event: error\ndata: {body}\n\n"),
+    })
+}
+
+/// What ends a stream correctly.
+pub fn sentinel(endpoint: Endpoint) -> Option<Bytes> {
+    match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Completions => {
+            Some(Bytes::from_static(b"data: [DONE]\n\n"))
+        }
+        Endpoint::Messages => Some(Bytes::from_static(
+            b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        )),
+        Endpoint::Responses | Endpoint::Embeddings => None,
+    }
+}
+
+/// One server-sent event from a provider, as received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The bytes of the event, its blank line included.
+    pub raw: Bytes,
+    pub name: Option<String>,
+    pub data: String,
+}
+
+/// What an event means for the stream it is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// Content or metadata.
+    Content,
+    /// The answer is complete (a finish reason, a stop reason, a completed
+    /// response); only the sentinel or usage may follow.
+    Finished,
+    /// The completion sentinel itself.
+    Sentinel,
+    /// A comment or keep-alive without data.
+    Comment,
+    /// The provider reports an error in the stream.
+    Error,
+    /// Not valid for the wire format.
+    Malformed,
+}
+
+impl Event {
+    /// Classifies the event for `endpoint`'s stream.
+    pub fn kind(&self, endpoint: Endpoint) -> EventKind {
+        if self.data.is_empty() && self.name.is_none() {
+            return EventKind::Comment;
+        }
+        if self.data.trim() == "[DONE]" {
+            return match endpoint {
+                Endpoint::ChatCompletions | Endpoint::Completions => EventKind::Sentinel,
+                _ => EventKind::Malformed,
+            };
+        }
+        let Ok(data) = serde_json::from_str::<Json>(&self.data) else {
+            return EventKind::Malformed;
+        };
+        if !data.is_object() {
+            return EventKind::Malformed;
+        }
+        let event_type = data
+            .get("type")
+            .and_then(Json::as_str)
+            .or(self.name.as_deref());
+        if data.get("error").is_some_and(|e| !e.is_null()) || event_type == Some("error") {
+            return EventKind::Error;
+        }
+        match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Completions => {
+                let finished =
+                    data.get("choices")
+                        .and_then(Json::as_array)
+                        .is_some_and(|choices| {
+                            choices.iter().any(|choice| {
+                                choice
+                                    .get("finish_reason")
+                                    .is_some_and(|reason| !reason.is_null())
+                            })
+                        });
+                if finished {
+                    EventKind::Finished
+                } else {
+                    EventKind::Content
+                }
+            }
+            Endpoint::Messages => match event_type {
+                Some("message_stop") => EventKind::Sentinel,
+                Some("message_delta")
+                    if data
+                        .pointer("/delta/stop_reason")
+                        .is_some_and(|reason| !reason.is_null()) =>
+                {
+                    EventKind::Finished
+                }
+                Some(_) => EventKind::Content,
+                None => EventKind::Malformed,
+            },
+            Endpoint::Responses => match event_type {
+                Some("response.completed") => EventKind::Sentinel,
+                Some("response.failed") | Some("response.incomplete") => EventKind::Error,
+                Some(_) => EventKind::Content,
+                None => EventKind::Malformed,
+            },
+            Endpoint::Embeddings => EventKind::Malformed,
+        }
+    }
+
+    /// Usage figures the event reports, if any: (input, output) tokens.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let data: Json = serde_json::from_str(&self.data).ok()?;
+        usage_of(&data)
+            .or_else(|| data.get("message").and_then(usage_of))
+            .or_else(|| data.get("response").and_then(usage_of))
+    }
+}
+
+/// Usage in either format: OpenAI's `prompt_tokens`/`completion_tokens` or
+/// `input_tokens`/`output_tokens` (Anthropic, Responses).
+pub fn usage_of(body: &Json) -> Option<(u64, u64)> {
+    let usage = body.get("usage")?;
+    let field = |names: [&str; 2]| {
+        names
+            .iter()
+            .find_map(|name| usage.get(*name).and_then(Json::as_u64))
+    };
+    let input = field(["prompt_tokens", "input_tokens"]);
+    let output = field(["completion_tokens", "output_tokens"]);
+    (input.is_some() || output.is_some()).then(|| (input.unwrap_or(0), output.unwrap_or(0)))
+}
+
+/// Splits a byte stream into events as they complete.
+#[derive(Default)]
+pub struct EventReader {
+    buffer: Vec<u8>,
+}
+
+/// Longest event kept while waiting for its end; a provider sending more
+/// without a blank line is not speaking SSE.
+const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// An event grew past [`MAX_EVENT_BYTES`] without ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventTooLong;
+
+impl EventReader {
+    /// Adds received bytes; returns the events they complete.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, EventTooLong> {
+        self.buffer.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        while let Some(end) = event_end(&self.buffer) {
+            let raw: Vec<u8> = self.buffer.drain(..end).collect();
+            events.push(parse_event(Bytes::from(raw)));
+        }
+        if self.buffer.len() > MAX_EVENT_BYTES {
+            return Err(EventTooLong);
+        }
+        Ok(events)
+    }
+
+    /// Bytes received after the last complete event.
+    pub fn pending(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+/// The end (exclusive) of the first complete event: after a blank line,
+/// with `\n` or `\r\n` line ends.
+fn event_end(buffer: &[u8]) -> Option<usize> {
+    let mut index = 0;
+    while index < buffer.len() {
+        let rest = buffer.get(index..)?;
+        if rest.starts_with(b"\n\n") {
+            return Some(index + 2);
+        }
+        if rest.starts_with(b"\r\n\r\n") {
+            return Some(index + 4);
+        }
+        if rest.starts_with(b"\n\r\n") {
+            return Some(index + 3);
+        }
+        index += 1;
+    }
+    None
+}
+
+fn parse_event(raw: Bytes) -> Event {
+    let text = String::from_utf8_lossy(&raw);
+    let mut name = None;
+    let mut data: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("data:") {
+            data.push(value.strip_prefix(' ').unwrap_or(value));
+        } else if let Some(value) = line.strip_prefix("event:") {
+            name = Some(value.trim().to_string());
+        }
+    }
+    let data = data.join("\n");
+    Event { raw, name, data }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    #[test]
+    fn events_complete_across_chunks_and_line_endings() {
+        let mut reader = EventReader::default();
+        assert!(reader.push(b"data: {\"a\"").unwrap().is_empty());
+        let events = reader
+            .push(b":1}\n\nevent: ping\r\ndata: {}\r\n\r\ndata: x")
+            .unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "{\"a\":1}");
+        assert_eq!(events[0].raw.as_ref(), b"data: {\"a\":1}\n\n");
+        assert_eq!(events[1].name.as_deref(), Some("ping"));
+        assert_eq!(reader.pending(), b"data: x");
+    }
+
+    #[test]
+    fn events_are_classified_per_endpoint() {
+        let event = |text: &str| parse_event(Bytes::from(text.to_string()));
+        let chat = Endpoint::ChatCompletions;
+        assert_eq!(event("data: [DONE]\n\n").kind(chat), EventKind::Sentinel);
+        assert_eq!(
+            event(
+                "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n"
+            )
+            .kind(chat),
+            EventKind::Content
+        );
+        assert_eq!(
+            event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n").kind(chat),
+            EventKind::Finished
+        );
+        assert_eq!(
+            event("data: {not json\n\n").kind(chat),
+            EventKind::Malformed
+        );
+        assert_eq!(event(": keep-alive\n\n").kind(chat), EventKind::Comment);
+        assert_eq!(
+            event("data: {\"error\":{\"message\":\"x\"}}\n\n").kind(chat),
+            EventKind::Error
+        );
+        let messages = Endpoint::Messages;
+        assert_eq!(
+            event("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n").kind(messages),
+            EventKind::Sentinel
+        );
+        assert_eq!(
+            event("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n")
+                .kind(messages),
+            EventKind::Finished
+        );
+        assert_eq!(
+            event("data: [DONE]\n\n").kind(messages),
+            EventKind::Malformed
+        );
+    }
+
+    #[test]
+    fn usage_in_either_format() {
+        assert_eq!(
+            usage_of(&json!({"usage": {"prompt_tokens": 3, "completion_tokens": 5}})),
+            Some((3, 5))
+        );
+        assert_eq!(
+            usage_of(&json!({"usage": {"input_tokens": 7, "output_tokens": 2}})),
+            Some((7, 2))
+        );
+        assert_eq!(usage_of(&json!({"usage": null})), None);
+    }
+
+    #[test]
+    fn error_objects_follow_the_wire_format() {
+        let error = ErrorResponse {
+            status: 429,
+            code: String::from("resource_exhausted"),
+            message: String::from("slow down"),
+            error_type: String::from("rate_limit_error"),
+            retry_after_secs: Some(3),
+        };
+        assert_eq!(
+            error_body(WireFormat::OpenAi, &error)["error"]["code"],
+            "resource_exhausted"
+        );
+        let anthropic = error_body(WireFormat::Anthropic, &error);
+        assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["error"]["type"], "rate_limit_error");
+        assert!(error_event(WireFormat::Anthropic, &error).starts_with(b"event: error\ndata: {"));
+    }
+}

@@ -1,0 +1,265 @@
+//! Health and capacity state: pauses, penalties, measurements and requests
+//! in flight, kept by stable ids (provider, route and credential ids) so that
+//! they survive reloads.
+//!
+//! The evaluator never reads this directly: the proxy takes a [`StateView`]
+//! of it at one moment and passes that as the decision's health input.
+//! [`InProcess`] keeps everything in this process; a store shared between
+//! replicas would implement the same operations.
+
+mod capacity;
+mod clock;
+mod health;
+
+pub use capacity::{Permit, Ticket};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use health::Sample;
+
+use crate::compile::Snapshot;
+use crate::data::CapacityLimits;
+use crate::evaluate::Candidate;
+use crate::evaluate::health::{CandidateHealth, HealthView, PenaltySchedule};
+use crate::language::ast::HealthScope;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
+
+/// What a pause or penalty applies to, by ids that stay the same when the
+/// policy or catalog is reloaded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScopeKey {
+    Provider(Arc<str>),
+    /// A model's route through a provider: (model id, provider id). For a
+    /// model the catalog does not know, the requested id.
+    Route(Arc<str>, Arc<str>),
+    /// (provider id, credential id).
+    Credential(Arc<str>, Arc<str>),
+}
+
+impl ScopeKey {
+    pub fn provider(&self) -> &str {
+        match self {
+            ScopeKey::Provider(provider)
+            | ScopeKey::Route(_, provider)
+            | ScopeKey::Credential(provider, _) => provider,
+        }
+    }
+
+    /// The scope of a candidate that a `pause` or `penalize` names.
+    pub fn of(snapshot: &Snapshot, candidate: &Candidate, scope: HealthScope) -> ScopeKey {
+        let keys = CandidateKeys::of(snapshot, candidate);
+        match scope {
+            HealthScope::Provider => keys.provider,
+            HealthScope::Route => keys.route,
+            HealthScope::Credential => keys.credential,
+        }
+    }
+}
+
+impl std::fmt::Display for ScopeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScopeKey::Provider(provider) => write!(f, "provider {provider}"),
+            ScopeKey::Route(model, provider) => write!(f, "route {provider}/{model}"),
+            ScopeKey::Credential(provider, credential) => {
+                write!(f, "credential {provider}/{credential}")
+            }
+        }
+    }
+}
+
+/// The three scopes a candidate belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateKeys {
+    pub provider: ScopeKey,
+    pub route: ScopeKey,
+    pub credential: ScopeKey,
+}
+
+impl CandidateKeys {
+    pub fn of(snapshot: &Snapshot, candidate: &Candidate) -> CandidateKeys {
+        let provider_id: Arc<str> = snapshot
+            .provider(candidate.provider)
+            .map_or_else(|| Arc::from("?"), |p| Arc::from(p.id.as_str()));
+        let model_id: Arc<str> = candidate
+            .model
+            .and_then(|m| snapshot.data.catalog.models.get(m))
+            .map_or_else(
+                || candidate.requested.id.clone(),
+                |m| Arc::from(m.id.as_str()),
+            );
+        let credential_id: Arc<str> = snapshot
+            .credential(candidate.provider, candidate.credential)
+            .map_or_else(|| Arc::from("?"), |c| Arc::from(c.id.as_str()));
+        CandidateKeys {
+            route: ScopeKey::Route(model_id, provider_id.clone()),
+            credential: ScopeKey::Credential(provider_id.clone(), credential_id),
+            provider: ScopeKey::Provider(provider_id),
+        }
+    }
+
+    fn all(&self) -> [&ScopeKey; 3] {
+        [&self.provider, &self.route, &self.credential]
+    }
+}
+
+/// The state of one proxy process.
+pub struct InProcess {
+    clock: Arc<dyn Clock>,
+    health: Mutex<health::HealthTables>,
+    capacity: Mutex<capacity::CapacityTables>,
+    /// Woken whenever room may have appeared: a permit released, a pause
+    /// lifted early, a waiter leaving the queue.
+    changed: Notify,
+}
+
+impl InProcess {
+    pub fn new(clock: Arc<dyn Clock>) -> Arc<InProcess> {
+        Arc::new(InProcess {
+            clock,
+            health: Mutex::new(health::HealthTables::default()),
+            capacity: Mutex::new(capacity::CapacityTables::default()),
+            changed: Notify::new(),
+        })
+    }
+
+    pub fn clock(&self) -> &dyn Clock {
+        self.clock.as_ref()
+    }
+
+    fn health(&self) -> MutexGuard<'_, health::HealthTables> {
+        // A panic while holding the lock cannot leave the tables half
+        // updated in a way that matters more than losing them; keep serving.
+        self.health
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn capacity(&self) -> MutexGuard<'_, capacity::CapacityTables> {
+        self.capacity
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Skips the scope for `for_ms` from now (a longer pause wins).
+    pub fn pause(&self, scope: &ScopeKey, for_ms: u64) {
+        let now = self.clock.now_ms();
+        self.health().pause(scope, now, for_ms);
+    }
+
+    /// Counts a failure against the scope under the policy's schedule.
+    pub fn penalize(&self, scope: &ScopeKey, schedule: &PenaltySchedule) {
+        let now = self.clock.now_ms();
+        self.health().penalize(scope, now, schedule);
+    }
+
+    /// Records an attempt's measurements for the route.
+    pub fn record(&self, route: &ScopeKey, sample: Sample) {
+        let now = self.clock.now_ms();
+        self.health().record(route, now, sample);
+    }
+
+    /// One candidate's health now, under the provider's limits.
+    pub fn candidate_health(
+        &self,
+        keys: &CandidateKeys,
+        limits: Option<CapacityLimits>,
+        stats_window_ms: u64,
+    ) -> CandidateHealth {
+        let now = self.clock.now_ms();
+        let mut health = self
+            .health()
+            .candidate(keys.all(), &keys.route, now, stats_window_ms);
+        let room = self
+            .capacity()
+            .room(keys.provider.provider(), limits, now, None);
+        health.in_flight = room.in_flight;
+        health.full = !room.available;
+        health.free_in_ms = room.free_in_ms;
+        health
+    }
+
+    /// Takes room at the provider for one attempt, unless it is full or an
+    /// earlier waiter in the queue is waiting for it.
+    pub fn try_acquire(
+        self: &Arc<Self>,
+        provider: &str,
+        limits: Option<CapacityLimits>,
+        ticket: Option<&Ticket>,
+    ) -> Option<Permit> {
+        let now = self.clock.now_ms();
+        let acquired = self
+            .capacity()
+            .acquire(provider, limits, now, ticket.map(Ticket::number));
+        acquired.then(|| Permit::new(self.clone(), provider))
+    }
+
+    /// Whether the holder of `ticket` (or a request not waiting) could take
+    /// room at the provider now.
+    pub fn has_room(
+        &self,
+        provider: &str,
+        limits: Option<CapacityLimits>,
+        ticket: Option<&Ticket>,
+    ) -> bool {
+        let now = self.clock.now_ms();
+        self.capacity()
+            .room(provider, limits, now, ticket.map(Ticket::number))
+            .available
+    }
+
+    /// Joins the queue of requests waiting for room at these providers.
+    pub fn enqueue(self: &Arc<Self>, providers: HashSet<Arc<str>>) -> Ticket {
+        let number = self.capacity().enqueue(providers);
+        Ticket::new(self.clone(), number)
+    }
+
+    /// Resolves when room may have appeared.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    fn release(&self, provider: &str) {
+        self.capacity().release(provider);
+        self.changed.notify_waiters();
+    }
+
+    fn dequeue(&self, number: u64) {
+        self.capacity().dequeue(number);
+        self.changed.notify_waiters();
+    }
+
+    /// Forgets state of providers no longer in the catalog (after a reload).
+    pub fn retain_providers(&self, providers: &HashSet<&str>) {
+        self.health()
+            .retain(|scope| providers.contains(scope.provider()));
+        self.capacity().retain(providers);
+        self.changed.notify_waiters();
+    }
+
+    /// Requests in flight to any provider.
+    pub fn in_flight_total(&self) -> u32 {
+        self.capacity().in_flight_total()
+    }
+}
+
+/// The state at one moment, as the evaluator's health input.
+pub struct StateView<'a> {
+    pub state: &'a InProcess,
+    pub snapshot: &'a Snapshot,
+}
+
+impl HealthView for StateView<'_> {
+    fn health(&self, candidate: &Candidate) -> CandidateHealth {
+        let keys = CandidateKeys::of(self.snapshot, candidate);
+        let limits = self
+            .snapshot
+            .provider(candidate.provider)
+            .and_then(|p| p.capacity);
+        self.state
+            .candidate_health(&keys, limits, self.snapshot.health.stats_window_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests;

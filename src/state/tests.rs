@@ -1,0 +1,214 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use super::*;
+
+fn state() -> (Arc<ManualClock>, Arc<InProcess>) {
+    let clock = Arc::new(ManualClock::default());
+    let state = InProcess::new(clock.clone());
+    (clock, state)
+}
+
+fn keys(provider: &str) -> CandidateKeys {
+    CandidateKeys {
+        provider: ScopeKey::Provider(Arc::from(provider)),
+        route: ScopeKey::Route(Arc::from("m"), Arc::from(provider)),
+        credential: ScopeKey::Credential(Arc::from(provider), Arc::from("c")),
+    }
+}
+
+const DAY: u64 = 86_400_000;
+
+#[test]
+fn a_pause_ends_and_the_longer_of_two_wins() {
+    let (clock, state) = state();
+    let candidate = keys("p");
+    state.pause(&candidate.route, 5_000);
+    state.pause(&candidate.provider, 2_000);
+    assert_eq!(
+        state.candidate_health(&candidate, None, DAY).paused_for_ms,
+        Some(5_000)
+    );
+    state.pause(&candidate.route, 1_000);
+    assert_eq!(
+        state.candidate_health(&candidate, None, DAY).paused_for_ms,
+        Some(5_000)
+    );
+    clock.advance(4_999);
+    assert_eq!(
+        state.candidate_health(&candidate, None, DAY).paused_for_ms,
+        Some(1)
+    );
+    clock.advance(1);
+    assert_eq!(
+        state.candidate_health(&candidate, None, DAY).paused_for_ms,
+        None
+    );
+    // Other providers were never paused.
+    assert_eq!(
+        state.candidate_health(&keys("q"), None, DAY).paused_for_ms,
+        None
+    );
+}
+
+#[test]
+fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
+    let (clock, state) = state();
+    let candidate = keys("p");
+    let schedule = PenaltySchedule {
+        base_ms: 1_000,
+        factor: 3.0,
+        max_ms: 5_000,
+        reset_ms: 60_000,
+    };
+    state.penalize(&candidate.provider, &schedule);
+    let health = state.candidate_health(&candidate, None, DAY);
+    assert!(health.penalized);
+    assert_eq!(health.strikes, 1);
+    clock.advance(1_000);
+    assert!(!state.candidate_health(&candidate, None, DAY).penalized);
+
+    // A second failure within `reset`: 3 s; a third: 9 s capped at 5 s.
+    state.penalize(&candidate.provider, &schedule);
+    clock.advance(2_999);
+    assert!(state.candidate_health(&candidate, None, DAY).penalized);
+    clock.advance(1);
+    assert!(!state.candidate_health(&candidate, None, DAY).penalized);
+    state.penalize(&candidate.provider, &schedule);
+    assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 3);
+    clock.advance(4_999);
+    assert!(state.candidate_health(&candidate, None, DAY).penalized);
+    clock.advance(1);
+    assert!(!state.candidate_health(&candidate, None, DAY).penalized);
+
+    // After `reset` without a failure the count starts again.
+    clock.advance(60_000);
+    state.penalize(&candidate.provider, &schedule);
+    assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 1);
+}
+
+#[test]
+fn stats_cover_the_window_only() {
+    let (clock, state) = state();
+    let candidate = keys("p");
+    let ok = Sample {
+        success: true,
+        ttft_ms: Some(100),
+        latency_ms: Some(400),
+        throughput: Some(50.0),
+    };
+    state.record(&candidate.route, ok);
+    clock.advance(10_000);
+    state.record(&candidate.route, Sample::default());
+    state.record(
+        &candidate.route,
+        Sample {
+            ttft_ms: Some(300),
+            latency_ms: Some(600),
+            throughput: Some(70.0),
+            ..ok
+        },
+    );
+    let stats = state.candidate_health(&candidate, None, 60_000).stats;
+    assert_eq!(stats.samples, 3);
+    assert_eq!(stats.success_rate, Some(2.0 / 3.0));
+    assert_eq!(stats.ttft_ms, Some(200));
+    assert_eq!(stats.latency_ms, Some(500));
+    assert_eq!(stats.throughput, Some(60.0));
+    // The first sample falls out of a 5 s window.
+    let stats = state.candidate_health(&candidate, None, 5_000).stats;
+    assert_eq!(stats.samples, 2);
+    assert_eq!(stats.success_rate, Some(0.5));
+}
+
+#[test]
+fn concurrency_limits_admit_until_full_and_permits_give_room_back() {
+    let (_clock, state) = state();
+    let limits = Some(CapacityLimits {
+        concurrent: Some(2),
+        window: None,
+    });
+    let first = state.try_acquire("p", limits, None).unwrap();
+    let second = state.try_acquire("p", limits, None).unwrap();
+    assert!(state.try_acquire("p", limits, None).is_none());
+    let health = state.candidate_health(&keys("p"), limits, DAY);
+    assert!(health.full);
+    assert_eq!(health.in_flight, 2);
+    assert_eq!(health.free_in_ms, None);
+    drop(first);
+    assert!(!state.candidate_health(&keys("p"), limits, DAY).full);
+    drop(second);
+    assert_eq!(state.in_flight_total(), 0);
+}
+
+#[test]
+fn window_limits_say_when_room_returns() {
+    let (clock, state) = state();
+    let limits = Some(CapacityLimits {
+        concurrent: None,
+        window: Some((2, 10_000)),
+    });
+    drop(state.try_acquire("p", limits, None).unwrap());
+    clock.advance(3_000);
+    drop(state.try_acquire("p", limits, None).unwrap());
+    assert!(state.try_acquire("p", limits, None).is_none());
+    let health = state.candidate_health(&keys("p"), limits, DAY);
+    assert!(health.full);
+    assert_eq!(health.free_in_ms, Some(7_000));
+    clock.advance(7_000);
+    assert!(state.try_acquire("p", limits, None).is_some());
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order() {
+    let (_clock, state) = state();
+    let limits = Some(CapacityLimits {
+        concurrent: Some(1),
+        window: None,
+    });
+    let busy = state.try_acquire("p", limits, None).unwrap();
+    let first = state.enqueue(HashSet::from([Arc::from("p")]));
+    let second = state.enqueue(HashSet::from([Arc::from("p")]));
+    drop(busy);
+    // Room is back, but it is the first waiter's: neither the second nor a
+    // newcomer may take it.
+    assert!(state.try_acquire("p", limits, Some(&second)).is_none());
+    assert!(state.try_acquire("p", limits, None).is_none());
+    assert!(state.candidate_health(&keys("p"), limits, DAY).full);
+    let permit = state.try_acquire("p", limits, Some(&first)).unwrap();
+    drop(first);
+    drop(permit);
+    assert!(state.try_acquire("p", limits, Some(&second)).is_some());
+}
+
+#[test]
+fn waiters_only_hold_back_the_providers_they_wait_for() {
+    let (_clock, state) = state();
+    let _waiting = state.enqueue(HashSet::from([Arc::from("p")]));
+    assert!(state.try_acquire("q", None, None).is_some());
+    assert!(state.try_acquire("p", None, None).is_none());
+}
+
+#[test]
+fn removed_providers_lose_their_state() {
+    let (_clock, state) = state();
+    state.pause(&keys("gone").provider, 60_000);
+    state.pause(&keys("kept").provider, 60_000);
+    state.retain_providers(&HashSet::from(["kept"]));
+    assert!(
+        state
+            .candidate_health(&keys("gone"), None, DAY)
+            .paused_for_ms
+            .is_none()
+    );
+    assert!(
+        state
+            .candidate_health(&keys("kept"), None, DAY)
+            .paused_for_ms
+            .is_some()
+    );
+}

@@ -1,0 +1,430 @@
+//! Live reloads through the real proxy on loopback: a valid change takes
+//! effect, an invalid one never serves, requests are never dropped, and
+//! health state survives.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{Files, Stack, sha256_hex};
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use switchyard::proxy::Options;
+use switchyard::reload::{Reloader, Watch};
+
+const KEY: &str = "sk-reload-test";
+/// The most a valid change may take to serve (the issue's promise).
+const IN_EFFECT_WITHIN: Duration = Duration::from_secs(1);
+
+const POLICY: &str = r#"policy reloading {
+  catalog "catalog.yaml"
+  tenants "tenants.yaml"
+}
+
+models {
+  credentials each else failed
+  unknown error failed
+}
+
+failover {
+  attempts 2
+  on 429 => next, pause provider for 30s, error busy
+  on any => next, error failed
+}
+
+headers {
+  "x-generation" = "GENERATION"
+}
+
+errors {
+  busy = 429, "every provider is busy"
+  failed = 502, "the providers failed"
+}
+"#;
+
+fn policy_text(generation: &str) -> String {
+    POLICY.replace("GENERATION", generation)
+}
+
+const CATALOG: &str = r#"providers:
+  - id: alpha
+    format: openai
+    base_url: http://{sim}/alpha/v1
+    credentials:
+      - id: alpha-key
+        key: "${ALPHA_KEY}"
+  - id: beta
+    format: openai
+    base_url: http://{sim}/beta/v1
+    credentials:
+      - id: beta-key
+        key: "${BETA_KEY}"
+models:
+  - id: m
+    kind: chat
+    routes:
+      - provider: alpha
+      - provider: beta
+"#;
+
+const SECRETS: &[(&str, &str)] = &[("ALPHA_KEY", "alpha-secret"), ("BETA_KEY", "beta-secret")];
+
+struct Setup {
+    stack: Stack,
+    _watch: Watch,
+}
+
+impl std::ops::Deref for Setup {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+impl Setup {
+    async fn start(name: &str, scenario: &str) -> Setup {
+        let tenants = format!(
+            "tenants:\n  - id: t\n    keys:\n      - id: k\n        sha256: {}\n",
+            sha256_hex(KEY)
+        );
+        let policy = policy_text("g0");
+        let files = Files {
+            policy: &policy,
+            catalog: CATALOG,
+            tenants: &tenants,
+            scenario,
+            secrets: SECRETS,
+        };
+        let options = Options {
+            version_header: true,
+            ..Options::default()
+        };
+        let stack = Stack::start(name, &files, options).await;
+        let reloader = Reloader::new(
+            stack.proxy.clone(),
+            stack.policy.clone(),
+            &stack.sources,
+            Arc::new(files.secrets()),
+        );
+        let watch = reloader.watch().unwrap();
+        Setup {
+            stack,
+            _watch: watch,
+        }
+    }
+
+    /// One chat completion: its status and `x-generation`.
+    async fn ask(&self) -> (u16, Option<String>) {
+        ask(&self.client, &self.url("/v1/chat/completions")).await
+    }
+
+    async fn healthz(&self) -> serde_json::Value {
+        self.client
+            .get(self.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    fn failures(&self) -> u64 {
+        self.proxy.reload_status.lock().unwrap().failures
+    }
+
+    /// Polls until responses carry `generation`; returns how long it took.
+    async fn until_serving(&self, generation: &str) -> Duration {
+        let started = Instant::now();
+        loop {
+            if self.ask().await.1.as_deref() == Some(generation) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{generation} never took effect"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until the failed-reload count is above `before`.
+    async fn until_failed(&self, before: u64) {
+        let started = Instant::now();
+        while self.failures() <= before {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the bad edit was never looked at"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(self) {
+        drop(self._watch);
+        self.stack.stop().await;
+    }
+}
+
+async fn ask(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
+    let response = client
+        .post(url)
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let generation = response
+        .headers()
+        .get("x-generation")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let _ = response.bytes().await;
+    (status, generation)
+}
+
+const HEALTHY: &str = "providers:\n  alpha: {}\n  beta: {}\n";
+
+/// Replaces a file the way editors that save atomically do.
+fn rename_over(path: &Path, text: &str) {
+    let temporary = path.with_extension("policy.swp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
+    let setup = Setup::start("garbage", HEALTHY).await;
+    assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
+    let version = setup.healthz().await["version"].clone();
+
+    let before = setup.failures();
+    let mut text = policy_text("g0");
+    text.push_str("this is not a policy\n");
+    std::fs::write(&setup.policy, &text).unwrap();
+    setup.until_failed(before).await;
+
+    assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
+    let health = setup.healthz().await;
+    assert_eq!(
+        health["version"], version,
+        "the live version did not change"
+    );
+    let failure = &health["reload"]["last_failure"];
+    assert_eq!(
+        failure["file"].as_str().unwrap(),
+        setup.policy.display().to_string(),
+        "{failure}"
+    );
+    let garbage_line = text.lines().count();
+    assert_eq!(failure["diagnostics"][0]["line"], garbage_line);
+    assert_eq!(failure["diagnostics"][0]["column"], 1);
+    assert_eq!(failure["diagnostics"][0]["severity"], "error");
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_edit_takes_effect_and_shows_its_version() {
+    let setup = Setup::start("valid", HEALTHY).await;
+    let old_version = setup.healthz().await["version"].clone();
+    std::fs::write(&setup.policy, policy_text("g1")).unwrap();
+    let took = setup.until_serving("g1").await;
+    assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
+    let health = setup.healthz().await;
+    assert_ne!(health["version"], old_version);
+    assert_eq!(
+        health["reload"]["last_success"]["version"],
+        health["version"]
+    );
+    assert!(health["reload"]["last_failure"].is_null());
+    // Responses say which version decided them.
+    let response = setup
+        .client
+        .post(setup.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&serde_json::json!({"model": "m", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["x-switchyard-policy-version"]
+            .to_str()
+            .unwrap(),
+        health["version"].as_str().unwrap()
+    );
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_by_rename_takes_effect() {
+    let setup = Setup::start("rename", HEALTHY).await;
+    rename_over(&setup.policy, &policy_text("renamed"));
+    let took = setup.until_serving("renamed").await;
+    assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
+    // And again: the watch survives the replaced file.
+    rename_over(&setup.policy, &policy_text("renamed-again"));
+    setup.until_serving("renamed-again").await;
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_file_change_reloads_too() {
+    let setup = Setup::start("data", HEALTHY).await;
+    // Beta first: the route order is the catalog's.
+    let catalog = CATALOG
+        .replace("{sim}", &setup.sim.addr().to_string())
+        .replace(
+            "      - provider: alpha\n      - provider: beta\n",
+            "      - provider: beta\n      - provider: alpha\n",
+        );
+    std::fs::write(setup.dir.join("catalog.yaml"), catalog).unwrap();
+    let started = Instant::now();
+    loop {
+        setup.sim.clear();
+        assert_eq!(setup.ask().await.0, 200);
+        if setup.sim.requests()[0].provider == "beta" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_finish_on_the_policy_they_started_on() {
+    let setup = Setup::start(
+        "in-flight",
+        "providers:\n  alpha:\n    latency: 600ms\n  beta: {}\n",
+    )
+    .await;
+    let client = setup.client.clone();
+    let url = setup.url("/v1/chat/completions");
+    let slow = tokio::spawn(async move { ask(&client, &url).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&setup.policy, policy_text("g1")).unwrap();
+    setup.until_serving("g1").await;
+    assert_eq!(slow.await.unwrap(), (200, Some(String::from("g0"))));
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pauses_survive_a_reload() {
+    let setup = Setup::start(
+        "state",
+        "providers:\n  alpha:\n    sequence: [\"429\", \"200\"]\n  beta: {}\n",
+    )
+    .await;
+    assert_eq!(setup.ask().await.0, 200);
+    let providers = |setup: &Setup| -> Vec<String> {
+        setup
+            .sim
+            .requests()
+            .iter()
+            .map(|r| r.provider.clone())
+            .collect()
+    };
+    assert_eq!(
+        providers(&setup),
+        ["alpha", "beta"],
+        "alpha answered 429, beta served"
+    );
+    std::fs::write(&setup.policy, policy_text("g1")).unwrap();
+    setup.until_serving("g1").await;
+    // alpha stays paused for 30 s across the reload: only beta is asked.
+    setup.sim.clear();
+    assert_eq!(setup.ask().await, (200, Some(String::from("g1"))));
+    assert_eq!(providers(&setup), ["beta"]);
+    setup.stop().await;
+}
+
+/// The storm: 200 reloads (a valid change, an invalid edit, a truncated
+/// write, in turn) under continuous load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_storm_drops_nothing_and_never_serves_a_bad_policy() {
+    let setup = Arc::new(Setup::start("storm", HEALTHY).await);
+    let valid: Arc<Mutex<HashSet<String>>> =
+        Arc::new(Mutex::new(HashSet::from([String::from("g0")])));
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for _ in 0..4 {
+        let (client, url) = (setup.client.clone(), setup.url("/v1/chat/completions"));
+        let (valid, stop, served) = (valid.clone(), stop.clone(), served.clone());
+        load.push(tokio::spawn(async move {
+            let mut problems = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let (status, generation) = ask(&client, &url).await;
+                served.fetch_add(1, Ordering::SeqCst);
+                let known = generation
+                    .as_ref()
+                    .is_some_and(|g| valid.lock().unwrap().contains(g));
+                if status != 200 || !known {
+                    problems.push(format!("{status} from generation {generation:?}"));
+                }
+            }
+            problems
+        }));
+    }
+
+    let mut slowest = Duration::ZERO;
+    for round in 1..=200 {
+        match round % 3 {
+            0 => {
+                let generation = format!("g{round}");
+                valid.lock().unwrap().insert(generation.clone());
+                std::fs::write(&setup.policy, policy_text(&generation)).unwrap();
+                slowest = slowest.max(setup.until_serving(&generation).await);
+            }
+            1 => {
+                let before = setup.failures();
+                let mut text = policy_text(&format!("bad{round}"));
+                text.push_str("errors { half = }\n");
+                std::fs::write(&setup.policy, text).unwrap();
+                setup.until_failed(before).await;
+            }
+            _ => {
+                let before = setup.failures();
+                let text = policy_text(&format!("cut{round}"));
+                // Cut inside the header's string: never a valid policy.
+                let cut = text.find(&format!("cut{round}")).unwrap() + 2;
+                std::fs::write(&setup.policy, &text[..cut]).unwrap();
+                setup.until_failed(before).await;
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut problems = Vec::new();
+    for task in load {
+        problems.extend(task.await.unwrap());
+    }
+    let total = served.load(Ordering::SeqCst);
+    eprintln!("storm: {total} requests during 200 reloads; slowest valid change took {slowest:?}");
+    assert!(total > 200, "the load kept going ({total} requests)");
+    assert!(
+        problems.is_empty(),
+        "{} bad answers: {:?}",
+        problems.len(),
+        &problems[..problems.len().min(5)]
+    );
+    assert!(
+        slowest < IN_EFFECT_WITHIN,
+        "a valid change took {slowest:?}"
+    );
+    match Arc::try_unwrap(setup) {
+        Ok(setup) => setup.stop().await,
+        Err(_) => panic!("the load tasks still hold the setup"),
+    }
+}
