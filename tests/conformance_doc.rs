@@ -5,8 +5,12 @@
 //! in comments, as `[N25]`; a tag stands for its paragraph, the run of
 //! non-blank lines around the comment. This test derives each row's Policy
 //! cell from the tags and checks the table against them, so line numbers never
-//! go stale. `SWITCHYARD_BLESS=1 cargo test --test conformance_doc` rewrites
-//! the Policy cells and the summary instead of failing on them.
+//! go stale. The conformance tests (`tests/conformance_<policy>.rs`) name the
+//! rules each test proves the same way, in the comments above the test's
+//! `fn`; the Tests cell and the `proven` status follow from those.
+//! `SWITCHYARD_BLESS=1 cargo test --test conformance_doc` rewrites the Policy
+//! and Tests cells, the statuses that follow from them and the summary
+//! instead of failing on them.
 
 #![allow(
     clippy::unwrap_used,
@@ -23,8 +27,11 @@ const DOC: &str = "CONFORMANCE.md";
 const POLICIES: &str = "policies";
 /// The Policy cell of a row that no paragraph expresses.
 const NONE: &str = "—";
-const EXPRESSED: &str = "expressed";
+const PROVEN: &str = "proven";
+const EXPRESSED_ONLY: &str = "expressed-only: ";
 const OUT_OF_SCOPE: &str = "out of scope: ";
+/// The reason a blessed row gets when its tests are gone.
+const NOT_YET_TESTED: &str = "expressed-only: no conformance test yet";
 
 /// Where a tag's paragraph is: a file (relative to `policies/`, in the order
 /// of [`tagged_files`]) and its first and last lines, 1-based.
@@ -54,6 +61,7 @@ struct Row {
     id: String,
     rule: String,
     policy: String,
+    tests: String,
     status: String,
     /// The policy file its section names, such as `noirdoc.policy`.
     policy_file: String,
@@ -178,6 +186,88 @@ fn tags(root: &Path, files: &[String]) -> Vec<Tag> {
     tags
 }
 
+/// A conformance test naming a rule it proves.
+#[derive(Debug)]
+struct TestTag {
+    id: String,
+    /// The policy file its test file is about, such as `ai-setu.policy`.
+    policy_file: String,
+    /// The test's file (relative to the package) and function.
+    file: String,
+    line: usize,
+    function: String,
+}
+
+/// The conformance test files: `tests/conformance_<policy>.rs`, with `-` in
+/// a policy's name written `_`; `conformance_doc.rs` is this file.
+fn conformance_test_files(root: &Path, policy_files: &[String]) -> Vec<(String, String)> {
+    policy_files
+        .iter()
+        .filter(|file| file.ends_with(".policy"))
+        .map(|policy| {
+            let stem = policy.trim_end_matches(".policy").replace('-', "_");
+            (format!("tests/conformance_{stem}.rs"), policy.clone())
+        })
+        .filter(|(file, _)| root.join(file).is_file())
+        .collect()
+}
+
+/// The rule tags of every conformance test: the ids in the comments between
+/// the previous item and a test's `fn` line.
+fn test_tags(root: &Path, files: &[(String, String)]) -> Vec<TestTag> {
+    let mut tags = Vec::new();
+    for (file, policy_file) in files {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let mut pending: Vec<(String, usize)> = Vec::new();
+        for (index, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            if let Some(comment) = trimmed.strip_prefix("//") {
+                pending.extend(tags_in(comment).into_iter().map(|id| (id, index + 1)));
+            } else if trimmed.starts_with("#[") || trimmed.is_empty() {
+                continue;
+            } else if let Some(function) = function_name(trimmed) {
+                for (id, line) in pending.drain(..) {
+                    tags.push(TestTag {
+                        id,
+                        policy_file: policy_file.clone(),
+                        file: file.clone(),
+                        line,
+                        function: function.clone(),
+                    });
+                }
+            } else {
+                pending.clear();
+            }
+        }
+    }
+    tags
+}
+
+/// The name of the function a line declares (`async fn x(` or `fn x(`).
+fn function_name(line: &str) -> Option<String> {
+    let rest = line
+        .strip_prefix("pub ")
+        .unwrap_or(line)
+        .strip_prefix("async ")
+        .unwrap_or(line.strip_prefix("pub ").unwrap_or(line));
+    let name = rest.strip_prefix("fn ")?;
+    let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(name[..end].to_owned())
+}
+
+/// The Tests cell: the tests that name the row, in file order.
+fn tests_cell(functions: &[String]) -> String {
+    if functions.is_empty() {
+        NONE.to_owned()
+    } else {
+        functions
+            .iter()
+            .map(|function| format!("`{function}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// The cells of a table line, trimmed; `\|` stays inside its cell.
 fn cells(line: &str) -> Vec<String> {
     let inner = line.trim().trim_start_matches('|');
@@ -231,11 +321,11 @@ fn rows(lines: &[&str], problems: &mut Vec<String>) -> Vec<Row> {
             ));
             continue;
         };
-        let [id, rule, policy, status] = match <[String; 4]>::try_from(cells) {
+        let [id, rule, policy, tests, status] = match <[String; 5]>::try_from(cells) {
             Ok(cells) => cells,
             Err(cells) => {
                 problems.push(format!(
-                    "{DOC}:{}: row {} needs four cells (ID, Rule, Policy, Status), not {}",
+                    "{DOC}:{}: row {} needs five cells (ID, Rule, Policy, Tests, Status), not {}",
                     index + 1,
                     cells[0],
                     cells.len()
@@ -248,6 +338,7 @@ fn rows(lines: &[&str], problems: &mut Vec<String>) -> Vec<Row> {
             id,
             rule,
             policy,
+            tests,
             status,
             policy_file,
             seed,
@@ -282,38 +373,42 @@ fn belongs_to(file: &str, policy_file: &str) -> bool {
     file == policy_file || file.starts_with(&format!("{stem}/"))
 }
 
-/// The summary table's lines: per seed, its rows and how many have each status.
-fn summary(rows: &[Row]) -> Vec<String> {
-    let mut seeds: Vec<(String, usize, usize, usize)> = Vec::new();
-    for row in rows {
+/// The summary table's lines: per seed, its rows and how many have each
+/// status (with the statuses as they will be written).
+fn summary(rows: &[(&Row, String)]) -> Vec<String> {
+    // Seed, rules, proven, expressed-only, out of scope.
+    type Counts = (String, usize, usize, usize, usize);
+    let mut seeds: Vec<Counts> = Vec::new();
+    for (row, status) in rows {
         if seeds.last().is_none_or(|seed| seed.0 != row.seed) {
-            seeds.push((row.seed.clone(), 0, 0, 0));
+            seeds.push((row.seed.clone(), 0, 0, 0, 0));
         }
         let seed = seeds.last_mut().unwrap();
         seed.1 += 1;
-        if row.status == EXPRESSED {
+        if status == PROVEN {
             seed.2 += 1;
-        } else if row.status.starts_with(OUT_OF_SCOPE) {
+        } else if status.starts_with(EXPRESSED_ONLY) {
             seed.3 += 1;
+        } else if status.starts_with(OUT_OF_SCOPE) {
+            seed.4 += 1;
         }
     }
     let mut lines = vec![
-        "| Seed | Rules | expressed | out of scope |".to_owned(),
-        "|---|---|---|---|".to_owned(),
+        "| Seed | Rules | proven | expressed-only | out of scope |".to_owned(),
+        "|---|---|---|---|---|".to_owned(),
     ];
-    for (seed, total, expressed, out_of_scope) in &seeds {
+    for (seed, total, proven, expressed_only, out_of_scope) in &seeds {
         lines.push(format!(
-            "| {seed} | {total} | {expressed} | {out_of_scope} |"
+            "| {seed} | {total} | {proven} | {expressed_only} | {out_of_scope} |"
         ));
     }
-    let all = |pick: fn(&(String, usize, usize, usize)) -> usize| -> usize {
-        seeds.iter().map(pick).sum()
-    };
+    let all = |pick: fn(&Counts) -> usize| -> usize { seeds.iter().map(pick).sum() };
     lines.push(format!(
-        "| **All** | **{}** | **{}** | **{}** |",
+        "| **All** | **{}** | **{}** | **{}** | **{}** |",
         all(|seed| seed.1),
         all(|seed| seed.2),
-        all(|seed| seed.3)
+        all(|seed| seed.3),
+        all(|seed| seed.4)
     ));
     lines
 }
@@ -379,49 +474,93 @@ fn conformance_table_matches_the_rule_tags_in_the_policies() {
         }
     }
 
-    let mut rewritten: Vec<String> = lines.iter().map(|line| (*line).to_owned()).collect();
-    let mut stale = Vec::new();
-    let no_places = BTreeSet::new();
-    for row in &rows {
-        let at = format!("{DOC}:{}", row.line + 1);
-        let row_places = places.get(row.id.as_str()).unwrap_or(&no_places);
-        if row.status.contains("MISSING") {
-            problems.push(format!("{at}: {} is MISSING", row.id));
-        } else if row.status == EXPRESSED {
-            if row_places.is_empty() {
-                problems.push(format!(
-                    "{at}: {} is expressed, but no policy or data file tags it",
-                    row.id
-                ));
+    let test_files = conformance_test_files(root, &files);
+    let mut proving: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let test_tags = test_tags(root, &test_files);
+    for tag in &test_tags {
+        let at = format!("{}:{}", tag.file, tag.line);
+        match ids.get(tag.id.as_str()) {
+            None => problems.push(format!("{at}: [{}] names no row of {DOC}", tag.id)),
+            Some(row) if row.policy_file != tag.policy_file => problems.push(format!(
+                "{at}: [{}] is a rule of {}, not of this file's policy",
+                tag.id, row.policy_file
+            )),
+            Some(_) => {
+                let functions = proving.entry(tag.id.as_str()).or_default();
+                if !functions.contains(&tag.function) {
+                    functions.push(tag.function.clone());
+                }
             }
-        } else if row.status.len() > OUT_OF_SCOPE.len() && row.status.starts_with(OUT_OF_SCOPE) {
-            if !row_places.is_empty() {
-                problems.push(format!(
-                    "{at}: {} is out of scope, but it is tagged in {}",
-                    row.id,
-                    policy_cell(row_places, &files)
-                ));
-            }
-        } else {
-            problems.push(format!(
-                "{at}: {} has status {:?}; use `{EXPRESSED}` or `{OUT_OF_SCOPE}REASON`",
-                row.id, row.status
-            ));
-        }
-        let expected = policy_cell(row_places, &files);
-        if row.policy != expected {
-            stale.push(format!(
-                "{at}: {} Policy cell is {:?}, the tags say {:?}",
-                row.id, row.policy, expected
-            ));
-            rewritten[row.line] = format!(
-                "| {} | {} | {} | {} |",
-                row.id, row.rule, expected, row.status
-            );
         }
     }
 
-    let expected_summary = summary(&rows);
+    let mut rewritten: Vec<String> = lines.iter().map(|line| (*line).to_owned()).collect();
+    let mut stale = Vec::new();
+    let no_places = BTreeSet::new();
+    let no_tests = Vec::new();
+    let mut statuses: Vec<(&Row, String)> = Vec::new();
+    for row in &rows {
+        let at = format!("{DOC}:{}", row.line + 1);
+        let row_places = places.get(row.id.as_str()).unwrap_or(&no_places);
+        let row_tests = proving.get(row.id.as_str()).unwrap_or(&no_tests);
+        let out_of_scope =
+            row.status.len() > OUT_OF_SCOPE.len() && row.status.starts_with(OUT_OF_SCOPE);
+        // The status the tags call for; a reason written by hand is kept.
+        let status = if out_of_scope {
+            row.status.clone()
+        } else if !row_tests.is_empty() {
+            PROVEN.to_owned()
+        } else if row.status.len() > EXPRESSED_ONLY.len() && row.status.starts_with(EXPRESSED_ONLY)
+        {
+            row.status.clone()
+        } else {
+            NOT_YET_TESTED.to_owned()
+        };
+        if row.status.contains("MISSING") {
+            problems.push(format!("{at}: {} is MISSING", row.id));
+        } else if out_of_scope {
+            if !row_places.is_empty() || !row_tests.is_empty() {
+                problems.push(format!(
+                    "{at}: {} is out of scope, but it is tagged in {}{}",
+                    row.id,
+                    policy_cell(row_places, &files),
+                    if row_tests.is_empty() {
+                        ""
+                    } else {
+                        " and in tests"
+                    }
+                ));
+            }
+        } else if row_places.is_empty() {
+            problems.push(format!(
+                "{at}: {} is not out of scope, but no policy or data file tags it",
+                row.id
+            ));
+        } else if ![PROVEN, EXPRESSED_ONLY, "expressed"]
+            .iter()
+            .any(|known| row.status.starts_with(known))
+        {
+            problems.push(format!(
+                "{at}: {} has status {:?}; use `{PROVEN}`, `{EXPRESSED_ONLY}REASON` or `{OUT_OF_SCOPE}REASON`",
+                row.id, row.status
+            ));
+        }
+        let expected_policy = policy_cell(row_places, &files);
+        let expected_tests = tests_cell(row_tests);
+        if row.policy != expected_policy || row.tests != expected_tests || row.status != status {
+            stale.push(format!(
+                "{at}: {} should read | {expected_policy} | {expected_tests} | {status} |",
+                row.id
+            ));
+            rewritten[row.line] = format!(
+                "| {} | {} | {} | {} | {} |",
+                row.id, row.rule, expected_policy, expected_tests, status
+            );
+        }
+        statuses.push((row, status));
+    }
+
+    let expected_summary = summary(&statuses);
     match summary_table(&lines) {
         None => problems.push(format!("{DOC}: no table under \"## Summary\"")),
         Some((first, end)) => {
@@ -471,7 +610,13 @@ fn a_tag_is_read_from_comments_only_and_stands_for_its_paragraph() {
     assert_eq!(paragraph(&lines, 6), (7, 7));
     assert!(is_rule_id("A102") && !is_rule_id("A") && !is_rule_id("12") && !is_rule_id("Ab1"));
     assert_eq!(
-        cells(r"| N1 | a \| b | `x.policy:1-2` | expressed |"),
-        ["N1", r"a \| b", "`x.policy:1-2`", "expressed"]
+        cells(r"| N1 | a \| b | `x.policy:1-2` | `t` | proven |"),
+        ["N1", r"a \| b", "`x.policy:1-2`", "`t`", "proven"]
     );
+    assert_eq!(
+        function_name("async fn n27_three_attempts() {"),
+        Some("n27_three_attempts".to_owned())
+    );
+    assert_eq!(function_name("fn helper(x: u8)"), Some("helper".to_owned()));
+    assert_eq!(function_name("let x = 1;"), None);
 }

@@ -15,7 +15,7 @@ use crate::evaluate::{
     Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
     OutcomeFacts, Plan, Progress, Timeouts,
 };
-use crate::state::{CandidateKeys, Sample, ScopeKey, StateView, Ticket};
+use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use hyper::header::{self, HeaderValue};
@@ -24,7 +24,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep_until, timeout_at};
 
 /// Chunks queued for a slow client before the upstream read waits for it.
 const STREAM_QUEUE: usize = 16;
@@ -32,8 +31,8 @@ const STREAM_QUEUE: usize = 16;
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a provider's non-streamed answer that is accepted.
 const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
-/// How long a stream that has finished its answer may take to close.
-const FINISHED_GRACE: Duration = Duration::from_millis(500);
+/// How long a stream that has finished its answer may take to close, ms.
+const FINISHED_GRACE_MS: u64 = 500;
 
 /// The way back to the client: the response not yet sent, or, once the
 /// headers went out, the body's channel.
@@ -142,7 +141,8 @@ pub struct Exchange {
     pub request_id: String,
     pub plan: Plan,
     pub outgoing: Outgoing,
-    pub started: Instant,
+    /// When the request arrived, on the state's clock.
+    pub started_ms: u64,
     pub report: Report,
     /// Whether the response headers went out (a stream held past
     /// `hold_headers`, or a committed answer).
@@ -157,7 +157,7 @@ impl Exchange {
         request_id: String,
         plan: Plan,
         outgoing: Outgoing,
-        started: Instant,
+        started_ms: u64,
     ) -> Exchange {
         Exchange {
             proxy,
@@ -166,7 +166,7 @@ impl Exchange {
             request_id,
             plan,
             outgoing,
-            started,
+            started_ms,
             report: Report::default(),
             head_sent: false,
         }
@@ -176,8 +176,12 @@ impl Exchange {
         self.endpoint.wire()
     }
 
+    fn now_ms(&self) -> u64 {
+        self.proxy.state.clock().now_ms()
+    }
+
     fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.now_ms().saturating_sub(self.started_ms)
     }
 
     fn keys(&self, candidate: usize) -> Option<CandidateKeys> {
@@ -230,7 +234,9 @@ impl Exchange {
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
         let mut ticket: Option<Ticket> = None;
-        let wait_until = self.started + Duration::from_millis(self.plan.capacity_wait_ms);
+        let wait_until = self.started_ms.saturating_add(self.plan.capacity_wait_ms);
+        let state = self.proxy.state.clone();
+        let clock = state.clock();
 
         loop {
             let next = {
@@ -295,15 +301,14 @@ impl Exchange {
                                         if let Some(rule) = reaction.rule {
                                             *rule_retries.entry(rule).or_insert(0) += 1;
                                         }
-                                        let wake = tokio::time::Instant::now()
-                                            + Duration::from_millis(after_ms);
+                                        let wake = self.now_ms().saturating_add(after_ms);
                                         tokio::select! {
                                             () = link.closed() => {
                                                 self.report.outcome = "cancelled";
                                                 self.report.status = 499;
                                                 return self.report;
                                             }
-                                            () = sleep_until(wake) => {}
+                                            () = clock.sleep_until(wake) => {}
                                         }
                                         match self.proxy.state.try_acquire(
                                             provider.provider(),
@@ -321,7 +326,7 @@ impl Exchange {
                     }
                 }
                 NextCandidate::Wait => {
-                    let now = Instant::now();
+                    let now = self.now_ms();
                     if now >= wait_until {
                         return self.exhausted(progress, &mut link).await;
                     }
@@ -335,9 +340,8 @@ impl Exchange {
                     }
                     let mut wake = wait_until;
                     if let Some(ms) = self.soonest_available_ms() {
-                        wake = wake.min(now + Duration::from_millis(ms.max(1)));
+                        wake = wake.min(now.saturating_add(ms.max(1)));
                     }
-                    let state = self.proxy.state.clone();
                     tokio::select! {
                         () = link.closed() => {
                             self.report.outcome = "cancelled";
@@ -345,11 +349,9 @@ impl Exchange {
                             return self.report;
                         }
                         () = state.changed() => {}
-                        () = sleep_until(wake.into()) => {}
+                        () = clock.sleep_until(wake) => {}
                     }
-                    self.report.waited_ms =
-                        u64::try_from(now.duration_since(self.started).as_millis())
-                            .unwrap_or(u64::MAX);
+                    self.report.waited_ms = self.elapsed_ms();
                 }
                 NextCandidate::Done => break,
             }
@@ -509,7 +511,7 @@ impl Exchange {
     /// One attempt at a candidate.
     async fn attempt(&mut self, index: usize, link: &mut Link) -> Attempted {
         let begun = Instant::now();
-        let attempted = self.attempt_inner(index, link, begun).await;
+        let attempted = self.attempt_inner(index, link).await;
         let millis = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
         let provider = self.provider_id(index);
         let outcome = match &attempted {
@@ -557,7 +559,11 @@ impl Exchange {
         attempted
     }
 
-    async fn attempt_inner(&mut self, index: usize, link: &mut Link, begun: Instant) -> Attempted {
+    async fn attempt_inner(&mut self, index: usize, link: &mut Link) -> Attempted {
+        let state = self.proxy.state.clone();
+        let clock = state.clock();
+        let begun_ms = clock.now_ms();
+        let begun = Instant::now();
         let failed = |class: OutcomeClass| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
@@ -582,19 +588,18 @@ impl Exchange {
                 return failed(OutcomeClass::ConnectError);
             }
         };
-        let attempt_deadline = timeouts
-            .attempt_ms
-            .map(|ms| begun + Duration::from_millis(ms));
-        let by_attempt = |at: Instant| attempt_deadline.map_or(at, |limit| at.min(limit));
-        let headers_deadline = by_attempt(begun + Duration::from_millis(timeouts.headers_ms));
+        let attempt_deadline = timeouts.attempt_ms.map(|ms| begun_ms.saturating_add(ms));
+        let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
+        let headers_deadline = by_attempt(begun_ms.saturating_add(timeouts.headers_ms));
         let send = client.post(&url).headers(headers).body(body).send();
         let response = tokio::select! {
             () = link.closed() => return Attempted::Cancelled,
-            result = timeout_at(headers_deadline.into(), send) => result,
+            () = clock.sleep_until(headers_deadline) => None,
+            result = send => Some(result),
         };
         let response = match response {
-            Err(_) => return failed(OutcomeClass::Timeout),
-            Ok(Err(error)) => {
+            None => return failed(OutcomeClass::Timeout),
+            Some(Err(error)) => {
                 return failed(if error.is_connect() {
                     OutcomeClass::ConnectError
                 } else if error.is_timeout() {
@@ -603,15 +608,21 @@ impl Exchange {
                     OutcomeClass::Reset
                 });
             }
-            Ok(Ok(response)) => response,
+            Some(Ok(response)) => response,
         };
         let status = response.status().as_u16();
         if !response.status().is_success() {
             let headers = response.headers().clone();
-            let idle = Duration::from_millis(timeouts.idle_ms);
-            let body = read_body(response, MAX_ERROR_BODY, idle, attempt_deadline, link)
-                .await
-                .unwrap_or_default();
+            let body = read_body(
+                response,
+                MAX_ERROR_BODY,
+                timeouts.idle_ms,
+                attempt_deadline,
+                clock,
+                link,
+            )
+            .await
+            .unwrap_or_default();
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),
@@ -632,7 +643,14 @@ impl Exchange {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if is_stream && self.plan.request.stream {
             return self
-                .stream(index, response, &timeouts, begun, attempt_deadline, link)
+                .stream(
+                    index,
+                    response,
+                    &timeouts,
+                    (begun, begun_ms),
+                    attempt_deadline,
+                    link,
+                )
                 .await;
         }
         self.answer(index, response, &timeouts, begun, attempt_deadline, link)
@@ -646,13 +664,22 @@ impl Exchange {
         response: reqwest::Response,
         timeouts: &Timeouts,
         begun: Instant,
-        attempt_deadline: Option<Instant>,
+        attempt_deadline: Option<u64>,
         link: &mut Link,
     ) -> Attempted {
         let status = response.status().as_u16();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let idle = Duration::from_millis(timeouts.idle_ms);
-        let body = match read_body(response, MAX_ANSWER_BODY, idle, attempt_deadline, link).await {
+        let state = self.proxy.state.clone();
+        let body = match read_body(
+            response,
+            MAX_ANSWER_BODY,
+            timeouts.idle_ms,
+            attempt_deadline,
+            state.clock(),
+            link,
+        )
+        .await
+        {
             Ok(body) => body,
             Err(ReadError::Cancelled) => return Attempted::Cancelled,
             Err(ReadError::Failed) => {
@@ -716,16 +743,18 @@ impl Exchange {
         index: usize,
         response: reqwest::Response,
         timeouts: &Timeouts,
-        begun: Instant,
-        attempt_deadline: Option<Instant>,
+        (begun, begun_ms): (Instant, u64),
+        attempt_deadline: Option<u64>,
         link: &mut Link,
     ) -> Attempted {
         let endpoint = self.endpoint;
+        let state = self.proxy.state.clone();
+        let clock = state.clock();
         let mut upstream = response.bytes_stream();
         let mut reader = EventReader::default();
-        let by_attempt = |at: Instant| attempt_deadline.map_or(at, |limit| at.min(limit));
-        let first_deadline = by_attempt(begun + Duration::from_millis(timeouts.first_token_ms));
-        let hold_deadline = self.started + Duration::from_millis(timeouts.hold_headers_ms);
+        let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
+        let first_deadline = by_attempt(begun_ms.saturating_add(timeouts.first_token_ms));
+        let hold_deadline = self.started_ms.saturating_add(timeouts.hold_headers_ms);
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
@@ -769,16 +798,17 @@ impl Exchange {
             }
             let chunk = tokio::select! {
                 () = link.closed() => return Attempted::Cancelled,
-                () = sleep_until(hold_deadline.into()), if !self.head_sent => {
+                () = clock.sleep_until(hold_deadline), if !self.head_sent => {
                     self.send_stream_head(None, link);
                     continue;
                 }
-                chunk = timeout_at(first_deadline.into(), upstream.next()) => chunk,
+                () = clock.sleep_until(first_deadline) => None,
+                chunk = upstream.next() => Some(chunk),
             };
             let bytes = match chunk {
-                Err(_) => return failed(OutcomeClass::FirstTokenTimeout, None),
-                Ok(None) | Ok(Some(Err(_))) => return failed(OutcomeClass::Malformed, None),
-                Ok(Some(Ok(bytes))) => bytes,
+                None => return failed(OutcomeClass::FirstTokenTimeout, None),
+                Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Malformed, None),
+                Some(Some(Ok(bytes))) => bytes,
             };
             match reader.push(&bytes) {
                 Ok(events) => pending.extend(events),
@@ -790,7 +820,6 @@ impl Exchange {
         }
 
         // Committed: nothing fails over from here on.
-        let idle = Duration::from_millis(timeouts.idle_ms);
         loop {
             while let Some(event) = pending.pop_front() {
                 let kind = event.kind(endpoint);
@@ -816,16 +845,17 @@ impl Exchange {
                 }
             }
             let wait = if finished {
-                FINISHED_GRACE.min(idle)
+                FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
-                idle
+                timeouts.idle_ms
             };
             let chunk = tokio::select! {
                 () = link.closed() => return Attempted::Cancelled,
-                chunk = tokio::time::timeout(wait, upstream.next()) => chunk,
+                () = clock.sleep_until(clock.now_ms().saturating_add(wait)) => None,
+                chunk = upstream.next() => Some(chunk),
             };
             match chunk {
-                Ok(Some(Ok(bytes))) => match reader.push(&bytes) {
+                Some(Some(Ok(bytes))) => match reader.push(&bytes) {
                     Ok(events) => pending.extend(events),
                     Err(_) => {
                         return failed(
@@ -844,13 +874,13 @@ impl Exchange {
                     }
                     return Attempted::Served { usage, first_byte };
                 }
-                Err(_) => {
+                None => {
                     return failed(
                         OutcomeClass::StreamBroken,
                         Some(String::from("the provider's stream stalled")),
                     );
                 }
-                Ok(None) | Ok(Some(Err(_))) => {
+                Some(None) | Some(Some(Err(_))) => {
                     return failed(
                         OutcomeClass::StreamBroken,
                         Some(String::from("the provider's stream was cut off")),
@@ -917,35 +947,35 @@ enum ReadError {
     Failed,
 }
 
-/// Reads a whole body: each chunk within `idle`, all of it within the
+/// Reads a whole body: each chunk within `idle_ms`, all of it by the
 /// attempt's deadline, at most `limit` bytes.
 async fn read_body(
     response: reqwest::Response,
     limit: usize,
-    idle: Duration,
-    deadline: Option<Instant>,
+    idle_ms: u64,
+    deadline: Option<u64>,
+    clock: &dyn Clock,
     link: &mut Link,
 ) -> Result<Bytes, ReadError> {
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
     loop {
-        let wait = match deadline {
-            Some(deadline) => idle.min(deadline.saturating_duration_since(Instant::now())),
-            None => idle,
-        };
+        let idle_deadline = clock.now_ms().saturating_add(idle_ms);
+        let wake = deadline.map_or(idle_deadline, |limit| limit.min(idle_deadline));
         let chunk = tokio::select! {
             () = link.closed() => return Err(ReadError::Cancelled),
-            chunk = tokio::time::timeout(wait, stream.next()) => chunk,
+            () = clock.sleep_until(wake) => None,
+            chunk = stream.next() => Some(chunk),
         };
         match chunk {
-            Ok(Some(Ok(bytes))) => {
+            Some(Some(Ok(bytes))) => {
                 if body.len() + bytes.len() > limit {
                     return Err(ReadError::Failed);
                 }
                 body.extend_from_slice(&bytes);
             }
-            Ok(None) => return Ok(Bytes::from(body)),
-            Ok(Some(Err(_))) | Err(_) => return Err(ReadError::Failed),
+            Some(None) => return Ok(Bytes::from(body)),
+            Some(Some(Err(_))) | None => return Err(ReadError::Failed),
         }
     }
 }

@@ -393,6 +393,7 @@ async fn complete(
     request_id: String,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let started_ms = proxy.state.clock().now_ms();
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
     let snapshot = proxy.snapshot();
@@ -526,7 +527,7 @@ async fn complete(
         request_id.clone(),
         plan,
         outgoing,
-        started,
+        started_ms,
     );
     let (sender, receiver) = oneshot::channel();
     let task_proxy = proxy.clone();
