@@ -219,14 +219,22 @@ fn test_tags(root: &Path, files: &[(String, String)]) -> Vec<TestTag> {
     for (file, policy_file) in files {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         let mut pending: Vec<(String, usize)> = Vec::new();
+        // An ignored test proves nothing.
+        let mut ignored = false;
         for (index, line) in text.lines().enumerate() {
             let trimmed = line.trim_start();
             if let Some(comment) = trimmed.strip_prefix("//") {
                 pending.extend(tags_in(comment).into_iter().map(|id| (id, index + 1)));
+            } else if trimmed.starts_with("#[ignore") {
+                ignored = true;
             } else if trimmed.starts_with("#[") || trimmed.is_empty() {
                 continue;
             } else if let Some(function) = function_name(trimmed) {
-                for (id, line) in pending.drain(..) {
+                let pending = std::mem::take(&mut pending);
+                if std::mem::take(&mut ignored) {
+                    continue;
+                }
+                for (id, line) in pending {
                     tags.push(TestTag {
                         id,
                         policy_file: policy_file.clone(),
@@ -237,6 +245,7 @@ fn test_tags(root: &Path, files: &[(String, String)]) -> Vec<TestTag> {
                 }
             } else {
                 pending.clear();
+                ignored = false;
             }
         }
     }

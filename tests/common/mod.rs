@@ -150,6 +150,67 @@ impl Stack {
         format!("http://{}{path}", self.running.addr())
     }
 
+    /// POSTs `body` to `path` with `key` as `Authorization: Bearer` (no
+    /// key when `None`) and the extra headers; reads the whole answer.
+    pub async fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> Reply {
+        let mut request = self.client.post(self.url(path)).json(body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+        Reply {
+            status,
+            headers,
+            text,
+            json,
+        }
+    }
+
+    /// `post` to `/v1/chat/completions`.
+    pub async fn chat(&self, key: &str, body: serde_json::Value) -> Reply {
+        self.post("/v1/chat/completions", Some(key), &[], &body).await
+    }
+
+    /// `post` to `/v1/messages`, as an Anthropic client (with
+    /// `anthropic-version`).
+    pub async fn messages(&self, key: &str, body: serde_json::Value) -> Reply {
+        self.post(
+            "/v1/messages",
+            Some(key),
+            &[("anthropic-version", "2023-06-01")],
+            &body,
+        )
+        .await
+    }
+
+    /// The providers the simulated fleet received requests for, in order
+    /// (each with the model it was asked for).
+    pub fn tried(&self) -> Vec<(String, Option<String>)> {
+        self.sim
+            .requests()
+            .into_iter()
+            .map(|request| (request.provider, request.model))
+            .collect()
+    }
+
+    /// Just the providers of `tried`.
+    pub fn providers_tried(&self) -> Vec<String> {
+        self.tried().into_iter().map(|(provider, _)| provider).collect()
+    }
+
     pub async fn stop(self) {
         self.running.shutdown().await;
         self.sim.shutdown().await;
@@ -196,6 +257,68 @@ pub fn compile(policy: &std::path::Path, secrets: &dyn SecretSource) -> (Snapsho
                 })
                 .collect();
             panic!("the test policy does not check:\n{}", rendered.join("\n"));
+        }
+    }
+}
+
+/// A whole answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub text: String,
+    /// The body as JSON (null when it is not).
+    pub json: serde_json::Value,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The server-sent events of a streamed answer: (event name, data).
+    pub fn events(&self) -> Vec<(Option<String>, String)> {
+        self.text
+            .split("\n\n")
+            .filter(|block| !block.trim().is_empty())
+            .map(|block| {
+                let mut name = None;
+                let mut data = Vec::new();
+                for line in block.lines() {
+                    if let Some(value) = line.strip_prefix("event:") {
+                        name = Some(value.trim().to_string());
+                    } else if let Some(value) = line.strip_prefix("data:") {
+                        data.push(value.trim_start().to_string());
+                    } else if line.starts_with(':') {
+                        name = Some(String::from(":comment"));
+                        data.push(line.trim_start_matches(':').trim().to_string());
+                    }
+                }
+                (name, data.join("\n"))
+            })
+            .collect()
+    }
+}
+
+/// Moves `clock` forward `step_ms` at a time (yielding a little real time
+/// between steps, so the proxy can reach its next wait) until `future`
+/// finishes; returns its output. Panics after `max_ms` of clock time.
+pub async fn advance_until<T>(
+    clock: &switchyard::state::ManualClock,
+    step_ms: u64,
+    max_ms: u64,
+    future: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(future);
+    let mut moved = 0;
+    loop {
+        tokio::select! {
+            output = &mut future => return output,
+            () = tokio::time::sleep(Duration::from_millis(5)) => {
+                assert!(moved < max_ms, "still waiting after {moved} ms of clock time");
+                clock.advance(step_ms);
+                moved += step_ms;
+            }
         }
     }
 }
