@@ -99,7 +99,9 @@ pub struct Timeouts {
     pub first_token_ms: u64,
     pub idle_ms: u64,
     pub attempt_ms: Option<u64>,
-    pub hold_headers_ms: u64,
+    /// How long a stream's response headers may wait for its first event;
+    /// `None`: until the first event (or the final error).
+    pub hold_headers_ms: Option<u64>,
 }
 
 /// Which candidate to try next.
@@ -227,9 +229,10 @@ impl Plan {
     }
 
     /// The next candidate to try after `tried` (indices in the order they
-    /// were tried), given which candidates are available now. Candidates are
-    /// taken in plan order; one `keep` does not allow after the previous
-    /// attempt is passed over, and so is one that is paused or full.
+    /// were tried), given which candidates are available now. The walk only
+    /// moves forward in plan order: one `keep` does not allow after the
+    /// previous attempt is passed over for good, and so is one that is
+    /// paused or full when the walk reaches it.
     pub fn next_candidate(
         &self,
         snapshot: &Snapshot,
@@ -240,10 +243,8 @@ impl Plan {
             return NextCandidate::Done;
         }
         let mut any_allowed = false;
-        for index in 0..self.candidates.len() {
-            if tried.contains(&index) {
-                continue;
-            }
+        let start = tried.last().map_or(0, |last| last + 1);
+        for index in start..self.candidates.len() {
             if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
                 && !self.allows(snapshot, first, prev, index)
             {
@@ -311,8 +312,7 @@ impl Plan {
             .program
             .hold_headers
             .as_ref()
-            .and_then(|term| machine.eval(term, focus).as_duration())
-            .unwrap_or(first_token_ms);
+            .and_then(|term| machine.eval(term, focus).as_duration());
         Timeouts {
             connect_ms,
             headers_ms,
@@ -324,16 +324,19 @@ impl Plan {
     }
 
     /// The response headers, once `served` (an index, if any) answered last
-    /// after `attempts` candidates.
+    /// after `progress.attempts` candidates; `succeeded` when that answer is
+    /// the provider's success (not an error or a passthrough).
     pub fn headers(
         &self,
         snapshot: &Snapshot,
         served: Option<usize>,
         progress: Progress,
+        succeeded: bool,
     ) -> Vec<(String, String)> {
         let health = [];
         let mut machine = self.machine(snapshot, &health);
         machine.progress = progress;
+        machine.succeeded = succeeded;
         headers(snapshot, &mut machine, served)
     }
 

@@ -48,7 +48,9 @@ impl Link {
         match self {
             Link::Pending(sender) => sender.closed().await,
             Link::Open(sender) => sender.closed().await,
-            Link::Closed => std::future::pending().await,
+            // Closed after the last answer, or when opening the stream
+            // found the client gone: either way nobody is listening.
+            Link::Closed => {}
         }
     }
 
@@ -147,6 +149,11 @@ pub struct Exchange {
     /// Whether the response headers went out (a stream held past
     /// `hold_headers`, or a committed answer).
     head_sent: bool,
+    /// For a stream with `hold_headers`: when its headers go out at the
+    /// latest, on the clock.
+    hold_until_ms: Option<u64>,
+    /// Attempts and time so far, as the policy's terms read them.
+    progress: Progress,
 }
 
 impl Exchange {
@@ -159,6 +166,13 @@ impl Exchange {
         outgoing: Outgoing,
         started_ms: u64,
     ) -> Exchange {
+        let hold_until_ms = if plan.request.stream && !plan.candidates.is_empty() {
+            plan.timeouts(&snapshot, 0)
+                .hold_headers_ms
+                .map(|ms| started_ms.saturating_add(ms))
+        } else {
+            None
+        };
         Exchange {
             proxy,
             snapshot,
@@ -169,6 +183,25 @@ impl Exchange {
             started_ms,
             report: Report::default(),
             head_sent: false,
+            hold_until_ms,
+            progress: Progress::default(),
+        }
+    }
+
+    /// Whether a held stream's headers are still waiting to go out.
+    fn holding(&self, link: &Link) -> bool {
+        self.hold_until_ms.is_some() && !self.head_sent && matches!(link, Link::Pending(_))
+    }
+
+    fn hold_until(&self) -> u64 {
+        self.hold_until_ms.unwrap_or(u64::MAX)
+    }
+
+    /// The progress as of now, for terms that read `elapsed`.
+    fn progress_now(&self) -> Progress {
+        Progress {
+            elapsed_ms: self.elapsed_ms(),
+            ..self.progress
         }
     }
 
@@ -230,7 +263,6 @@ impl Exchange {
     /// Runs the plan to its end and answers the client through `link`.
     pub async fn run(mut self, mut link: Link) -> Report {
         let mut tried: Vec<usize> = Vec::new();
-        let mut progress = Progress::default();
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
         let mut ticket: Option<Ticket> = None;
@@ -261,10 +293,10 @@ impl Exchange {
                     };
                     ticket = None;
                     tried.push(index);
-                    progress.attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
+                    self.progress.attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
                     let mut permit = Some(permit);
                     loop {
-                        progress.attempt += 1;
+                        self.progress.attempt += 1;
                         let attempted = self.attempt(index, &mut link).await;
                         drop(permit.take());
                         match attempted {
@@ -281,20 +313,19 @@ impl Exchange {
                                 outcome,
                                 passthrough,
                             } => {
-                                progress.elapsed_ms = self.elapsed_ms();
-                                progress.jitter = super::random_unit();
+                                self.progress.jitter = super::random_unit();
                                 let reaction = self.plan.react(
                                     &self.snapshot,
                                     index,
                                     &outcome,
-                                    progress,
+                                    self.progress_now(),
                                     &|rule| rule_retries.get(&rule).copied().unwrap_or(0),
                                 );
                                 self.apply_health(index, &reaction);
                                 last = Some((reaction.ending, index, passthrough));
                                 match reaction.action {
                                     Action::Stop => {
-                                        return self.end(last, progress, &mut link).await;
+                                        return self.end(last, &mut link).await;
                                     }
                                     Action::Next => break,
                                     Action::Retry { after_ms } => {
@@ -302,13 +333,19 @@ impl Exchange {
                                             *rule_retries.entry(rule).or_insert(0) += 1;
                                         }
                                         let wake = self.now_ms().saturating_add(after_ms);
-                                        tokio::select! {
-                                            () = link.closed() => {
-                                                self.report.outcome = "cancelled";
-                                                self.report.status = 499;
-                                                return self.report;
+                                        loop {
+                                            let holding = self.holding(&link);
+                                            tokio::select! {
+                                                () = link.closed() => {
+                                                    self.report.outcome = "cancelled";
+                                                    self.report.status = 499;
+                                                    return self.report;
+                                                }
+                                                () = clock.sleep_until(self.hold_until()), if holding => {
+                                                    self.send_stream_head(None, &mut link);
+                                                }
+                                                () = clock.sleep_until(wake) => break,
                                             }
-                                            () = clock.sleep_until(wake) => {}
                                         }
                                         match self.proxy.state.try_acquire(
                                             provider.provider(),
@@ -328,7 +365,7 @@ impl Exchange {
                 NextCandidate::Wait => {
                     let now = self.now_ms();
                     if now >= wait_until {
-                        return self.exhausted(progress, &mut link).await;
+                        return self.exhausted(&mut link).await;
                     }
                     if ticket.is_none() {
                         let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
@@ -342,11 +379,15 @@ impl Exchange {
                     if let Some(ms) = self.soonest_available_ms() {
                         wake = wake.min(now.saturating_add(ms.max(1)));
                     }
+                    let holding = self.holding(&link);
                     tokio::select! {
                         () = link.closed() => {
                             self.report.outcome = "cancelled";
                             self.report.status = 499;
                             return self.report;
+                        }
+                        () = clock.sleep_until(self.hold_until()), if holding => {
+                            self.send_stream_head(None, &mut link);
                         }
                         () = state.changed() => {}
                         () = clock.sleep_until(wake) => {}
@@ -357,9 +398,9 @@ impl Exchange {
             }
         }
         if last.is_none() {
-            return self.exhausted(progress, &mut link).await;
+            return self.exhausted(&mut link).await;
         }
-        self.end(last, progress, &mut link).await
+        self.end(last, &mut link).await
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
@@ -408,13 +449,14 @@ impl Exchange {
     async fn end(
         mut self,
         last: Option<(Ending, usize, Option<Passthrough>)>,
-        progress: Progress,
         link: &mut Link,
     ) -> Report {
         let Some((ending, served, passthrough)) = last else {
-            return self.exhausted(progress, link).await;
+            return self.exhausted(link).await;
         };
-        let headers = self.plan.headers(&self.snapshot, Some(served), progress);
+        let headers = self
+            .plan
+            .headers(&self.snapshot, Some(served), self.progress_now(), false);
         self.report.served_provider = Some(self.provider_id(served));
         match (ending, passthrough) {
             (Ending::Passthrough, Some(answer)) if !link.is_open() => {
@@ -472,7 +514,7 @@ impl Exchange {
     }
 
     /// No candidate was available in time, or the budget ran out first.
-    async fn exhausted(mut self, progress: Progress, link: &mut Link) -> Report {
+    async fn exhausted(mut self, link: &mut Link) -> Report {
         let budget_spent = self
             .plan
             .budget_ms
@@ -482,7 +524,7 @@ impl Exchange {
             budget_spent,
             self.soonest_available_ms(),
             None,
-            progress,
+            self.progress_now(),
         );
         self.fail(&refusal.error, &refusal.headers, link).await;
         self.report
@@ -592,10 +634,17 @@ impl Exchange {
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let headers_deadline = by_attempt(begun_ms.saturating_add(timeouts.headers_ms));
         let send = client.post(&url).headers(headers).body(body).send();
-        let response = tokio::select! {
-            () = link.closed() => return Attempted::Cancelled,
-            () = clock.sleep_until(headers_deadline) => None,
-            result = send => Some(result),
+        tokio::pin!(send);
+        let response = loop {
+            let holding = self.holding(link);
+            tokio::select! {
+                () = link.closed() => return Attempted::Cancelled,
+                () = clock.sleep_until(self.hold_until()), if holding => {
+                    self.send_stream_head(None, link);
+                }
+                () = clock.sleep_until(headers_deadline) => break None,
+                result = &mut send => break Some(result),
+            }
         };
         let response = match response {
             None => return failed(OutcomeClass::Timeout),
@@ -613,16 +662,15 @@ impl Exchange {
         let status = response.status().as_u16();
         if !response.status().is_success() {
             let headers = response.headers().clone();
-            let body = read_body(
-                response,
-                MAX_ERROR_BODY,
-                timeouts.idle_ms,
-                attempt_deadline,
-                clock,
-                link,
-            )
-            .await
-            .unwrap_or_default();
+            let limits = BodyLimits {
+                max_bytes: MAX_ERROR_BODY,
+                oversize: Oversize::Truncate,
+                idle_ms: timeouts.idle_ms,
+                deadline: attempt_deadline,
+            };
+            let body = read_body(response, limits, clock, link)
+                .await
+                .unwrap_or_default();
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),
@@ -667,55 +715,40 @@ impl Exchange {
         attempt_deadline: Option<u64>,
         link: &mut Link,
     ) -> Attempted {
+        let malformed = || Attempted::Failed {
+            outcome: AttemptOutcome {
+                class: OutcomeClass::Malformed,
+                facts: OutcomeFacts::default(),
+            },
+            passthrough: None,
+        };
+        if link.is_open() {
+            // The client already has the headers of a stream: a whole JSON
+            // answer cannot follow them.
+            return malformed();
+        }
         let status = response.status().as_u16();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
         let state = self.proxy.state.clone();
-        let body = match read_body(
-            response,
-            MAX_ANSWER_BODY,
-            timeouts.idle_ms,
-            attempt_deadline,
-            state.clock(),
-            link,
-        )
-        .await
-        {
+        let limits = BodyLimits {
+            max_bytes: MAX_ANSWER_BODY,
+            oversize: Oversize::Fail,
+            idle_ms: timeouts.idle_ms,
+            deadline: attempt_deadline,
+        };
+        let body = match read_body(response, limits, state.clock(), link).await {
             Ok(body) => body,
             Err(ReadError::Cancelled) => return Attempted::Cancelled,
-            Err(ReadError::Failed) => {
-                return Attempted::Failed {
-                    outcome: AttemptOutcome {
-                        class: OutcomeClass::Malformed,
-                        facts: OutcomeFacts::default(),
-                    },
-                    passthrough: None,
-                };
-            }
+            Err(ReadError::Failed) => return malformed(),
         };
         let first_byte = begun.elapsed();
-        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
-            return Attempted::Failed {
-                outcome: AttemptOutcome {
-                    class: OutcomeClass::Malformed,
-                    facts: OutcomeFacts::default(),
-                },
-                passthrough: None,
-            };
+        let json = match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(json) if json.is_object() => json,
+            _ => return malformed(),
         };
-        if !json.is_object() {
-            return Attempted::Failed {
-                outcome: AttemptOutcome {
-                    class: OutcomeClass::Malformed,
-                    facts: OutcomeFacts::default(),
-                },
-                passthrough: None,
-            };
-        }
-        let progress = Progress {
-            attempts: u32::try_from(self.report.attempts.len() + 1).unwrap_or(u32::MAX),
-            ..Progress::default()
-        };
-        let mut headers = self.plan.headers(&self.snapshot, Some(index), progress);
+        let mut headers = self
+            .plan
+            .headers(&self.snapshot, Some(index), self.progress_now(), true);
         let mut response = respond::base(
             status,
             &self.request_id,
@@ -754,7 +787,6 @@ impl Exchange {
         let mut reader = EventReader::default();
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let first_deadline = by_attempt(begun_ms.saturating_add(timeouts.first_token_ms));
-        let hold_deadline = self.started_ms.saturating_add(timeouts.hold_headers_ms);
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
@@ -796,9 +828,10 @@ impl Exchange {
                     }
                 }
             }
+            let holding = self.holding(link);
             let chunk = tokio::select! {
                 () = link.closed() => return Attempted::Cancelled,
-                () = clock.sleep_until(hold_deadline), if !self.head_sent => {
+                () = clock.sleep_until(self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                     continue;
                 }
@@ -849,11 +882,13 @@ impl Exchange {
             } else {
                 timeouts.idle_ms
             };
+            let wake = by_attempt(clock.now_ms().saturating_add(wait));
             let chunk = tokio::select! {
                 () = link.closed() => return Attempted::Cancelled,
-                () = clock.sleep_until(clock.now_ms().saturating_add(wait)) => None,
+                () = clock.sleep_until(wake) => None,
                 chunk = upstream.next() => Some(chunk),
             };
+            let out_of_time = attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
             match chunk {
                 Some(Some(Ok(bytes))) => match reader.push(&bytes) {
                     Ok(events) => pending.extend(events),
@@ -874,6 +909,12 @@ impl Exchange {
                     }
                     return Attempted::Served { usage, first_byte };
                 }
+                None if out_of_time => {
+                    return failed(
+                        OutcomeClass::StreamBroken,
+                        Some(String::from("the attempt ran out of time")),
+                    );
+                }
                 None => {
                     return failed(
                         OutcomeClass::StreamBroken,
@@ -890,17 +931,16 @@ impl Exchange {
         }
     }
 
-    /// Sends a stream's headers: the policy's headers when the serving
-    /// candidate is known, the rest later as the `late_comment`.
+    /// Sends a stream's headers: all of the policy's when the serving
+    /// candidate is known (it is answering), otherwise those that do not
+    /// read `served`; the provider then follows as the `late_comment`.
     fn send_stream_head(&mut self, served: Option<usize>, link: &mut Link) {
-        let progress = Progress {
-            attempts: u32::try_from(self.report.attempts.len().max(1)).unwrap_or(u32::MAX),
-            ..Progress::default()
-        };
-        let headers = match served {
-            Some(index) => self.plan.headers(&self.snapshot, Some(index), progress),
-            None => Vec::new(),
-        };
+        let headers = self.plan.headers(
+            &self.snapshot,
+            served,
+            self.progress_now(),
+            served.is_some(),
+        );
         let mut head = respond::base(
             200,
             &self.request_id,
@@ -947,21 +987,38 @@ enum ReadError {
     Failed,
 }
 
-/// Reads a whole body: each chunk within `idle_ms`, all of it by the
-/// attempt's deadline, at most `limit` bytes.
+/// How much of a body to read, and for how long.
+struct BodyLimits {
+    max_bytes: usize,
+    oversize: Oversize,
+    /// Each chunk must arrive within this.
+    idle_ms: u64,
+    /// All of it by then (the attempt's deadline), on the clock.
+    deadline: Option<u64>,
+}
+
+/// What a body larger than allowed becomes.
+enum Oversize {
+    /// A failed read (an answer too large to pass on).
+    Fail,
+    /// Its first `max_bytes` (an error body, kept for its message).
+    Truncate,
+}
+
+/// Reads a whole body within `limits`.
 async fn read_body(
     response: reqwest::Response,
-    limit: usize,
-    idle_ms: u64,
-    deadline: Option<u64>,
+    limits: BodyLimits,
     clock: &dyn Clock,
     link: &mut Link,
 ) -> Result<Bytes, ReadError> {
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
     loop {
-        let idle_deadline = clock.now_ms().saturating_add(idle_ms);
-        let wake = deadline.map_or(idle_deadline, |limit| limit.min(idle_deadline));
+        let idle_deadline = clock.now_ms().saturating_add(limits.idle_ms);
+        let wake = limits
+            .deadline
+            .map_or(idle_deadline, |limit| limit.min(idle_deadline));
         let chunk = tokio::select! {
             () = link.closed() => return Err(ReadError::Cancelled),
             () = clock.sleep_until(wake) => None,
@@ -969,8 +1026,15 @@ async fn read_body(
         };
         match chunk {
             Some(Some(Ok(bytes))) => {
-                if body.len() + bytes.len() > limit {
-                    return Err(ReadError::Failed);
+                let room = limits.max_bytes.saturating_sub(body.len());
+                if bytes.len() > room {
+                    return match limits.oversize {
+                        Oversize::Fail => Err(ReadError::Failed),
+                        Oversize::Truncate => {
+                            body.extend_from_slice(bytes.get(..room).unwrap_or_default());
+                            Ok(Bytes::from(body))
+                        }
+                    };
                 }
                 body.extend_from_slice(&bytes);
             }

@@ -271,18 +271,20 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<Proxy
                 Err(refusal) => unauthorized(wire, &request_id, refusal),
             }
         }
-        (Method::POST, path) => match Endpoint::from_path(path) {
-            Some(endpoint) => complete(proxy, request, endpoint, request_id).await,
+        (method, path) => match Endpoint::from_path(path) {
+            Some(endpoint) if method == Method::POST => {
+                complete(proxy, request, endpoint, request_id).await
+            }
+            // An endpoint's errors are in its own wire format.
+            Some(endpoint) => respond::builtin_error(
+                endpoint.wire(),
+                &request_id,
+                405,
+                "method_not_allowed",
+                "use POST for this endpoint",
+            ),
             None => not_found(wire, &request_id, path),
         },
-        (_, path) if Endpoint::from_path(path).is_some() => respond::builtin_error(
-            wire,
-            &request_id,
-            405,
-            "method_not_allowed",
-            "use POST for this endpoint",
-        ),
-        (_, path) => not_found(wire, &request_id, path),
     }
 }
 
@@ -336,22 +338,20 @@ fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Respon
 /// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
 /// table finds the candidate and a constant-time comparison confirms it.
 fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
+    // The scheme is case-insensitive (RFC 9110); an empty credential is none.
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim())
+        .filter(|key| !key.is_empty());
     let api_key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
-        .map(str::trim);
-    let key = bearer
-        .or(api_key)
-        .filter(|key| !key.is_empty())
-        .ok_or(Unauthorized::Missing)?;
+        .map(str::trim)
+        .filter(|key| !key.is_empty());
+    let key = bearer.or(api_key).ok_or(Unauthorized::Missing)?;
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
     let stored = snapshot

@@ -1,0 +1,2217 @@
+//! The proxy over real loopback HTTP: the simulated providers
+//! (`switchyard::sim`) and the proxy run in the test's runtime, each test
+//! writes a small policy with its catalog and tenants into a temporary
+//! directory, and reqwest plays the client. Every test states one rule of
+//! docs/language.md (failover, health, capacity, timeouts, stream, headers,
+//! errors) or of the proxy's HTTP surface, and checks what the client got
+//! and what the providers saw.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use reqwest::RequestBuilder;
+use reqwest::header::HeaderMap;
+use serde_json::{Value as Json, json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use switchyard::compile::{FixedSecrets, compile_report};
+use switchyard::diagnostics::render::{Style, human};
+use switchyard::language::check_file;
+use switchyard::proxy::{Limits, Options, Proxy, Running, serve};
+use switchyard::sim::{RecordedRequest, Scenario, SimHandle};
+use switchyard::state::{InProcess, SystemClock};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+// ------------------------------------------------------------------ harness
+
+/// The caller's API key (its SHA-256 is in [`TENANTS`]).
+const KEY: &str = "sk-test-acme";
+/// A second key of the same tenant, limited to model `m` in
+/// [`LIMITED_TENANTS`].
+const LIMITED_KEY: &str = "sk-test-limited";
+
+const TENANTS: &str = "\
+tenants:
+  - id: acme
+    keys:
+      - id: acme-dev
+        # the key: sk-test-acme
+        sha256: 24180b61f1fb779a0c8b55727cfac504753209445bfc449ebc08b2a18f51a2bb
+";
+
+const LIMITED_TENANTS: &str = "\
+attributes:
+  key:
+    allowed_models: list<model>
+tenants:
+  - id: acme
+    keys:
+      - id: acme-dev
+        # the key: sk-test-acme
+        sha256: 24180b61f1fb779a0c8b55727cfac504753209445bfc449ebc08b2a18f51a2bb
+      - id: acme-limited
+        # the key: sk-test-limited
+        sha256: 716d9331d7ad666bd3c016548a20f4af914f281255463802599abfd141e4609a
+        attributes: {allowed_models: [m]}
+";
+
+/// A policy: the header, the models section and two errors every test
+/// shares, then the test's own sections and errors.
+fn policy(sections: &str, errors: &str) -> String {
+    format!(
+        r#"policy proxytest {{
+  catalog "catalog.yaml"
+  tenants "tenants.yaml"
+}}
+
+models {{
+  credentials each else no_route
+  unknown error unknown_model
+}}
+{sections}
+errors {{
+  no_route = 503, "no provider can serve this model"
+  unknown_model = 404, "there is no such model"
+{errors}
+}}
+"#
+    )
+}
+
+/// The environment variable of a provider's credential.
+fn key_variable(provider: &str) -> String {
+    format!("{}_KEY", provider.to_uppercase().replace('-', "_"))
+}
+
+/// The secret the proxy sends to a provider (see [`secrets_for`]).
+fn secret_of(provider: &str) -> String {
+    format!("upstream-secret-{}", key_variable(provider))
+}
+
+/// A catalog provider at the sim (`{sim}` is replaced by its address) with
+/// one credential; `extra` adds lines such as `capacity: {concurrent: 1}`.
+fn provider(id: &str, format: &str, extra: &str) -> String {
+    let variable = key_variable(id);
+    let mut entry = format!(
+        "  - id: {id}\n    format: {format}\n    base_url: {{sim}}/{id}/v1\n    \
+         credentials:\n      - {{id: {id}-key, key: \"${{{variable}}}\"}}\n"
+    );
+    if !extra.is_empty() {
+        entry.push_str(&format!("    {extra}\n"));
+    }
+    entry
+}
+
+/// A chat model routed to these providers, in this order.
+fn model(id: &str, providers: &[&str]) -> String {
+    let mut entry = format!("  - id: {id}\n    kind: chat\n    routes:\n");
+    for provider in providers {
+        entry.push_str(&format!("      - {{provider: {provider}}}\n"));
+    }
+    entry
+}
+
+/// A chat model routed to one provider under another name upstream.
+fn model_upstream(id: &str, provider: &str, upstream: &str) -> String {
+    format!(
+        "  - id: {id}\n    kind: chat\n    routes:\n      \
+         - {{provider: {provider}, upstream: \"{upstream}\"}}\n"
+    )
+}
+
+fn catalog(providers: &[String], models: &[String]) -> String {
+    format!(
+        "providers:\n{}models:\n{}",
+        providers.concat(),
+        models.concat()
+    )
+}
+
+/// Two OpenAI-format providers `a` and `b` serving model `m`, `a` first.
+fn a_then_b() -> String {
+    catalog(
+        &[provider("a", "openai", ""), provider("b", "openai", "")],
+        &[model("m", &["a", "b"])],
+    )
+}
+
+/// A secret for every `${NAME}` in the catalog, except names starting with
+/// `UNSET`, which stay unset (their credentials are not usable).
+fn secrets_for(catalog: &str) -> FixedSecrets {
+    let mut secrets = HashMap::new();
+    for piece in catalog.split("${").skip(1) {
+        if let Some((name, _)) = piece.split_once('}')
+            && !name.starts_with("UNSET")
+        {
+            secrets.insert(name.to_string(), format!("upstream-secret-{name}"));
+        }
+    }
+    FixedSecrets(secrets)
+}
+
+/// A local port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+async fn start_sim(scenario: &str) -> SimHandle {
+    let scenario = Scenario::parse(scenario, "test")
+        .unwrap_or_else(|error| panic!("the test scenario does not parse: {error}"));
+    switchyard::sim::start("127.0.0.1:0".parse().unwrap(), scenario)
+        .await
+        .expect("the sim starts")
+}
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// What a test's proxy is made of.
+struct Setup {
+    policy: String,
+    catalog: String,
+    tenants: String,
+    options: Options,
+}
+
+impl Setup {
+    fn new(sections: &str, errors: &str, catalog: String) -> Setup {
+        Setup {
+            policy: policy(sections, errors),
+            catalog,
+            tenants: TENANTS.to_string(),
+            options: Options::default(),
+        }
+    }
+
+    fn tenants(mut self, tenants: &str) -> Setup {
+        self.tenants = tenants.to_string();
+        self
+    }
+
+    fn max_body_bytes(mut self, bytes: usize) -> Setup {
+        self.options.limits = Limits {
+            max_body_bytes: bytes,
+            ..Limits::default()
+        };
+        self
+    }
+
+    /// Writes the files, checks and compiles the policy (printing its
+    /// diagnostics if it does not check) and serves it on a free port.
+    async fn start(self, sim: &SimHandle) -> Gateway {
+        let dir = std::env::temp_dir().join(format!(
+            "switchyard-proxy-test-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let catalog = self
+            .catalog
+            .replace("{sim}", &format!("http://{}", sim.addr()));
+        std::fs::write(dir.join("catalog.yaml"), &catalog).unwrap();
+        std::fs::write(dir.join("tenants.yaml"), &self.tenants).unwrap();
+        let policy_path = dir.join("test.policy");
+        std::fs::write(&policy_path, &self.policy).unwrap();
+        let snapshot = match compile_report(check_file(&policy_path), &secrets_for(&catalog)) {
+            Ok((snapshot, _)) => snapshot,
+            Err(report) => {
+                for diagnostic in report.diagnostics.iter() {
+                    eprintln!("{}", human(diagnostic, &report.sources, Style::Plain));
+                }
+                panic!(
+                    "the test policy does not check:\n{}\n{catalog}",
+                    self.policy
+                );
+            }
+        };
+        let state = InProcess::new(Arc::new(SystemClock::new()));
+        let proxy = Proxy::new(Arc::new(snapshot), state, self.options);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let running = serve(proxy.clone(), listener, Duration::from_secs(5)).unwrap();
+        let api = Api {
+            client: client(),
+            url: format!("http://{}", running.addr()),
+        };
+        Gateway {
+            api,
+            proxy,
+            running: Some(running),
+            dir,
+        }
+    }
+}
+
+/// A client that never goes through a proxy from the environment, with a
+/// time limit so that a hanging proxy fails the test instead of blocking it.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// A running proxy and its files.
+struct Gateway {
+    api: Api,
+    proxy: Arc<Proxy>,
+    running: Option<Running>,
+    dir: PathBuf,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// How to reach a proxy (cheap to clone into spawned tasks).
+#[derive(Clone)]
+struct Api {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl Api {
+    fn post(&self, path: &str, body: &Json) -> RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    }
+
+    /// `POST /v1/chat/completions` with the key as a bearer token.
+    fn chat_request(&self, body: &Json) -> RequestBuilder {
+        self.post("/v1/chat/completions", body).bearer_auth(KEY)
+    }
+
+    /// `POST /v1/messages` with the key in `x-api-key`, as Anthropic SDKs send it.
+    fn messages_request(&self, body: &Json) -> RequestBuilder {
+        self.post("/v1/messages", body)
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+    }
+
+    async fn chat(&self, body: &Json) -> Reply {
+        Reply::of(self.chat_request(body)).await
+    }
+
+    async fn messages(&self, body: &Json) -> Reply {
+        Reply::of(self.messages_request(body)).await
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        Reply::of(
+            self.client
+                .get(format!("{}{path}", self.url))
+                .bearer_auth(KEY),
+        )
+        .await
+    }
+}
+
+fn chat_body(stream: bool) -> Json {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+    })
+}
+
+fn messages_body(stream: bool) -> Json {
+    json!({
+        "model": "claude",
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+    })
+}
+
+/// A whole response as the client got it.
+struct Reply {
+    status: u16,
+    headers: HeaderMap,
+    text: String,
+    /// From sending the request to the end of the body.
+    elapsed: Duration,
+}
+
+impl Reply {
+    async fn of(request: RequestBuilder) -> Reply {
+        let started = Instant::now();
+        let response = request.send().await.expect("the proxy answers");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = response.text().await.expect("the body arrives whole");
+        Reply {
+            status,
+            headers,
+            text,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    fn json(&self) -> Json {
+        serde_json::from_str(&self.text)
+            .unwrap_or_else(|error| panic!("the body is not JSON ({error}): {}", self.text))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// The text of a non-streamed chat completion.
+    fn chat_text(&self) -> String {
+        let json = self.json();
+        json.pointer("/choices/0/message/content")
+            .and_then(Json::as_str)
+            .unwrap_or_else(|| panic!("no message content in {json}"))
+            .to_string()
+    }
+
+    /// The server-sent events of the body, each without its blank line.
+    fn events(&self) -> Vec<&str> {
+        sse_events(&self.text)
+    }
+
+    /// The text of a streamed chat completion: its deltas joined.
+    fn streamed_chat_text(&self) -> String {
+        chat_deltas(&self.text)
+    }
+
+    /// The text of a streamed Anthropic message: its text deltas joined.
+    fn streamed_message_text(&self) -> String {
+        self.events()
+            .iter()
+            .filter_map(|event| event_json(event))
+            .filter_map(|data| {
+                data.pointer("/delta/text")
+                    .and_then(Json::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+}
+
+fn sse_events(text: &str) -> Vec<&str> {
+    text.split("\n\n")
+        .filter(|event| !event.trim().is_empty())
+        .collect()
+}
+
+/// The deltas of an OpenAI chat stream, joined.
+fn chat_deltas(text: &str) -> String {
+    sse_events(text)
+        .iter()
+        .filter_map(|event| event_json(event))
+        .filter_map(|data| {
+            data.pointer("/choices/0/delta/content")
+                .and_then(Json::as_str)
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// The `data:` of an event, parsed, when it is JSON.
+fn event_json(event: &str) -> Option<Json> {
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim_start)
+        .collect();
+    serde_json::from_str(&data.join("\n")).ok()
+}
+
+/// The `event:` name of an event.
+fn event_name(event: &str) -> Option<&str> {
+    event
+        .lines()
+        .find_map(|line| line.strip_prefix("event:"))
+        .map(str::trim)
+}
+
+/// The providers the sim saw, in the order the requests arrived.
+fn providers_seen(requests: &[RecordedRequest]) -> Vec<&str> {
+    requests
+        .iter()
+        .map(|request| request.provider.as_str())
+        .collect()
+}
+
+/// Milliseconds between the arrival of two recorded requests.
+fn gap_ms(requests: &[RecordedRequest], earlier: usize, later: usize) -> u64 {
+    requests[later].at_ms - requests[earlier].at_ms
+}
+
+/// Waits (polling) until `condition` holds; fails the test after 10 s.
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (polling `/metrics`) until the counter `name` reaches `value`.
+async fn wait_for_metric(api: &Api, name: &str, value: usize) {
+    let url = format!("{}/metrics", api.url);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = Reply::of(api.client.get(&url)).await;
+        let reached = metrics.text.lines().any(|line| {
+            line.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse::<f64>().ok())
+                .is_some_and(|count| count >= value as f64)
+        });
+        if reached {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {value}:\n{}",
+            metrics.text
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The OpenAI error object of a reply: (code, type, message).
+fn openai_error(reply: &Reply) -> (String, String, String) {
+    let json = reply.json();
+    let field = |name: &str| {
+        json.pointer(&format!("/error/{name}"))
+            .and_then(Json::as_str)
+            .unwrap_or_else(|| panic!("no error.{name} in {json}"))
+            .to_string()
+    };
+    (field("code"), field("type"), field("message"))
+}
+
+/// The Anthropic error object of a reply: (type, message).
+fn anthropic_error(reply: &Reply) -> (String, String) {
+    let json = reply.json();
+    assert_eq!(
+        json["type"], "error",
+        "not an Anthropic error object: {json}"
+    );
+    let field = |name: &str| {
+        json.pointer(&format!("/error/{name}"))
+            .and_then(Json::as_str)
+            .unwrap_or_else(|| panic!("no error.{name} in {json}"))
+            .to_string()
+    };
+    (field("type"), field("message"))
+}
+
+// ---------------------------------------------------- 1. failover by outcome
+
+/// A short timeout of this kind for provider `a`, the one under test, and a
+/// long one for the others, so that a loaded machine cannot make them time
+/// out.
+fn short_timeout_for_a(kind: &str) -> String {
+    format!("timeouts {{\n  {kind} if provider.id == \"a\" then 500ms else 10s\n}}\n")
+}
+
+/// A policy in which only `outcome` fails over; any other outcome stops with
+/// `other_outcome`, so an attempt classified wrongly fails the test. A
+/// timeout outcome gets its timeout, short; every other timeout keeps its
+/// long default.
+fn only_fails_over_on(outcome: &str) -> String {
+    let timeouts = match outcome {
+        "timeout" => short_timeout_for_a("headers"),
+        "first_token_timeout" => short_timeout_for_a("first_token"),
+        _ => String::new(),
+    };
+    format!(
+        r#"{timeouts}
+failover {{
+  attempts 2
+  on {outcome} => next, error upstream_failed
+  on any => stop, error other_outcome
+}}
+"#
+    )
+}
+
+const OUTCOME_ERRORS: &str = r#"
+  upstream_failed = 502, "every provider failed"
+  other_outcome = 500, "the attempt ended with another outcome"
+"#;
+
+/// Runs one request against providers `a` (answering `a_step`) and `b`
+/// (answering 200) under `policy`, with the catalog changed by `edit`.
+async fn failover_case(
+    policy: &str,
+    errors: &str,
+    a_step: &str,
+    stream: bool,
+    edit: impl FnOnce(String) -> String,
+) -> (Reply, Vec<RecordedRequest>) {
+    let sim = start_sim(&format!(
+        "providers:\n  a: {{sequence: [\"{a_step}\"]}}\n  b: {{}}\n"
+    ))
+    .await;
+    let gateway = Setup::new(policy, errors, edit(a_then_b()))
+        .start(&sim)
+        .await;
+    let reply = gateway.api.chat(&chat_body(stream)).await;
+    (reply, sim.requests())
+}
+
+/// `a`'s attempt ends with `outcome`, the policy's rule for it fails over,
+/// and `b` answers the client.
+async fn outcome_case(
+    outcome: &str,
+    a_step: &str,
+    stream: bool,
+    edit: impl FnOnce(String) -> String,
+) -> (Reply, Vec<RecordedRequest>) {
+    let (reply, requests) = failover_case(
+        &only_fails_over_on(outcome),
+        OUTCOME_ERRORS,
+        a_step,
+        stream,
+        edit,
+    )
+    .await;
+    assert_b_answered(&reply, stream);
+    (reply, requests)
+}
+
+/// `b` answered the client, and nothing of `a` reached it.
+fn assert_b_answered(reply: &Reply, stream: bool) {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    if stream {
+        assert_eq!(reply.streamed_chat_text(), "hello from b", "{}", reply.text);
+        assert_eq!(
+            reply.events().last(),
+            Some(&"data: [DONE]"),
+            "{}",
+            reply.text
+        );
+    } else {
+        assert_eq!(reply.chat_text(), "hello from b");
+    }
+    assert!(!reply.text.contains("from a"), "{}", reply.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_5xx_status_tries_the_next_provider() -> TestResult {
+    let (_, requests) = outcome_case("5xx", "503", false, |c| c).await;
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_connect_error_tries_the_next_provider() -> TestResult {
+    let closed = format!("http://127.0.0.1:{}/a/v1", closed_port());
+    let (_, requests) = outcome_case("connect_error", "200", false, |c| {
+        c.replace("{sim}/a/v1", &closed)
+    })
+    .await;
+    // `a` lives on a port nobody listens on: the sim only ever sees `b`.
+    assert_eq!(providers_seen(&requests), ["b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_reset_tries_the_next_provider() -> TestResult {
+    let (_, requests) = outcome_case("reset", "reset", false, |c| c).await;
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_headers_timeout_tries_the_next_provider() -> TestResult {
+    let (reply, requests) = outcome_case("timeout", "no_answer", false, |c| c).await;
+    // On a machine loaded enough, the proxy gives up on `a` before the sim
+    // has read its request; either way `b` answered after `a`'s timeout.
+    let seen = providers_seen(&requests);
+    assert!(seen == ["a", "b"] || seen == ["b"], "{seen:?}");
+    // `timeouts { headers 500ms }` for `a`: it had that long.
+    assert!(
+        reply.elapsed >= Duration::from_millis(500),
+        "{:?}",
+        reply.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_first_token_timeout_tries_the_next_provider() -> TestResult {
+    // `a` sends its headers at once, its first event only after 5 s.
+    let (reply, requests) =
+        outcome_case("first_token_timeout", "first_token=5s", true, |c| c).await;
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    // `timeouts { first_token 500ms }` for `a`: it had that long for its
+    // first event.
+    assert!(
+        reply.elapsed >= Duration::from_millis(500),
+        "{:?}",
+        reply.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_malformed_answer_tries_the_next_provider() -> TestResult {
+    // A 200 whose JSON body is cut in half.
+    let (_, requests) = outcome_case("malformed", "malformed", false, |c| c).await;
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_a_malformed_first_stream_event_tries_the_next_provider() -> TestResult {
+    let (_, requests) = outcome_case("malformed", "malformed_chunk=1", true, |c| c).await;
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    Ok(())
+}
+
+// --------------------------------------------------- 2. stop and passthrough
+
+const STOP: &str = r#"
+failover {
+  attempts 2
+  on 429 => stop, error slow_down
+  on 503 => stop, error overloaded
+  on 4xx => stop, error passthrough
+  on any => stop, error upstream_failed
+}
+"#;
+
+const STOP_ERRORS: &str = r#"
+  slow_down = 429, "slow down, please", retry_after 7s
+  overloaded = 503, "the provider is overloaded", type "overloaded_error"
+  upstream_failed = 502, "every provider failed"
+"#;
+
+/// OpenAI providers `a`, `b` for `m`; Anthropic providers `anth`, `anth2`
+/// for `claude`. The first of each answers `steps` in turn.
+async fn stop_case(steps: &str) -> (SimHandle, Gateway) {
+    let sim = start_sim(&format!(
+        "providers:\n  a: {{sequence: {steps}}}\n  b: {{}}\n  anth: {{sequence: {steps}}}\n  anth2: {{}}\n"
+    ))
+    .await;
+    let catalog = catalog(
+        &[
+            provider("a", "openai", ""),
+            provider("b", "openai", ""),
+            provider("anth", "anthropic", ""),
+            provider("anth2", "anthropic", ""),
+        ],
+        &[model("m", &["a", "b"]), model("claude", &["anth", "anth2"])],
+    );
+    let gateway = Setup::new(STOP, STOP_ERRORS, catalog).start(&sim).await;
+    (sim, gateway)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_rule_answers_with_the_policy_error_in_the_openai_format() -> TestResult {
+    let (sim, gateway) = stop_case(r#"["429", "503"]"#).await;
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 429, "{}", reply.text);
+    let (code, kind, message) = openai_error(&reply);
+    assert_eq!(code, "slow_down");
+    assert_eq!(kind, "rate_limit_error", "the default type of a 429");
+    assert_eq!(message, "slow down, please");
+    assert_eq!(reply.header("retry-after"), Some("7"));
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    let (code, kind, message) = openai_error(&reply);
+    assert_eq!(
+        (code.as_str(), kind.as_str(), message.as_str()),
+        (
+            "overloaded",
+            "overloaded_error",
+            "the provider is overloaded"
+        )
+    );
+    assert_eq!(reply.header("retry-after"), None, "the error declares none");
+
+    // `stop`: `b` is never asked.
+    assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_rule_answers_with_the_policy_error_in_the_anthropic_format() -> TestResult {
+    let (sim, gateway) = stop_case(r#"["429", "503"]"#).await;
+
+    let reply = gateway.api.messages(&messages_body(false)).await;
+    assert_eq!(reply.status, 429, "{}", reply.text);
+    assert_eq!(
+        anthropic_error(&reply),
+        (
+            String::from("rate_limit_error"),
+            String::from("slow down, please")
+        )
+    );
+    assert_eq!(reply.header("retry-after"), Some("7"));
+
+    let reply = gateway.api.messages(&messages_body(false)).await;
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    assert_eq!(
+        anthropic_error(&reply),
+        (
+            String::from("overloaded_error"),
+            String::from("the provider is overloaded")
+        )
+    );
+    assert_eq!(reply.header("retry-after"), None);
+
+    assert_eq!(providers_seen(&sim.requests()), ["anth", "anth"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestResult {
+    let (sim, gateway) = stop_case(
+        r#"["400 code=bad_thing message=\"no such parameter\"", "409 retry_after=2s code=conflict message=\"try later\""]"#,
+    )
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(
+        reply.json(),
+        json!({"error": {"message": "no such parameter", "type": "invalid_request_error", "param": null, "code": "bad_thing"}})
+    );
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 409, "{}", reply.text);
+    assert_eq!(openai_error(&reply).0, "conflict");
+    assert_eq!(reply.header("retry-after"), Some("2"), "the provider's own");
+
+    // The Anthropic provider's own error object, as it sent it.
+    let reply = gateway.api.messages(&messages_body(false)).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(
+        reply.json(),
+        json!({"type": "error", "error": {"type": "bad_thing", "message": "no such parameter"}})
+    );
+
+    assert_eq!(providers_seen(&sim.requests()), ["a", "a", "anth"]);
+    Ok(())
+}
+
+// ------------------------------------------------------------- 3. retries
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_and_bounded_by_the_policy() -> TestResult {
+    let sim = start_sim(
+        "providers:\n  a:\n    models:\n      \
+         limited: {sequence: [\"429 retry_after=5s\", \"200\"]}\n      \
+         flaky: {sequence: [\"503\", \"200\"]}\n",
+    )
+    .await;
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 1
+  on 429 when retries < 1 => retry after clamp(coalesce(upstream.retry_after, 1s), 0s, 300ms), error upstream_failed
+  on 5xx when retries < 1 => retry, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(
+            &[provider("a", "openai", "")],
+            &[model("limited", &["a"]), model("flaky", &["a"])],
+        ),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway
+        .api
+        .chat(&json!({"model": "limited", "messages": []}))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["a", "a"]);
+    // The provider asked for 5 s; the policy clamps the wait to 300 ms.
+    let waited = gap_ms(&requests, 0, 1);
+    assert!(
+        waited >= 300,
+        "retried after {waited} ms, before the 300 ms the policy says"
+    );
+    assert!(
+        waited < 2_500,
+        "retried after {waited} ms: the upstream 5 s was not bounded"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_without_after_backs_off() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [\"503\", \"200\"]}\n").await;
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 1
+  on 5xx when retries < 1 => retry, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["a", "a"]);
+    // The default backoff starts at 250 ms with jitter: never a tight loop.
+    let waited = gap_ms(&requests, 0, 1);
+    assert!(waited >= 100, "retried after only {waited} ms");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_its_pending_retry() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [\"503\", \"200\"]}\n").await;
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 1
+  on 5xx when retries < 1 => retry after 600ms, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    // The client gives up while the proxy waits to retry.
+    let api = gateway.api.clone();
+    let client = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    wait_until("the sim sees the first attempt", || {
+        sim.requests().len() == 1
+    })
+    .await;
+    client.abort();
+    assert!(client.await.is_err_and(|error| error.is_cancelled()));
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        providers_seen(&sim.requests()),
+        ["a"],
+        "the retry went upstream for a client that had left"
+    );
+    Ok(())
+}
+
+// --------------------------------------------------------------- 4. pauses
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_provider_is_skipped_until_the_pause_expires() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [\"429\", \"200\"]}\n  b: {}\n").await;
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 2
+  on 429 => next, pause provider for 1s, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        a_then_b(),
+    )
+    .start(&sim)
+    .await;
+
+    // The pause starts after this instant, when `a` answers 429.
+    let before_pause = Instant::now();
+    let first = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(first.chat_text(), "hello from b");
+    assert_eq!(providers_seen(&sim.requests()), ["a", "b"]);
+
+    let second = gateway.api.chat(&chat_body(false)).await;
+    assert!(
+        before_pause.elapsed() < Duration::from_secs(1),
+        "the machine is too slow for this test: the pause ended before the second request"
+    );
+    assert_eq!(second.chat_text(), "hello from b");
+    assert_eq!(
+        providers_seen(&sim.requests()),
+        ["a", "b", "b"],
+        "a paused provider is skipped, not asked"
+    );
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let third = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(
+        third.chat_text(),
+        "hello from a",
+        "traffic returns after the pause"
+    );
+    assert_eq!(providers_seen(&sim.requests()), ["a", "b", "b", "a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_finding_every_candidate_paused_waits_for_the_pause_to_end() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [\"429\", \"200\"]}\n").await;
+    let gateway = Setup::new(
+        r#"
+capacity {
+  wait 2s
+  error busy
+}
+failover {
+  attempts 1
+  on 429 => stop, pause provider for 300ms, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        CAPACITY_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let first = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(first.status, 502, "{}", first.text);
+    // `a` is paused and the only candidate: wait (up to `capacity.wait`).
+    let second = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(second.status, 200, "{}", second.text);
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["a", "a"]);
+    let waited = gap_ms(&requests, 0, 1);
+    assert!(
+        waited >= 300,
+        "`a` was asked again {waited} ms into its 300 ms pause"
+    );
+    Ok(())
+}
+
+// ------------------------------------------------------------- 5. capacity
+
+fn capacity_policy(wait: &str) -> String {
+    format!(
+        r#"
+capacity {{
+  wait {wait}
+  error busy
+}}
+failover {{
+  attempts 1
+  on any => stop, error upstream_failed
+}}
+"#
+    )
+}
+
+const CAPACITY_ERRORS: &str = r#"
+  busy = 503, "no provider has room", retry_after 3s
+  upstream_failed = 502, "every provider failed"
+"#;
+
+fn one_slot_catalog() -> String {
+    catalog(
+        &[provider("a", "openai", "capacity: {concurrent: 1}")],
+        &[model("m", &["a"])],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResult {
+    let sim =
+        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=1500ms\", \"200\"]}\n").await;
+    let gateway = Setup::new(
+        &capacity_policy("150ms"),
+        CAPACITY_ERRORS,
+        one_slot_catalog(),
+    )
+    .start(&sim)
+    .await;
+
+    let api = gateway.api.clone();
+    let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    wait_until("the sim sees the first request", || {
+        sim.requests().len() == 1
+    })
+    .await;
+
+    let refused = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    let (code, _, message) = openai_error(&refused);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("busy", "no provider has room")
+    );
+    assert_eq!(refused.header("retry-after"), Some("3"));
+    assert!(
+        refused.elapsed >= Duration::from_millis(150),
+        "{:?}",
+        refused.elapsed
+    );
+
+    let slow = slow.await?;
+    assert_eq!(slow.status, 200, "{}", slow.text);
+    assert_eq!(
+        sim.requests().len(),
+        1,
+        "the refused request never went upstream"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResult {
+    let sim =
+        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n").await;
+    let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
+        .start(&sim)
+        .await;
+
+    let api = gateway.api.clone();
+    let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    wait_until("the sim sees the first request", || {
+        sim.requests().len() == 1
+    })
+    .await;
+
+    let waiting = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(waiting.status, 200, "{}", waiting.text);
+    assert_eq!(slow.await?.status, 200);
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["a", "a"]);
+    // It went upstream only after the first answer (600 ms) freed the slot.
+    let waited = gap_ms(&requests, 0, 1);
+    assert!(
+        waited >= 600,
+        "the second request went upstream after {waited} ms"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult {
+    // A stream of 50 chunks 100 ms apart holds the only slot for 5 s.
+    let sim = start_sim("providers:\n  a: {chunks: 50, chunk_interval: 100ms}\n").await;
+    let gateway = Setup::new(&capacity_policy("1s"), CAPACITY_ERRORS, one_slot_catalog())
+        .start(&sim)
+        .await;
+
+    let mut stream = gateway.api.chat_request(&chat_body(true)).send().await?;
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await?.is_some(), "the stream started");
+    drop(stream);
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(
+        reply.status, 200,
+        "the abandoned stream still holds the slot: {}",
+        reply.text
+    );
+    assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_for_capacity_are_served_in_arrival_order() -> TestResult {
+    let sim = start_sim("providers:\n  a: {latency: 200ms}\n").await;
+    let gateway = Setup::new(&capacity_policy("5s"), CAPACITY_ERRORS, one_slot_catalog())
+        .start(&sim)
+        .await;
+
+    let mut waiting = Vec::new();
+    for (number, name) in ["r1", "r2", "r3", "r4"].into_iter().enumerate() {
+        let api = gateway.api.clone();
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": name}]});
+        waiting.push(tokio::spawn(async move { api.chat(&body).await }));
+        // `r1` takes the slot; each of the others joins the queue (and is
+        // counted as waiting) before the next one is sent.
+        if number == 0 {
+            wait_until("r1 goes upstream", || sim.requests().len() == 1).await;
+        } else {
+            wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", number).await;
+        }
+    }
+    for reply in waiting {
+        let reply = reply.await?;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    let order: Vec<String> = sim
+        .requests()
+        .iter()
+        .map(|request| request.body["messages"][0]["content"].to_string())
+        .collect();
+    assert_eq!(order, ["\"r1\"", "\"r2\"", "\"r3\"", "\"r4\""]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_that_goes_away_leaves_the_queue() -> TestResult {
+    let sim =
+        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n").await;
+    let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
+        .start(&sim)
+        .await;
+
+    let api = gateway.api.clone();
+    let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    wait_until("the sim sees the first request", || {
+        sim.requests().len() == 1
+    })
+    .await;
+    let api = gateway.api.clone();
+    let gone = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
+    gone.abort();
+    assert!(gone.await.is_err_and(|error| error.is_cancelled()));
+
+    // The next in line is served when the slot frees, not held behind a
+    // waiter that left.
+    let next = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(next.status, 200, "{}", next.text);
+    assert_eq!(slow.await?.status, 200);
+    assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_error_can_say_when_a_window_frees() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        &capacity_policy("100ms"),
+        r#"
+  busy = 503, "no provider has room", retry_after coalesce(free_in, 99s)
+  upstream_failed = 502, "every provider failed"
+"#,
+        catalog(
+            &[provider(
+                "a",
+                "openai",
+                "capacity: {requests: 1, window: 10s}",
+            )],
+            &[model("m", &["a"])],
+        ),
+    )
+    .start(&sim)
+    .await;
+
+    let first = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(first.status, 200, "{}", first.text);
+    let second = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(second.status, 503, "{}", second.text);
+    // The window's one admission leaves it within 10 s: `free_in`, in
+    // whole seconds (not the 99 s fallback).
+    let retry_after: u64 = second.header("retry-after").expect("Retry-After").parse()?;
+    assert!(
+        (1..=10).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
+    assert_eq!(sim.requests().len(), 1);
+    Ok(())
+}
+
+// -------------------------------------------------------------- 6. streams
+
+/// Every failure before the first event fails over; a stream that breaks
+/// after it stops with `broken_stream`.
+const STREAMS: &str = r#"
+timeouts {
+  idle if provider.id == "a" then 500ms else 10s
+}
+failover {
+  attempts 2
+  on stream_broken => stop, error broken_stream
+  on 5xx, connect_error, reset, timeout, first_token_timeout, malformed => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#;
+
+const STREAM_ERRORS: &str = r#"
+  broken_stream = 502, "the provider's stream broke"
+  upstream_failed = 502, "every provider failed"
+"#;
+
+async fn stream_case(a_step: &str) -> (Reply, Vec<RecordedRequest>) {
+    failover_case(STREAMS, STREAM_ERRORS, a_step, true, |c| c).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_failing_before_its_first_event_fails_over_and_the_client_sees_only_the_next()
+-> TestResult {
+    // `a` sends its headers, then closes without a single event.
+    let (reply, requests) = stream_case("cut_after=0").await;
+    assert_b_answered(&reply, true);
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    Ok(())
+}
+
+/// The error event that ends a broken OpenAI stream: `broken_stream`, and
+/// no `[DONE]` anywhere.
+fn assert_ends_with_broken_stream_error(reply: &Reply) {
+    assert_eq!(
+        reply.status, 200,
+        "the stream was committed: {}",
+        reply.text
+    );
+    let events = reply.events();
+    let last = events.last().copied().unwrap_or_default();
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["error"]["code"], "broken_stream", "{}", reply.text);
+    assert_eq!(error["error"]["message"], "the provider's stream broke");
+    assert!(!reply.text.contains("[DONE]"), "{}", reply.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_commit_ends_with_an_error_event_and_no_done() -> TestResult {
+    let (reply, requests) = stream_case("cut_after=2").await;
+    assert_ends_with_broken_stream_error(&reply);
+    // Two chunks of "hello from a" reached the client before the cut.
+    assert!(!reply.streamed_chat_text().is_empty(), "{}", reply.text);
+    assert!("hello from a".starts_with(&reply.streamed_chat_text()));
+    // Nothing fails over once bytes reached the client.
+    assert_eq!(providers_seen(&requests), ["a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_ends_with_an_error_event_after_the_idle_timeout() -> TestResult {
+    let (reply, requests) = stream_case("stall_after=2").await;
+    assert_ends_with_broken_stream_error(&reply);
+    assert_eq!(providers_seen(&requests), ["a"]);
+    // `timeouts { idle 500ms }` for `a`.
+    assert!(
+        reply.elapsed >= Duration::from_millis(500),
+        "{:?}",
+        reply.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_malformed_after_commit_ends_with_an_error_event_and_no_done() -> TestResult {
+    let (reply, requests) = stream_case("malformed_chunk=3").await;
+    assert_ends_with_broken_stream_error(&reply);
+    assert_eq!(providers_seen(&requests), ["a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_stream_outliving_the_attempt_timeout_ends_with_an_error_event() -> TestResult {
+    // 20 chunks 100 ms apart: about 2 s, four times the attempt's limit.
+    let sim = start_sim("providers:\n  a: {chunks: 20, chunk_interval: 100ms}\n").await;
+    let gateway = Setup::new(
+        r#"
+timeouts {
+  attempt 500ms
+}
+failover {
+  attempts 1
+  on stream_broken, timeout => stop, error broken_stream
+  on any => stop, error upstream_failed
+}
+"#,
+        STREAM_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_ends_with_broken_stream_error(&reply);
+    assert_ne!(
+        reply.streamed_chat_text(),
+        "hello from a",
+        "the whole answer was streamed"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_without_done_is_finished_promptly_with_done() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [no_done]}\n").await;
+    let gateway = Setup::new(
+        r#"
+timeouts {
+  idle 30s
+}
+failover {
+  attempts 1
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_chat_text(), "hello from a");
+    assert_eq!(
+        reply.events().last(),
+        Some(&"data: [DONE]"),
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.text.matches("[DONE]").count(), 1);
+    // Not after the 30 s idle timeout.
+    assert!(
+        reply.elapsed < Duration::from_secs(10),
+        "{:?}",
+        reply.elapsed
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResult {
+    let sim = start_sim("providers:\n  anth: {sequence: [\"200\", no_done, cut_after=2]}\n").await;
+    let gateway = Setup::new(
+        STREAMS,
+        STREAM_ERRORS,
+        catalog(
+            &[provider("anth", "anthropic", "")],
+            &[model("claude", &["anth"])],
+        ),
+    )
+    .start(&sim)
+    .await;
+
+    for case in ["complete", "without message_stop"] {
+        let reply = gateway.api.messages(&messages_body(true)).await;
+        assert_eq!(reply.status, 200, "{case}: {}", reply.text);
+        assert_eq!(reply.streamed_message_text(), "hello from anth", "{case}");
+        let events = reply.events();
+        let last = events.last().copied().unwrap_or_default();
+        assert_eq!(
+            event_name(last),
+            Some("message_stop"),
+            "{case}: {}",
+            reply.text
+        );
+        assert_eq!(event_json(last), Some(json!({"type": "message_stop"})));
+        assert_eq!(
+            reply.text.matches("message_stop").count(),
+            2,
+            "{case}: once, as name and type"
+        );
+    }
+
+    let reply = gateway.api.messages(&messages_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let events = reply.events();
+    let last = events.last().copied().unwrap_or_default();
+    assert_eq!(event_name(last), Some("error"), "{}", reply.text);
+    assert_eq!(
+        event_json(last),
+        Some(
+            json!({"type": "error", "error": {"type": "api_error", "message": "the provider's stream broke"}})
+        )
+    );
+    assert!(!reply.text.contains("message_stop"), "{}", reply.text);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_headers_go_out_after_hold_headers_and_the_late_comment_precedes_the_events()
+-> TestResult {
+    // `a` sends headers at once but its first event only after 5 s.
+    let sim = start_sim("providers:\n  a: {sequence: [\"first_token=5s\"]}\n  b: {}\n").await;
+    let gateway = Setup::new(
+        r#"
+timeouts {
+  first_token if provider.id == "a" then 1s else 10s
+}
+stream {
+  hold_headers 100ms
+  late_comment "provider=" + served.provider.name
+}
+failover {
+  attempts 2
+  on first_token_timeout => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        a_then_b(),
+    )
+    .start(&sim)
+    .await;
+
+    let started = Instant::now();
+    let response = gateway.api.chat_request(&chat_body(true)).send().await?;
+    let headers_after = started.elapsed();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await?;
+
+    assert!(
+        headers_after >= Duration::from_millis(100),
+        "the headers were held only {headers_after:?}"
+    );
+    // No event can exist before `a`'s first-token timeout (1 s): the
+    // headers did not wait for one.
+    assert!(
+        headers_after < Duration::from_secs(1),
+        "the headers waited {headers_after:?}, for the first event"
+    );
+    let events = sse_events(&text);
+    assert_eq!(events.first(), Some(&": provider=b"), "{text}");
+    assert_eq!(text.matches(": provider=").count(), 1, "{text}");
+    assert_eq!(chat_deltas(&text), "hello from b");
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    assert_eq!(providers_seen(&sim.requests()), ["a", "b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_headers_go_out_after_hold_headers_even_before_the_provider_answers() -> TestResult {
+    // `a` sends nothing, not even headers, for 1 s.
+    let sim = start_sim("providers:\n  a: {sequence: [\"slow_headers=1s\"]}\n").await;
+    let gateway = Setup::new(
+        r#"
+timeouts {
+  headers 5s
+}
+stream {
+  hold_headers 100ms
+  late_comment "provider=" + served.provider.name
+}
+failover {
+  attempts 1
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let started = Instant::now();
+    let response = gateway.api.chat_request(&chat_body(true)).send().await?;
+    let headers_after = started.elapsed();
+    let text = response.text().await?;
+    assert!(
+        headers_after < Duration::from_secs(1),
+        "the headers waited {headers_after:?}, for the provider's headers"
+    );
+    assert_eq!(sse_events(&text).first(), Some(&": provider=a"), "{text}");
+    Ok(())
+}
+
+// ------------------------------------------------------------- 7. headers
+
+const HEADERS: &str = r#"
+headers {
+  "x-served-by" = served.provider.name
+  "x-attempts" = attempts
+}
+failover {
+  attempts 2
+  on 503 when retries < 1 and provider.id == "c" => retry after 10ms, error upstream_failed
+  on 5xx => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#;
+
+async fn headers_case(scenario: &str) -> (SimHandle, Gateway) {
+    let sim = start_sim(scenario).await;
+    let catalog = catalog(
+        &[
+            provider("a", "openai", ""),
+            provider("b", "openai", ""),
+            provider("c", "openai", ""),
+        ],
+        &[model("m", &["a", "b"]), model("solo", &["c"])],
+    );
+    let gateway = Setup::new(
+        HEADERS,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog,
+    )
+    .start(&sim)
+    .await;
+    (sim, gateway)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() -> TestResult {
+    let (sim, gateway) =
+        headers_case("providers:\n  a: {sequence: [\"503\", \"503\"]}\n  b: {sequence: [\"200\", \"503\"]}\n  c: {}\n")
+            .await;
+
+    let served = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(served.status, 200, "{}", served.text);
+    assert_eq!(served.header("x-served-by"), Some("b"));
+    assert_eq!(served.header("x-attempts"), Some("2"));
+
+    let failed = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(failed.status, 502, "{}", failed.text);
+    assert_eq!(openai_error(&failed).0, "upstream_failed");
+    assert_eq!(
+        failed.header("x-served-by"),
+        Some("b"),
+        "the provider that answered last"
+    );
+    assert_eq!(failed.header("x-attempts"), Some("2"));
+
+    // Refused before any attempt: no provider to name.
+    let refused = gateway
+        .api
+        .chat(&json!({"model": "no-such-model", "messages": []}))
+        .await;
+    assert_eq!(refused.status, 404, "{}", refused.text);
+    assert_eq!(refused.header("x-served-by"), None);
+
+    assert_eq!(providers_seen(&sim.requests()), ["a", "b", "a", "b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_headers_count_the_attempts_of_a_stream_after_failover() -> TestResult {
+    let (_sim, gateway) =
+        headers_case("providers:\n  a: {sequence: [\"503\"]}\n  b: {}\n  c: {}\n").await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_chat_text(), "hello from b");
+    assert_eq!(reply.header("x-served-by"), Some("b"));
+    assert_eq!(
+        reply.header("x-attempts"),
+        Some("2"),
+        "two candidates were tried"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_headers_do_not_count_retries_as_attempts() -> TestResult {
+    let (sim, gateway) =
+        headers_case("providers:\n  a: {}\n  b: {}\n  c: {sequence: [\"503\", \"200\"]}\n").await;
+    let reply = gateway
+        .api
+        .chat(&json!({"model": "solo", "messages": []}))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        providers_seen(&sim.requests()),
+        ["c", "c"],
+        "one retry of `c`"
+    );
+    // `attempts` counts candidates tried; retries of one do not count.
+    assert_eq!(reply.header("x-attempts"), Some("1"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_headers_can_tell_a_successful_answer_from_an_error() -> TestResult {
+    let sim = start_sim("providers:\n  a: {sequence: [\"200\", \"503\"]}\n").await;
+    let gateway = Setup::new(
+        &format!("headers {{\n  \"x-succeeded\" = succeeded\n}}\n{SIMPLE}"),
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let served = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(served.status, 200, "{}", served.text);
+    let failed = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(failed.status, 502, "{}", failed.text);
+    assert_eq!(failed.header("x-succeeded"), Some("false"));
+    assert_eq!(served.header("x-succeeded"), Some("true"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_headers_read_the_time_elapsed() -> TestResult {
+    let sim = start_sim("providers:\n  a: {latency: 300ms}\n").await;
+    let gateway = Setup::new(
+        &format!("headers {{\n  \"x-elapsed-ms\" = seconds(elapsed) * 1000\n}}\n{SIMPLE}"),
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let elapsed: f64 = reply
+        .header("x-elapsed-ms")
+        .expect("the header is there")
+        .parse()?;
+    // The provider took 300 ms to answer.
+    assert!(elapsed >= 300.0, "x-elapsed-ms: {elapsed}");
+    Ok(())
+}
+
+// ------------------------------------------------------- 8. authentication
+
+const SIMPLE: &str = r#"
+failover {
+  attempts 2
+  on 5xx => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#;
+
+const SIMPLE_ERRORS: &str = r#"  upstream_failed = 502, "every provider failed""#;
+
+/// OpenAI provider `a` for `m`, Anthropic provider `anth` for `claude`.
+fn openai_and_anthropic() -> String {
+    catalog(
+        &[
+            provider("a", "openai", ""),
+            provider("anth", "anthropic", ""),
+        ],
+        &[model("m", &["a"]), model("claude", &["anth"])],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_unknown_keys_get_401_in_the_callers_wire_format() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
+    let gateway = Setup::new(SIMPLE, SIMPLE_ERRORS, openai_and_anthropic())
+        .start(&sim)
+        .await;
+    let api = &gateway.api;
+
+    let missing = Reply::of(api.post("/v1/chat/completions", &chat_body(false))).await;
+    assert_eq!(missing.status, 401, "{}", missing.text);
+    assert_eq!(openai_error(&missing).1, "authentication_error");
+
+    let unknown = Reply::of(
+        api.post("/v1/chat/completions", &chat_body(false))
+            .bearer_auth("sk-not-a-key"),
+    )
+    .await;
+    assert_eq!(unknown.status, 401, "{}", unknown.text);
+    assert_eq!(openai_error(&unknown).1, "authentication_error");
+    assert_ne!(
+        openai_error(&missing).0,
+        openai_error(&unknown).0,
+        "a missing key and a wrong one are told apart"
+    );
+
+    let missing = Reply::of(
+        api.post("/v1/messages", &messages_body(false))
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(missing.status, 401, "{}", missing.text);
+    assert_eq!(anthropic_error(&missing).0, "authentication_error");
+
+    let unknown = Reply::of(
+        api.post("/v1/messages", &messages_body(false))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-api-key", "sk-not-a-key"),
+    )
+    .await;
+    assert_eq!(unknown.status, 401, "{}", unknown.text);
+    assert_eq!(anthropic_error(&unknown).0, "authentication_error");
+
+    assert!(sim.requests().is_empty(), "nothing went upstream");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_accepted_from_bearer_and_x_api_key() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
+    let gateway = Setup::new(SIMPLE, SIMPLE_ERRORS, openai_and_anthropic())
+        .start(&sim)
+        .await;
+    let api = &gateway.api;
+
+    let bearer = api.chat(&chat_body(false)).await;
+    assert_eq!(bearer.status, 200, "{}", bearer.text);
+    let x_api_key = Reply::of(
+        api.post("/v1/chat/completions", &chat_body(false))
+            .header("x-api-key", KEY),
+    )
+    .await;
+    assert_eq!(x_api_key.status, 200, "{}", x_api_key.text);
+    let anthropic = api.messages(&messages_body(false)).await;
+    assert_eq!(anthropic.status, 200, "{}", anthropic.text);
+    let anthropic_bearer = Reply::of(
+        api.post("/v1/messages", &messages_body(false))
+            .bearer_auth(KEY)
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(anthropic_bearer.status, 200, "{}", anthropic_bearer.text);
+    assert_eq!(providers_seen(&sim.requests()), ["a", "a", "anth", "anth"]);
+    Ok(())
+}
+
+// ------------------------------------------------------ 9. what goes upstream
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_gets_the_provider_credential_and_model_without_routing_inputs() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
+    let gateway = Setup::new(
+        &format!(
+            r#"
+input route_hint from body "route_hint" : string malformed error bad_input
+input region from header "x-route-region" : string malformed error bad_input
+{SIMPLE}"#
+        ),
+        r#"
+  bad_input = 400, "a routing input has the wrong shape"
+  upstream_failed = 502, "every provider failed"
+"#,
+        catalog(
+            &[
+                provider("a", "openai", ""),
+                provider("anth", "anthropic", ""),
+            ],
+            &[
+                model_upstream("m", "a", "vendor/model-a"),
+                model_upstream("claude", "anth", "claude-upstream-1"),
+            ],
+        ),
+    )
+    .start(&sim)
+    .await;
+
+    let mut body = chat_body(false);
+    body["route_hint"] = json!("eu");
+    let reply = Reply::of(
+        gateway
+            .api
+            .chat_request(&body)
+            .header("x-route-region", "eu-west"),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+
+    let mut body = messages_body(false);
+    body["route_hint"] = json!("eu");
+    let reply = Reply::of(
+        gateway
+            .api
+            .post("/v1/messages", &body)
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2024-01-01")
+            .header("x-route-region", "eu-west"),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    // Without `anthropic-version` the proxy sends the default one.
+    let reply = Reply::of(
+        gateway
+            .api
+            .post("/v1/messages", &messages_body(false))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["a", "anth", "anth"]);
+    let (openai, anthropic) = (&requests[0], &requests[1]);
+    assert_eq!(requests[2].header("anthropic-version"), Some("2023-06-01"));
+
+    let expected = format!("Bearer {}", secret_of("a"));
+    assert_eq!(openai.header("authorization"), Some(expected.as_str()));
+    assert_eq!(openai.header("x-api-key"), None);
+    assert_eq!(openai.model.as_deref(), Some("vendor/model-a"));
+    assert_eq!(
+        openai.body["messages"],
+        json!([{"role": "user", "content": "hi"}])
+    );
+
+    assert_eq!(
+        anthropic.header("x-api-key"),
+        Some(secret_of("anth").as_str())
+    );
+    assert_eq!(anthropic.header("authorization"), None);
+    assert_eq!(anthropic.header("anthropic-version"), Some("2024-01-01"));
+    assert_eq!(anthropic.model.as_deref(), Some("claude-upstream-1"));
+
+    for request in &requests {
+        assert!(
+            request.body.get("route_hint").is_none(),
+            "a routing input went upstream: {}",
+            request.body
+        );
+        assert_eq!(request.header("x-route-region"), None);
+        for (name, value) in &request.headers {
+            assert!(
+                !value.contains(KEY),
+                "the client's key went upstream in {name}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let given = Reply::of(
+        gateway
+            .api
+            .chat_request(&chat_body(false))
+            .header("x-request-id", "client-req-42"),
+    )
+    .await;
+    assert_eq!(given.status, 200, "{}", given.text);
+    assert_eq!(given.header("x-request-id"), Some("client-req-42"));
+
+    let generated = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(generated.status, 200, "{}", generated.text);
+    let id = generated
+        .header("x-request-id")
+        .expect("a request id is generated")
+        .to_string();
+    assert!(!id.is_empty());
+    assert_ne!(id, "client-req-42");
+
+    // Not a sensible id (spaces, quotes): replaced by a generated one.
+    let odd = Reply::of(
+        gateway
+            .api
+            .chat_request(&chat_body(false))
+            .header("x-request-id", "no \"ids\" like this"),
+    )
+    .await;
+    assert_eq!(odd.status, 200, "{}", odd.text);
+    let replaced = odd.header("x-request-id").expect("an id").to_string();
+    assert!(!replaced.contains(' '), "{replaced}");
+
+    let requests = sim.requests();
+    assert_eq!(requests[0].header("x-request-id"), Some("client-req-42"));
+    assert_eq!(requests[1].header("x-request-id"), Some(id.as_str()));
+    assert_eq!(requests[2].header("x-request-id"), Some(replaced.as_str()));
+    Ok(())
+}
+
+// ------------------------------------------------ 10. limits and the surface
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .max_body_bytes(1024)
+    .start(&sim)
+    .await;
+
+    let mut body = chat_body(false);
+    body["messages"][0]["content"] = json!("x".repeat(2048));
+    let reply = gateway.api.chat(&body).await;
+    assert_eq!(reply.status, 413, "{}", reply.text);
+    assert_eq!(openai_error(&reply).0, "request_too_large");
+
+    let small = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(small.status, 200, "{}", small.text);
+    assert_eq!(
+        sim.requests().len(),
+        1,
+        "the large body never went upstream"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let one = || catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]);
+    let with_rule = Setup::new(
+        &format!("validate {{\n  malformed body error bad_body\n}}\n{SIMPLE}"),
+        r#"
+  bad_body = 422, "send a JSON object"
+  upstream_failed = 502, "every provider failed"
+"#,
+        one(),
+    )
+    .start(&sim)
+    .await;
+    let built_in = Setup::new(SIMPLE, SIMPLE_ERRORS, one()).start(&sim).await;
+
+    let not_json = |api: &Api| {
+        api.client
+            .post(format!("{}/v1/chat/completions", api.url))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body("{\"model\": \"m\", ")
+    };
+    let reply = Reply::of(not_json(&with_rule.api)).await;
+    assert_eq!(reply.status, 422, "{}", reply.text);
+    let (code, _, message) = openai_error(&reply);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("bad_body", "send a JSON object")
+    );
+
+    let reply = Reply::of(not_json(&built_in.api)).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(openai_error(&reply).0, "invalid_request_body");
+
+    // A JSON array is not a request body either.
+    let reply = Reply::of(built_in.api.chat_request(&json!(["m"]))).await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+
+    assert!(sim.requests().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+    let api = &gateway.api;
+
+    let reply = Reply::of(
+        api.post("/v1/nothing/here", &chat_body(false))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert_eq!(openai_error(&reply).1, "not_found_error");
+
+    let reply = api.get("/nothing").await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+
+    let reply = Reply::of(
+        api.client
+            .get(format!("{}/nothing", api.url))
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(reply.status, 404, "{}", reply.text);
+    assert_eq!(anthropic_error(&reply).0, "not_found_error");
+
+    let reply = api.get("/v1/chat/completions").await;
+    assert_eq!(reply.status, 405, "{}", reply.text);
+    let reply = Reply::of(
+        api.client
+            .put(format!("{}/v1/messages", api.url))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(reply.status, 405, "{}", reply.text);
+
+    assert!(sim.requests().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_reports_the_policy_and_its_version() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = Reply::of(
+        gateway
+            .api
+            .client
+            .get(format!("{}/healthz", gateway.api.url)),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let health = reply.json();
+    assert_eq!(health["policy"], "proxytest");
+    let version = gateway.proxy.snapshot().version.clone();
+    assert!(!version.is_empty());
+    assert_eq!(health["version"], json!(version));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n").await;
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start(&sim)
+    .await;
+
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+
+    // The count is taken when the request's task ends, just after the
+    // answer went out.
+    let metrics_url = format!("{}/metrics", gateway.api.url);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = Reply::of(gateway.api.client.get(&metrics_url)).await;
+        assert_eq!(metrics.status, 200);
+        let counted = metrics.text.lines().any(|line| {
+            line.starts_with("switchyard_requests_total{")
+                && line.contains("provider=\"a\"")
+                && line.contains("status=\"200\"")
+                && line.ends_with(" 1")
+        });
+        if counted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no switchyard_requests_total for the request:\n{}",
+            metrics.text
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_lists_what_the_key_may_call() -> TestResult {
+    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
+    let providers = [
+        provider("a", "openai", ""),
+        provider("anth", "anthropic", ""),
+        // Its secret (`${UNSET_KEY}`) is not set: its model is nobody's to call.
+        provider("unset", "openai", ""),
+    ];
+    let gateway = Setup::new(
+        &format!(
+            "eligibility {{\n  require empty(key.allowed_models) or model.id in key.allowed_models \
+             else not_allowed\n}}\n{SIMPLE}"
+        ),
+        r#"
+  not_allowed = 403, "this key may not call this model"
+  upstream_failed = 502, "every provider failed"
+"#,
+        catalog(
+            &providers,
+            &[
+                model("m", &["a"]),
+                model("claude", &["anth"]),
+                model("orphan", &["unset"]),
+            ],
+        ),
+    )
+    .tenants(LIMITED_TENANTS)
+    .start(&sim)
+    .await;
+
+    let ids = |reply: &Reply| -> Vec<String> {
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        reply.json()["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no data list in {}", reply.text))
+            .iter()
+            .map(|entry| entry["id"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let models_url = format!("{}/v1/models", gateway.api.url);
+    let client = &gateway.api.client;
+
+    let all = Reply::of(client.get(&models_url).bearer_auth(KEY)).await;
+    assert_eq!(ids(&all), ["m", "claude"]);
+    assert_eq!(all.json()["object"], "list");
+
+    let limited = Reply::of(client.get(&models_url).bearer_auth(LIMITED_KEY)).await;
+    assert_eq!(ids(&limited), ["m"]);
+
+    let anthropic = Reply::of(
+        client
+            .get(&models_url)
+            .header("x-api-key", LIMITED_KEY)
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(ids(&anthropic), ["m"]);
+    assert_eq!(anthropic.json()["has_more"], false);
+
+    let anonymous = Reply::of(client.get(&models_url)).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.text);
+
+    // The listing matches what the key may call.
+    let refused = Reply::of(
+        gateway
+            .api
+            .post("/v1/messages", &messages_body(false))
+            .header("x-api-key", LIMITED_KEY)
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(refused.status, 403, "{}", refused.text);
+    Ok(())
+}
+
+// ---------------------------------------------------- 11. graceful shutdown
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> TestResult {
+    // A whole answer after 500 ms; a stream of 5 chunks 100 ms apart.
+    let sim =
+        start_sim("providers:\n  a: {latency: 500ms}\n  b: {chunks: 5, chunk_interval: 100ms}\n")
+            .await;
+    let mut gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(
+            &[provider("a", "openai", ""), provider("b", "openai", "")],
+            &[model("m", &["a"]), model("streamed", &["b"])],
+        ),
+    )
+    .start(&sim)
+    .await;
+
+    let api = gateway.api.clone();
+    let whole = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    let api = gateway.api.clone();
+    let mut body = chat_body(true);
+    body["model"] = json!("streamed");
+    let stream = tokio::spawn(async move { api.chat(&body).await });
+    wait_until("the sim sees both requests", || sim.requests().len() == 2).await;
+
+    gateway.running.take().expect("running").shutdown().await;
+    let reply = whole.await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.chat_text(), "hello from a");
+    let reply = stream.await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_chat_text(), "hello from b");
+    assert_eq!(reply.events().last(), Some(&"data: [DONE]"));
+
+    // A new client, so no pooled connection can be reused.
+    let refused = client()
+        .post(format!("{}/v1/chat/completions", gateway.api.url))
+        .bearer_auth(KEY)
+        .body(chat_body(false).to_string())
+        .send()
+        .await;
+    match refused {
+        Ok(response) => panic!("served after shutdown: {}", response.status()),
+        Err(error) => assert!(error.is_connect(), "{error}"),
+    }
+    Ok(())
+}
