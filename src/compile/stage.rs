@@ -190,9 +190,14 @@ impl Stager<'_> {
                     *slot = Some(Deps::LIVE);
                 }
                 let lets = self.lets;
-                let deps = lets
-                    .get(index)
-                    .map_or(Deps::LIVE, |spec| self.deps(&spec.term));
+                let deps = stacker::maybe_grow(
+                    crate::language::check::STACK_RED_ZONE,
+                    crate::language::check::STACK_SEGMENT,
+                    || {
+                        lets.get(index)
+                            .map_or(Deps::LIVE, |spec| self.deps(&spec.term))
+                    },
+                );
                 if let Some(slot) = self.let_deps.get_mut(index) {
                     *slot = Some(deps);
                 }

@@ -65,6 +65,25 @@ fn span_at(sources: &SourceMap, source: SourceId, location: &Location) -> Span {
     if location.line() == 0 {
         return Span::default();
     }
+    // Parsed from a string, the location knows its bytes: no need to walk
+    // the line (which, on a long flow line, made every value cost the line).
+    let span = location.span();
+    if let (Some(offset), Some(length)) = (span.byte_offset(), span.byte_len())
+        && let (Ok(start), Ok(length)) = (usize::try_from(offset), usize::try_from(length))
+        && file.text.is_char_boundary(start)
+        && file
+            .text
+            .is_char_boundary(start.saturating_add(length.max(1)).min(file.text.len()))
+    {
+        let end = start.saturating_add(length.max(1)).min(file.text.len());
+        // A value never spans past its line in our spans.
+        let end = file
+            .text
+            .get(start..end)
+            .and_then(|text| text.find('\n'))
+            .map_or(end, |newline| start + newline);
+        return Span::new(start, end.max(start));
+    }
     let line = usize::try_from(location.line()).unwrap_or(usize::MAX);
     let column = usize::try_from(location.column()).unwrap_or(usize::MAX);
     let start = file.offset_of(line, column);

@@ -39,16 +39,34 @@ pub enum AttrType {
     List(Box<AttrType>),
 }
 
+/// Deepest `list<list<…>>` a schema may declare: values, their checks and
+/// the policy's types all nest as deep.
+pub const MAX_LIST_NESTING: usize = 8;
+
 impl AttrType {
     /// Parses a type as written in a schema: `string`, `list<provider>`, `tier`.
+    /// Lists nest at most [`MAX_LIST_NESTING`] deep.
     pub fn parse(text: &str, enums: &[EnumDef]) -> Option<AttrType> {
-        let text = text.trim();
-        if let Some(inner) = text
+        let mut text = text.trim();
+        let mut lists = 0;
+        while let Some(inner) = text
             .strip_prefix("list<")
             .and_then(|rest| rest.strip_suffix('>'))
         {
-            return AttrType::parse(inner, enums).map(|inner| AttrType::List(Box::new(inner)));
+            lists += 1;
+            if lists > MAX_LIST_NESTING {
+                return None;
+            }
+            text = inner.trim();
         }
+        let mut ty = AttrType::element(text, enums)?;
+        for _ in 0..lists {
+            ty = AttrType::List(Box::new(ty));
+        }
+        Some(ty)
+    }
+
+    fn element(text: &str, enums: &[EnumDef]) -> Option<AttrType> {
         Some(match text {
             "bool" => AttrType::Bool,
             "number" => AttrType::Number,

@@ -165,17 +165,72 @@ impl IntoIterator for Diagnostics {
 /// The closest candidate to a misspelled name, if one is close enough to be
 /// what the user meant.
 pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = match wrong.chars().count() {
+    let length = wrong.chars().count();
+    // Nobody mistypes a name this long; and measuring it against every
+    // candidate would cost more than the hint is worth.
+    if length > MAX_SUGGESTED_LENGTH {
+        return None;
+    }
+    let limit = match length {
         0..=2 => 1,
         3..=5 => 2,
         _ => 3,
     };
+    let letters = Letters::of(wrong);
     candidates
         .into_iter()
-        .map(|candidate| (strsim::damerau_levenshtein(wrong, candidate), candidate))
+        .take(MAX_SUGGESTION_CANDIDATES)
+        // Cheap lower bounds of the edit distance first: the difference in
+        // length, then letters one has and the other lacks.
+        .filter(|candidate| candidate.chars().count().abs_diff(length) <= limit)
+        .filter(|candidate| letters.lower_bound(candidate) <= limit)
+        .take(MAX_MEASURED_CANDIDATES)
+        .map(|candidate| (strsim::osa_distance(wrong, candidate), candidate))
         .filter(|(distance, _)| *distance <= limit)
         .min_by_key(|(distance, candidate)| (*distance, *candidate))
         .map(|(_, candidate)| candidate)
+}
+
+/// Names longer than this get no "did you mean".
+const MAX_SUGGESTED_LENGTH: usize = 64;
+/// At most this many candidates are looked at …
+const MAX_SUGGESTION_CANDIDATES: usize = 10_000;
+/// … and at most this many of them measured exactly, so that a file with
+/// thousands of unknown names among thousands of similar ones stays fast.
+const MAX_MEASURED_CANDIDATES: usize = 32;
+
+/// Which ASCII letters a name contains.
+struct Letters {
+    mask: u128,
+    ascii: bool,
+}
+
+impl Letters {
+    fn of(text: &str) -> Letters {
+        Letters {
+            mask: mask(text),
+            ascii: text.is_ascii(),
+        }
+    }
+
+    /// A lower bound of the edit distance to `candidate`: each letter only
+    /// one of them has takes at least one edit of its own. Zero, which
+    /// filters nothing, for names that are not ASCII.
+    fn lower_bound(&self, candidate: &str) -> usize {
+        if !self.ascii || !candidate.is_ascii() {
+            return 0;
+        }
+        let other = mask(candidate);
+        let only_here = (self.mask & !other).count_ones();
+        let only_there = (other & !self.mask).count_ones();
+        only_here.max(only_there) as usize
+    }
+}
+
+fn mask(text: &str) -> u128 {
+    text.bytes()
+        .filter(|byte| byte.is_ascii())
+        .fold(0u128, |mask, byte| mask | (1u128 << byte))
 }
 
 #[cfg(test)]
@@ -188,5 +243,21 @@ mod tests {
         assert_eq!(suggest("prioritty", names), Some("priority"));
         assert_eq!(suggest("regoin", names), Some("region"));
         assert_eq!(suggest("zzz", names), None);
+        // A transposition is one edit.
+        assert_eq!(suggest("nmae", names), Some("name"));
+        assert_eq!(suggest(&"x".repeat(65), ["x"]), None);
+    }
+
+    #[test]
+    fn the_letter_bound_never_exceeds_the_edit_distance() {
+        for (a, b) in [
+            ("priority", "prioritty"),
+            ("abc", "cab"),
+            ("", "xyz"),
+            ("kitten", "sitting"),
+            ("unknown-model-1", "model-number-1"),
+        ] {
+            assert!(Letters::of(a).lower_bound(b) <= strsim::osa_distance(a, b));
+        }
     }
 }

@@ -54,17 +54,41 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
             }
             continue;
         }
-        let mut snippet = Snippet::source(file.text.as_str()).path(file.name.as_str());
-        for (label, is_primary) in labels.iter().filter(|(label, _)| label.source == source) {
+        let annotated: Vec<(std::ops::Range<usize>, &Label, bool)> = labels
+            .iter()
+            .filter(|(label, _)| label.source == source)
+            .map(|(label, is_primary)| (visible_range(file, label), *label, *is_primary))
+            .collect();
+        // Only the lines the labels touch go to the renderer: quoting the
+        // whole file for every diagnostic made many diagnostics quadratic.
+        let ranges: Vec<std::ops::Range<usize>> =
+            annotated.iter().map(|(range, ..)| range.clone()).collect();
+        let (text, first_line, offset) = excerpt(file, &ranges);
+        if text.len() > LONG_EXCERPT {
+            // A line this long (a flow list of thousands of items) is no
+            // help quoted, and quoting it for each of its many diagnostics
+            // would cost its length every time: say where, not what.
+            if let Some((_, label, _)) = annotated.first() {
+                let (line, column) = file.line_col(label.span.start);
+                group = group.element(
+                    Origin::path(file.name.as_str())
+                        .line(line)
+                        .char_column(column),
+                );
+            }
+            continue;
+        }
+        let mut snippet = Snippet::source(text)
+            .path(file.name.as_str())
+            .line_start(first_line);
+        for (range, label, is_primary) in &annotated {
             let kind = if *is_primary {
                 AnnotationKind::Primary
             } else {
                 AnnotationKind::Context
             };
-            snippet = snippet.annotation(
-                kind.span(visible_range(file, label))
-                    .label(label.message.as_str()),
-            );
+            let shifted = range.start.saturating_sub(offset)..range.end.saturating_sub(offset);
+            snippet = snippet.annotation(kind.span(shifted).label(label.message.as_str()));
         }
         group = group.element(snippet);
     }
@@ -78,6 +102,33 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
     };
     let report: [Group<'_>; 1] = [group];
     renderer.render(&report)
+}
+
+/// Excerpts longer than this are not quoted.
+const LONG_EXCERPT: usize = 4096;
+
+/// The whole lines of `file` that `ranges` touch: their text, the number of
+/// the first line, and the byte offset where it starts.
+fn excerpt<'f>(file: &'f SourceFile, ranges: &[std::ops::Range<usize>]) -> (&'f str, usize, usize) {
+    let start = ranges.iter().map(|range| range.start).min().unwrap_or(0);
+    let end = ranges
+        .iter()
+        .map(|range| range.end)
+        .max()
+        .unwrap_or(0)
+        .max(start);
+    let (first_line, _) = file.line_col(start);
+    let begin = file.offset_of(first_line, 1);
+    let finish = file
+        .text
+        .get(end..)
+        .and_then(|rest| rest.find('\n'))
+        .map_or(file.text.len(), |newline| end + newline);
+    (
+        file.text.get(begin..finish).unwrap_or(""),
+        first_line,
+        begin,
+    )
 }
 
 /// A span that points at something visible: an empty span or one at the end

@@ -160,7 +160,11 @@ impl<'a> Machine<'a> {
                 let value = if self.depth > MAX_DEPTH {
                     Value::Null
                 } else {
-                    self.let_value(*index, focus)
+                    stacker::maybe_grow(
+                        crate::language::check::STACK_RED_ZONE,
+                        crate::language::check::STACK_SEGMENT,
+                        || self.let_value(*index, focus),
+                    )
                 };
                 self.depth -= 1;
                 value

@@ -61,6 +61,16 @@ struct InputInfo<'a> {
     used: bool,
 }
 
+/// Deepest chain of definitions using definitions that is accepted; the
+/// evaluator allows a little more (`machine::MAX_DEPTH`), so a checked
+/// policy never reaches its limit.
+const MAX_DEFINITION_DEPTH: usize = 200;
+
+/// Below this much stack left, a definition's check continues on a new
+/// segment of `STACK_SEGMENT` bytes.
+pub const STACK_RED_ZONE: usize = 256 * 1024;
+pub const STACK_SEGMENT: usize = 4 * 1024 * 1024;
+
 pub struct Checker<'a> {
     source: SourceId,
     data: &'a Data,
@@ -68,6 +78,10 @@ pub struct Checker<'a> {
     input_ty: Ty,
     inputs: Vec<InputInfo<'a>>,
     definitions: Vec<Definition<'a>>,
+    /// Definition names → their index in `definitions`.
+    definition_index: HashMap<String, usize>,
+    /// How many definitions are being checked, each inside the one before.
+    definition_depth: usize,
     broken_names: HashSet<String>,
     /// Declared errors in file order; their index is their `ErrorRef`.
     errors: Vec<&'a ErrorDecl>,
@@ -160,6 +174,8 @@ impl<'a> Checker<'a> {
             input_ty: Ty::Unknown,
             inputs: Vec::new(),
             definitions: Vec::new(),
+            definition_index: HashMap::new(),
+            definition_depth: 0,
             broken_names: broken_names.iter().cloned().collect(),
             errors: Vec::new(),
             raised: HashMap::new(),
@@ -298,6 +314,8 @@ impl<'a> Checker<'a> {
                 Item::Let(decl) if claim(self, &decl.name, "let") => {
                     let index = self.program.lets.len();
                     self.program.lets.push(None);
+                    self.definition_index
+                        .insert(decl.name.name.clone(), self.definitions.len());
                     self.definitions.push(Definition {
                         kind: DefinitionKind::Let(decl),
                         name: &decl.name,
@@ -311,6 +329,8 @@ impl<'a> Checker<'a> {
                         if claim(self, &merge.name, "merge") {
                             let index = self.program.merges.len();
                             self.program.merges.push(None);
+                            self.definition_index
+                                .insert(merge.name.name.clone(), self.definitions.len());
                             self.definitions.push(Definition {
                                 kind: DefinitionKind::Merge(merge),
                                 name: &merge.name,
@@ -373,7 +393,7 @@ impl<'a> Checker<'a> {
 
     /// The type of a `let` or merge, checking it on first use.
     fn let_type(&mut self, name: &str) -> Option<(Ty, Usage, DefRef)> {
-        let index = self.definitions.iter().position(|d| d.name.name == name)?;
+        let index = *self.definition_index.get(name)?;
         let definition = self.definitions.get_mut(index)?;
         definition.used = true;
         let reference = definition.reference;
@@ -395,12 +415,30 @@ impl<'a> Checker<'a> {
                 }
                 Some((Ty::Unknown, Usage::default(), reference))
             }
+            DefinitionState::Unchecked if self.definition_depth >= MAX_DEFINITION_DEPTH => {
+                definition.state = DefinitionState::Done(Ty::Unknown, Usage::default());
+                let span = definition.name.span;
+                self.error_at(
+                    codes::TOO_DEEP,
+                    span,
+                    format!("definitions use one another more than {MAX_DEFINITION_DEPTH} deep here"),
+                    "too deep here",
+                    Some(String::from(
+                        "a definition may use definitions that use definitions, but not this deep; flatten the chain",
+                    )),
+                );
+                Some((Ty::Unknown, Usage::default(), reference))
+            }
             DefinitionState::Unchecked => {
                 definition.state = DefinitionState::Checking;
+                self.definition_depth += 1;
                 let (ty, usage) = match definition.kind {
                     DefinitionKind::Let(decl) => {
+                        // Definitions may use definitions to any depth.
                         let (ty, usage, term) =
-                            self.check_expr(&decl.value, &LET_PLACE, &Scope::default());
+                            stacker::maybe_grow(STACK_RED_ZONE, STACK_SEGMENT, || {
+                                self.check_expr(&decl.value, &LET_PLACE, &Scope::default())
+                            });
                         if let DefRef::Let(slot) = reference
                             && let Some(entry) = self.program.lets.get_mut(slot)
                         {
@@ -414,7 +452,8 @@ impl<'a> Checker<'a> {
                         (ty, usage)
                     }
                     DefinitionKind::Merge(decl) => {
-                        let (ty, usage, spec) = self.merge(decl);
+                        let (ty, usage, spec) =
+                            stacker::maybe_grow(STACK_RED_ZONE, STACK_SEGMENT, || self.merge(decl));
                         if let DefRef::Merge(slot) = reference
                             && let Some(entry) = self.program.merges.get_mut(slot)
                         {
@@ -423,6 +462,7 @@ impl<'a> Checker<'a> {
                         (ty, usage)
                     }
                 };
+                self.definition_depth -= 1;
                 if let Some(definition) = self.definitions.get_mut(index)
                     && !matches!(definition.state, DefinitionState::Done(..))
                 {
@@ -447,13 +487,12 @@ impl<'a> Checker<'a> {
     }
 
     fn check_quietly(&mut self, name: &str) {
-        let used_before = self
-            .definitions
-            .iter()
-            .find(|d| d.name.name == name)
-            .is_some_and(|d| d.used);
+        let Some(&index) = self.definition_index.get(name) else {
+            return;
+        };
+        let used_before = self.definitions.get(index).is_some_and(|d| d.used);
         self.let_type(name);
-        if let Some(definition) = self.definitions.iter_mut().find(|d| d.name.name == name) {
+        if let Some(definition) = self.definitions.get_mut(index) {
             definition.used = used_before;
         }
     }

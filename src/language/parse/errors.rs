@@ -143,6 +143,16 @@ pub fn syntax_error(
         InputLocation::Pos(at) => at,
         InputLocation::Span((start, _)) => start,
     };
+    // pest stops (instead of overflowing its stack) on text nested beyond
+    // what the stack holds; say so rather than "expected …".
+    if let ErrorVariant::CustomError { message } = &error.variant
+        && (message.contains("stack limit") || message.contains("call limit"))
+    {
+        let at = offset + position.min(text.len());
+        return Diagnostic::new(codes::TOO_DEEP, "this is nested too deeply to parse")
+            .at(source, Span::new(at, at), "too deep here")
+            .help("split it into `let` definitions");
+    }
     let mut expected = BTreeSet::new();
     if let ErrorVariant::ParsingError { positives, .. } = &error.variant {
         expected.extend(positives.iter().filter_map(|rule| describe(*rule)));

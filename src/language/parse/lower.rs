@@ -14,6 +14,12 @@ use std::sync::LazyLock;
 /// bound keeps the recursive lowering and checking far from the stack limit.
 const MAX_EXPRESSION_PARTS: usize = 256;
 
+/// Deepest nesting of expressions (`if` inside `if`, calls inside calls …)
+/// and longest `error … if … else` chain accepted. Brackets are limited
+/// before parsing; these nest without them. Every later stage walks the
+/// syntax tree recursively, so its depth must stay bounded.
+const MAX_EXPRESSION_DEPTH: usize = 64;
+
 static PRATT: LazyLock<PrattParser<Rule>> = LazyLock::new(|| {
     PrattParser::new()
         .op(Op::infix(Rule::op_implies, Assoc::Right))
@@ -41,6 +47,10 @@ pub struct Lowerer {
     pub diagnostics: std::cell::RefCell<Vec<Diagnostic>>,
     /// Names whose definitions were dropped for a bad literal.
     pub broken_names: std::cell::RefCell<Vec<String>>,
+    /// How deep the expression being lowered is nested.
+    depth: std::cell::Cell<usize>,
+    /// Whether a too-deep expression was reported (once is enough).
+    reported_depth: std::cell::Cell<bool>,
 }
 
 fn is_keyword(rule: Rule) -> bool {
@@ -67,7 +77,30 @@ impl Lowerer {
             offset,
             diagnostics: std::cell::RefCell::new(Vec::new()),
             broken_names: std::cell::RefCell::new(Vec::new()),
+            depth: std::cell::Cell::new(0),
+            reported_depth: std::cell::Cell::new(false),
         }
+    }
+
+    /// Runs `lower` one level deeper, or reports (once) that `span` nests
+    /// too deeply and gives up on it.
+    fn deeper<T>(&self, span: Span, lower: impl FnOnce() -> Option<T>) -> Option<T> {
+        if self.depth.get() >= MAX_EXPRESSION_DEPTH {
+            if !self.reported_depth.replace(true) {
+                self.error(
+                    codes::TOO_DEEP,
+                    span,
+                    format!("this nests more than {MAX_EXPRESSION_DEPTH} levels deep"),
+                    "too deep here",
+                    "split it into `let` definitions",
+                );
+            }
+            return None;
+        }
+        self.depth.set(self.depth.get() + 1);
+        let lowered = lower();
+        self.depth.set(self.depth.get() - 1);
+        lowered
     }
 
     /// A pair's span without the whitespace a trailing optional part may
@@ -888,15 +921,17 @@ impl Lowerer {
 
     fn error_choice(&self, pair: Pair<'_, Rule>) -> Option<ErrorChoice> {
         let span = self.span(&pair);
-        let mut iter = parts(pair).into_iter();
-        let error = self.ident(self.next(&mut iter, span, "an error name")?);
-        let otherwise = match (iter.next(), iter.next()) {
-            (Some(condition), Some(rest)) => {
-                Some((self.expr(condition)?, Box::new(self.error_choice(rest)?)))
-            }
-            _ => None,
-        };
-        Some(ErrorChoice { error, otherwise })
+        self.deeper(span, || {
+            let mut iter = parts(pair).into_iter();
+            let error = self.ident(self.next(&mut iter, span, "an error name")?);
+            let otherwise = match (iter.next(), iter.next()) {
+                (Some(condition), Some(rest)) => {
+                    Some((self.expr(condition)?, Box::new(self.error_choice(rest)?)))
+                }
+                _ => None,
+            };
+            Some(ErrorChoice { error, otherwise })
+        })
     }
 
     // -------------------------------------------------------------- health, capacity, timeouts, streams
@@ -1053,7 +1088,7 @@ impl Lowerer {
             );
             return None;
         }
-        self.pratt(inner)
+        self.deeper(span, || self.pratt(inner))
     }
 
     fn pratt(&self, pairs: Pairs<'_, Rule>) -> Option<Expr> {

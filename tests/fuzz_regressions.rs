@@ -1,0 +1,392 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Inputs that crashed or stalled the parsers of untrusted input while
+//! fuzzing (see fuzz/README.md). Each test runs the same code path as its fuzz
+//! target (`fuzz/fuzz_targets/*.rs`): parse or load, check, then render every
+//! diagnostic as text and as JSON.
+//!
+//! A stack overflow aborts the whole process rather than panicking, so every
+//! test runs its input in a child process (this test binary, filtered to the
+//! one test) on a thread with an 8 MiB stack, the size of a main thread and of
+//! the fuzz targets' stack. Inputs that used to run for a long time get a
+//! deadline; the child is killed when it passes.
+//!
+//! The inputs are generated here rather than stored: they are long repetitions.
+//!
+//! Run them in both profiles: some overflows only happen in release builds.
+//! In a debug build pest's own stack guard stops the parse of a deeply nested
+//! `if` chain first (with a misleading syntax error), while in release pest
+//! gets through and the lowering that follows overflows.
+//!
+//!     cargo test --test fuzz_regressions
+//!     cargo test --release --test fuzz_regressions
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+use switchyard::data::{Data, load_texts};
+use switchyard::diagnostics::Diagnostic;
+use switchyard::diagnostics::render::{self, Style};
+use switchyard::language::check_text_with_data;
+use switchyard::language::parse::parse_expression;
+use switchyard::source::SourceMap;
+
+// ---------------------------------------------------------------- the fuzz targets' code paths
+
+const CATALOG: &str = include_str!("../policies/noirdoc/catalog.yaml");
+const TENANTS: &str = include_str!("../policies/noirdoc/tenants.yaml");
+
+static DATA: LazyLock<Data> = LazyLock::new(|| {
+    let (data, diagnostics) = load_texts(CATALOG, TENANTS, &mut SourceMap::new());
+    data.unwrap_or_else(|| panic!("the Noirdoc data does not load: {diagnostics:#?}"))
+});
+
+fn render_all(diagnostics: &[Diagnostic], sources: &SourceMap) {
+    for diagnostic in diagnostics {
+        let _ = render::human(diagnostic, sources, Style::Plain);
+    }
+    let _ = render::json(diagnostics, sources);
+}
+
+/// fuzz_targets/policy.rs
+fn policy_target(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    let mut sources = SourceMap::new();
+    sources.add("catalog.yaml", CATALOG);
+    sources.add("tenants.yaml", TENANTS);
+    let diagnostics = check_text_with_data(&mut sources, "fuzz.policy", &text, &DATA);
+    render_all(&diagnostics, &sources);
+}
+
+/// fuzz_targets/data.rs: catalog, a 0 byte, tenants.
+fn data_target(bytes: &[u8]) {
+    let (catalog, tenants) = match bytes.iter().position(|&b| b == 0) {
+        Some(at) => (&bytes[..at], &bytes[at + 1..]),
+        None => (bytes, &[][..]),
+    };
+    let catalog = String::from_utf8_lossy(catalog);
+    let tenants = String::from_utf8_lossy(tenants);
+    let mut sources = SourceMap::new();
+    let (_data, diagnostics) = load_texts(&catalog, &tenants, &mut sources);
+    render_all(&diagnostics, &sources);
+}
+
+/// fuzz_targets/expression.rs
+fn expression_target(bytes: &[u8]) {
+    let text = String::from_utf8_lossy(bytes);
+    let mut sources = SourceMap::new();
+    let id = sources.add("fuzz.expr", text.as_ref());
+    let (_expr, diagnostics) = parse_expression(id, &text);
+    render_all(&diagnostics, &sources);
+}
+
+fn data_pair(catalog: &str, tenants: &str) -> Vec<u8> {
+    let mut bytes = catalog.as_bytes().to_vec();
+    bytes.push(0);
+    bytes.extend_from_slice(tenants.as_bytes());
+    bytes
+}
+
+const HEADER: &str = "policy p {\n  catalog \"c\"\n  tenants \"t\"\n}\n";
+
+// ---------------------------------------------------------------- running one input in a child process
+
+const CHILD: &str = "SWITCHYARD_FUZZ_REGRESSION";
+const STACK: usize = 8 * 1024 * 1024;
+/// For inputs that crash: long enough for a debug build to get there.
+const CRASH_DEADLINE: Duration = Duration::from_secs(120);
+/// For inputs that used to stall: each takes a few seconds at most in a debug
+/// build once the work is linear, and well over this before.
+const STALL_DEADLINE: Duration = if cfg!(debug_assertions) {
+    Duration::from_secs(30)
+} else {
+    Duration::from_secs(3)
+};
+
+/// Runs `body` in a child process and fails unless it finishes within
+/// `deadline` without panicking or aborting.
+fn isolated(name: &str, deadline: Duration, body: fn()) {
+    if std::env::var(CHILD).as_deref() == Ok(name) {
+        let worker = std::thread::Builder::new()
+            .name(name.to_string())
+            .stack_size(STACK)
+            .spawn(body)
+            .expect("spawn the worker thread");
+        if worker.join().is_err() {
+            panic!("{name}: the code under test panicked");
+        }
+        return;
+    }
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the child process");
+    let mut stderr = child.stderr.take().expect("child stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = reader.join().unwrap_or_default();
+    let tail: String = {
+        let lines: Vec<&str> = stderr.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    };
+    match status {
+        None => panic!(
+            "{name}: did not finish within {deadline:?} (killed)\n--- child stderr ---\n{tail}"
+        ),
+        Some(status) if !status.success() => panic!(
+            "{name}: the child process failed: {status} (SIGABRT/SIGSEGV = stack overflow)\n--- child stderr ---\n{tail}"
+        ),
+        Some(_) => {}
+    }
+}
+
+// ---------------------------------------------------------------- crashes: stack overflows
+
+/// `let a = if c then 1 else if c then 1 else ... 1`: `if` nests without
+/// brackets, so the bracket-depth limit of the pre-scan does not see it and
+/// the lowering recursion (`Lowerer::expr` → `pratt` → `primary`) overflows.
+/// Crashed the release fuzz build from 2 940 levels (59 KB). Release only: in
+/// a debug build pest's stack guard fails the parse first (E0101 "expected
+/// something else, found `true`", itself misleading).
+#[test]
+fn policy_if_else_chain() {
+    isolated("policy_if_else_chain", CRASH_DEADLINE, || {
+        let text = format!(
+            "{HEADER}let a = {}1\n",
+            "if true then 1 else ".repeat(6_000)
+        );
+        policy_target(text.as_bytes());
+    });
+}
+
+/// `on 500 => error e if c else e if c else ... e`: `error_choice` is
+/// right-recursive in the grammar and `Lowerer::error_choice` recurses once
+/// per alternative. Crashed a release build from about 9 700 alternatives
+/// (145 KB). Release only, as above.
+#[test]
+fn policy_error_choice_chain() {
+    isolated("policy_error_choice_chain", CRASH_DEADLINE, || {
+        let text = format!(
+            "{HEADER}failover {{\n  on 500 => error {}e\n}}\n",
+            "e if true else ".repeat(20_000)
+        );
+        policy_target(text.as_bytes());
+    });
+}
+
+/// `let a0 = a1 + 1`, `let a1 = a2 + 1`, ...: every definition uses the next
+/// one, so `Checker::let_type` → `check_expr` → ... → `named_value` →
+/// `let_type` recurses once per definition. Crashed the release fuzz build
+/// from 4 363 definitions (94 KB).
+#[test]
+fn policy_forward_let_chain() {
+    isolated("policy_forward_let_chain", CRASH_DEADLINE, || {
+        let count = 9_000;
+        let mut text = String::from(HEADER);
+        for i in 0..count {
+            text.push_str(&format!("let a{i} = a{} + 1\n", i + 1));
+        }
+        text.push_str(&format!("let a{count} = 1\n"));
+        policy_target(text.as_bytes());
+    });
+}
+
+/// `((((...1...))))` given to `parse_expression`, which (unlike `parse`) has
+/// no bracket-depth pre-scan: the lowering recursion overflows. Crashed the
+/// release fuzz build from 9 697 levels (19 KB). Release only, as above.
+#[test]
+fn expression_nested_parentheses() {
+    isolated("expression_nested_parentheses", CRASH_DEADLINE, || {
+        let text = format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000));
+        expression_target(text.as_bytes());
+    });
+}
+
+/// `[[[[...]]]]` given to `parse_expression`. Crashed the release fuzz build
+/// from 2 944 levels (5.9 KB). Release only, as above.
+#[test]
+fn expression_nested_lists() {
+    isolated("expression_nested_lists", CRASH_DEADLINE, || {
+        let text = format!("{}{}", "[".repeat(6_000), "]".repeat(6_000));
+        expression_target(text.as_bytes());
+    });
+}
+
+/// `if c then 1 else if c then 1 else ... 1` given to `parse_expression`.
+/// Crashed the release fuzz build from 2 941 levels (59 KB). Release only, as
+/// above.
+#[test]
+fn expression_if_else_chain() {
+    isolated("expression_if_else_chain", CRASH_DEADLINE, || {
+        let text = format!("{}1", "if true then 1 else ".repeat(6_000));
+        expression_target(text.as_bytes());
+    });
+}
+
+/// An attribute type `list<list<...<bool>...>>` in the catalog schema:
+/// `AttrType::parse` (src/data/schema.rs) recurses once per `list<`. Crashed
+/// a release build from about 105 000 levels (a 1 MB string, which may be
+/// spread over lines; data files may be 64 MiB).
+#[test]
+fn data_nested_list_type() {
+    isolated("data_nested_list_type", CRASH_DEADLINE, || {
+        // 400 000 levels over 800 lines: data lines may be 256 KiB at most,
+        // and a quoted YAML string folds its lines into spaces, which
+        // `AttrType::parse` trims.
+        let opening = format!("\n      {}", "list<".repeat(1_000)).repeat(400);
+        let closing = format!("\n      {}", ">".repeat(1_000)).repeat(400);
+        let anchor = "attributes:\n  provider:\n";
+        assert!(
+            CATALOG.contains(anchor),
+            "the Noirdoc catalog changed shape"
+        );
+        let deep = format!("{anchor}    deep: \"{opening} bool {closing}\"\n");
+        data_target(&data_pair(&CATALOG.replacen(anchor, &deep, 1), TENANTS));
+    });
+}
+
+// ---------------------------------------------------------------- stalls: superlinear time
+
+/// Found by the `expression` fuzz target (timeout after 10 s; the file is
+/// fuzz/regressions/expression/timeout-90d32782169de14e2a71013fed221cf7b31ce0a7).
+/// `min_of(` matches both `aggregate` and `call` in the grammar, so when the
+/// inside fails to parse pest tries it twice per level: exponential time in
+/// the number of unclosed `min_of(`. 13 s in the release fuzz build.
+#[test]
+fn expression_fuzz_timeout_unclosed_aggregates() {
+    isolated(
+        "expression_fuzz_timeout_unclosed_aggregates",
+        STALL_DEADLINE,
+        || {
+            expression_target(
+                b"s -min_of( n_of( R( rf(ivat-min_of(0s -min_of( if-min_ofeccos_of( R( (0s -min_of( if-min_of(0s -min_of( R( rf(ivat-min_of(0s -min_of( if-min_ofeccosmimin_of(if-min_of(0s -min_of( R( (0s -min_of( if-min_of(0s -min_of( R( rf(ivat-min_of(0s -min_of( if-min_ofeccosmin_of( R( (0s -min_mf( if-min_of(0s -min_of( R( rf(ivat-mi ==1.25",
+            );
+        },
+    );
+}
+
+/// The same, minimised by hand: `min_of(` 24 times, never closed (168 bytes).
+/// Doubles with every level: 16 levels take 1.3 s in the release fuzz build.
+#[test]
+fn expression_unclosed_aggregates() {
+    isolated("expression_unclosed_aggregates", STALL_DEADLINE, || {
+        expression_target("min_of(".repeat(24).as_bytes());
+    });
+}
+
+/// The same in a policy, through `parse` (whose bracket-depth limit of 48
+/// does not help): `let a = min_of(min_of(...` 18 levels deep, unclosed
+/// (174 bytes), takes 31 s in the release fuzz build, and doubles per level.
+/// A typo can hang `switchyard check`.
+#[test]
+fn policy_unclosed_aggregates() {
+    isolated("policy_unclosed_aggregates", STALL_DEADLINE, || {
+        let text = format!("{HEADER}let a = {}\n", "min_of(".repeat(24));
+        policy_target(text.as_bytes());
+    });
+}
+
+/// 40 000 definitions `let aN = aN-1 + 1` (0.9 MB, below the 4 MiB policy
+/// limit): definitions are found by a linear scan of all of them
+/// (`Checker::let_type`, `check_quietly`), so checking is quadratic: 5.4 s
+/// for 20 000 and about 25 s for 40 000 in release, 50 s in a debug build
+/// (2 s expected when linear).
+#[test]
+fn policy_many_definitions_check_in_reasonable_time() {
+    isolated(
+        "policy_many_definitions_check_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let mut text = format!("{HEADER}let a0 = 1\n");
+            for i in 1..40_000 {
+                text.push_str(&format!("let a{i} = a{} + 1\n", i - 1));
+            }
+            policy_target(text.as_bytes());
+        },
+    );
+}
+
+/// 20 000 lines `let = 1` (160 KB), one syntax error each: checking takes
+/// 0.1 s, but `render::human` hands the whole file to annotate-snippets for
+/// every diagnostic, so rendering is O(diagnostics x file size): 11 s in
+/// release (20 000 unused definitions: 13 s), about 90 s in a debug build.
+#[test]
+fn policy_many_diagnostics_render_in_reasonable_time() {
+    isolated(
+        "policy_many_diagnostics_render_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let text = format!("{HEADER}{}", "let = 1\n".repeat(20_000));
+            policy_target(text.as_bytes());
+        },
+    );
+}
+
+/// A 40 000-character name used where a definition of a name one letter off
+/// exists: `diagnostics::suggest` runs a full Damerau-Levenshtein over every
+/// candidate, quadratic in the name's length (3.2 s for 30 000 in release; a
+/// 2 MB policy with two 1 MB names would take hours).
+#[test]
+fn policy_long_unknown_name_suggests_in_reasonable_time() {
+    isolated(
+        "policy_long_unknown_name_suggests_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let name = "a".repeat(40_000);
+            let text = format!("{HEADER}let {name} = 1\nlet b = {}b\n", &name[1..]);
+            policy_target(text.as_bytes());
+        },
+    );
+}
+
+/// 3 000 models and a key allowing 3 000 unknown model ids (280 KB):
+/// each unknown id is compared with every model id by `diagnostics::suggest`,
+/// 7.9 s in release.
+#[test]
+fn data_many_unknown_models_load_in_reasonable_time() {
+    isolated(
+        "data_many_unknown_models_load_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let count = 3_000;
+            let mut catalog = String::from(
+                "providers:\n  - id: p\n    format: openai\n    base_url: http://x/v1\n    credentials:\n      - {id: k, key: \"${K}\"}\nmodels:\n",
+            );
+            for i in 0..count {
+                catalog.push_str(&format!(
+                    "  - id: model-number-{i}\n    kind: chat\n    routes:\n      - provider: p\n"
+                ));
+            }
+            let unknown: Vec<String> = (0..count).map(|i| format!("unknown-model-{i}")).collect();
+            let tenants = format!(
+                "attributes:\n  key:\n    allowed_models: list<model>\ntenants:\n  - id: t\n    keys:\n      - id: k1\n        sha256: 9d72c7cfb7ccac5fb1184e70600d9a57c2871be7e61bfab2cb13e76717bce387\n        attributes: {{allowed_models: [{}]}}\n",
+                unknown.join(", ")
+            );
+            data_target(&data_pair(&catalog, &tenants));
+        },
+    );
+}
