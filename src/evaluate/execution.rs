@@ -195,16 +195,16 @@ impl Plan {
                 None => Ending::Passthrough,
             };
             // The time budget: no further attempt or wait starts once it is
-            // spent, or when a wait would outlast it.
+            // spent, or when a wait would outlast it; a request whose budget
+            // is spent ends with the budget's error, whatever the rule says.
             if let Some((limit, error)) = &snapshot.program.failover.budget
                 && let Some(limit_ms) = machine.eval(limit, Focus::default()).as_duration()
             {
                 let needed = match action {
                     Action::Retry { after_ms } => progress.elapsed_ms.saturating_add(after_ms),
-                    Action::Next => progress.elapsed_ms,
-                    Action::Stop => 0,
+                    Action::Next | Action::Stop => progress.elapsed_ms,
                 };
-                if action != Action::Stop && needed >= limit_ms {
+                if needed >= limit_ms {
                     action = Action::Stop;
                     ending = Ending::Error(error_response(snapshot, *error, &mut machine, focus));
                 }
@@ -534,26 +534,27 @@ fn error_response(
     }
 }
 
-/// A refusal before any candidate exists.
-pub fn refusal(snapshot: &Snapshot, error: ErrorRef, served: Option<usize>) -> Refusal {
+/// A refusal before the request's state exists (its body is not a JSON
+/// object): only what the context says is known.
+pub fn refusal(
+    snapshot: &Snapshot,
+    error: ErrorRef,
+    context: &super::RequestContext<'_>,
+) -> Refusal {
     let request = super::RequestState {
-        id: std::sync::Arc::from(""),
+        id: std::sync::Arc::from(context.id),
         model: std::sync::Arc::from(""),
-        endpoint: super::Endpoint::ChatCompletions,
+        endpoint: context.endpoint,
         stream: false,
         parameters: std::sync::Arc::from(Vec::new()),
-        estimated_tokens: 0.0,
-        caller: super::Caller {
-            tenant: 0,
-            workspace: 0,
-            key: None,
-        },
+        estimated_tokens: (context.body_bytes / 4) as f64,
+        caller: context.caller,
         inputs: vec![Value::Null; snapshot.program.inputs.len()],
         settings: vec![Value::Null; snapshot.data.schema.settings.entries.len()],
         merges: vec![Value::Null; snapshot.program.merges.len()],
     };
     let mut machine = Machine::new(snapshot, &request, &[], &[]);
-    refusal_with(snapshot, error, &mut machine, served)
+    refusal_with(snapshot, error, &mut machine, None)
 }
 
 /// A refusal evaluated with the request's state.

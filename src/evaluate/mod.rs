@@ -346,7 +346,7 @@ fn decide(
     let Some(body) = context.body.filter(|body| body.is_object()) else {
         trace.refused = Some(String::from("the body is not a JSON object"));
         return Err(match program.malformed_body {
-            Some(error) => execution::refusal(snapshot, error, None),
+            Some(error) => execution::refusal(snapshot, error, context),
             None => execution::builtin_refusal(
                 400,
                 "invalid_request_body",
@@ -409,7 +409,17 @@ fn decide(
             }
             Err(problem) => {
                 trace.refused = Some(problem.detail);
-                return Err(execution::refusal(snapshot, problem.error, None));
+                // The error may read the request (its id, the inputs read
+                // so far); the rest are absent.
+                request.inputs.resize(program.inputs.len(), Value::Null);
+                request.merges = vec![Value::Null; program.merges.len()];
+                let mut machine = Machine::new(snapshot, &request, &[], &[]);
+                return Err(execution::refusal_with(
+                    snapshot,
+                    problem.error,
+                    &mut machine,
+                    None,
+                ));
             }
         }
     }

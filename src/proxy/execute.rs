@@ -266,7 +266,15 @@ impl Exchange {
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
         let mut ticket: Option<Ticket> = None;
-        let wait_until = self.started_ms.saturating_add(self.plan.capacity_wait_ms);
+        // Waiting for capacity never outlasts the time budget either.
+        let wait_until = self
+            .started_ms
+            .saturating_add(self.plan.capacity_wait_ms)
+            .min(
+                self.plan
+                    .budget_ms
+                    .map_or(u64::MAX, |ms| self.started_ms.saturating_add(ms)),
+            );
         let state = self.proxy.state.clone();
         let clock = state.clock();
 
@@ -630,7 +638,17 @@ impl Exchange {
                 return failed(OutcomeClass::ConnectError);
             }
         };
-        let attempt_deadline = timeouts.attempt_ms.map(|ms| begun_ms.saturating_add(ms));
+        // The attempt's own limit, and the request's time budget: an
+        // attempt in flight when the budget runs out ends there.
+        let budget_deadline = self
+            .plan
+            .budget_ms
+            .map(|ms| self.started_ms.saturating_add(ms));
+        let own_deadline = timeouts.attempt_ms.map(|ms| begun_ms.saturating_add(ms));
+        let attempt_deadline = match (own_deadline, budget_deadline) {
+            (Some(own), Some(budget)) => Some(own.min(budget)),
+            (own, budget) => own.or(budget),
+        };
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let headers_deadline = by_attempt(begun_ms.saturating_add(timeouts.headers_ms));
         let send = client.post(&url).headers(headers).body(body).send();
@@ -715,13 +733,14 @@ impl Exchange {
         attempt_deadline: Option<u64>,
         link: &mut Link,
     ) -> Attempted {
-        let malformed = || Attempted::Failed {
+        let failed_as = |class| Attempted::Failed {
             outcome: AttemptOutcome {
-                class: OutcomeClass::Malformed,
+                class,
                 facts: OutcomeFacts::default(),
             },
             passthrough: None,
         };
+        let malformed = || failed_as(OutcomeClass::Malformed);
         if link.is_open() {
             // The client already has the headers of a stream: a whole JSON
             // answer cannot follow them.
@@ -739,7 +758,9 @@ impl Exchange {
         let body = match read_body(response, limits, state.clock(), link).await {
             Ok(body) => body,
             Err(ReadError::Cancelled) => return Attempted::Cancelled,
-            Err(ReadError::Failed) => return malformed(),
+            Err(ReadError::TooLarge) => return malformed(),
+            Err(ReadError::Cut) => return failed_as(OutcomeClass::Reset),
+            Err(ReadError::TimedOut) => return failed_as(OutcomeClass::Timeout),
         };
         let first_byte = begun.elapsed();
         let json = match serde_json::from_slice::<serde_json::Value>(&body) {
@@ -840,7 +861,9 @@ impl Exchange {
             };
             let bytes = match chunk {
                 None => return failed(OutcomeClass::FirstTokenTimeout, None),
-                Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Malformed, None),
+                // The connection ended before the answer began: nothing
+                // reached the client, like a reset before the headers.
+                Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Reset, None),
                 Some(Some(Ok(bytes))) => bytes,
             };
             match reader.push(&bytes) {
@@ -982,9 +1005,15 @@ fn scope_name(key: &ScopeKey) -> &'static str {
     }
 }
 
+/// Why a body was not read whole.
 enum ReadError {
+    /// The client went away.
     Cancelled,
-    Failed,
+    /// The provider's connection dropped mid-body.
+    Cut,
+    /// A chunk (or the attempt's deadline) did not come in time.
+    TimedOut,
+    TooLarge,
 }
 
 /// How much of a body to read, and for how long.
@@ -1029,7 +1058,7 @@ async fn read_body(
                 let room = limits.max_bytes.saturating_sub(body.len());
                 if bytes.len() > room {
                     return match limits.oversize {
-                        Oversize::Fail => Err(ReadError::Failed),
+                        Oversize::Fail => Err(ReadError::TooLarge),
                         Oversize::Truncate => {
                             body.extend_from_slice(bytes.get(..room).unwrap_or_default());
                             Ok(Bytes::from(body))
@@ -1039,7 +1068,8 @@ async fn read_body(
                 body.extend_from_slice(&bytes);
             }
             Some(None) => return Ok(Bytes::from(body)),
-            Some(Some(Err(_))) | None => return Err(ReadError::Failed),
+            Some(Some(Err(_))) => return Err(ReadError::Cut),
+            None => return Err(ReadError::TimedOut),
         }
     }
 }

@@ -181,7 +181,8 @@ impl Stack {
 
     /// `post` to `/v1/chat/completions`.
     pub async fn chat(&self, key: &str, body: serde_json::Value) -> Reply {
-        self.post("/v1/chat/completions", Some(key), &[], &body).await
+        self.post("/v1/chat/completions", Some(key), &[], &body)
+            .await
     }
 
     /// `post` to `/v1/messages`, as an Anthropic client (with
@@ -208,7 +209,10 @@ impl Stack {
 
     /// Just the providers of `tried`.
     pub fn providers_tried(&self) -> Vec<String> {
-        self.tried().into_iter().map(|(provider, _)| provider).collect()
+        self.tried()
+            .into_iter()
+            .map(|(provider, _)| provider)
+            .collect()
     }
 
     pub async fn stop(self) {

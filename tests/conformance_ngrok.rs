@@ -1,0 +1,1931 @@
+//! The ngrok AI Gateway's failover rules (shared/seeds/ngrok-ai-gateway-failover.txt)
+//! end to end: the shipped `policies/ngrok.policy` and its data, served by the
+//! real proxy on loopback in front of simulated providers, with the proxy's
+//! time on a clock each test moves. The comment above each test's `fn` names
+//! the rows of CONFORMANCE.md it proves.
+//!
+//! The shipped accounts: tunnelco (`sk-ngrok-tunnelco`) has a 20 s total
+//! timeout, an 8 s per-request timeout and the fallback model
+//! claude-sonnet-4-5; its scoped key may use only openai and anthropic;
+//! brokeco has no credits. Every credential's secret is `secret-of-VARIABLE`
+//! (tests/common's `AllBut`), so the `authorization` or `x-api-key` header a
+//! provider received names the key the proxy chose.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{AllBut, Reply, Stack, sha256_hex};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use switchyard::sim::{RecordedRequest, Scenario};
+use switchyard::state::{Clock, ManualClock};
+
+const TUNNELCO: &str = "sk-ngrok-tunnelco";
+const TUNNELCO_SCOPED: &str = "sk-ngrok-tunnelco-scoped";
+const BROKECO: &str = "sk-ngrok-brokeco";
+
+/// The credentials of the catalog: the variable holding each secret, and
+/// the credential's id.
+const CREDENTIALS: &[(&str, &str)] = &[
+    ("NGROK_OPENAI_KEY_1", "openai-primary"),
+    ("NGROK_OPENAI_KEY_2", "openai-secondary"),
+    ("NGROK_ANTHROPIC_KEY", "anthropic-primary"),
+    ("NGROK_OPENROUTER_KEY", "openrouter-primary"),
+];
+
+// ---------------------------------------------------------------------------
+// Requests and scenarios
+
+/// An OpenAI chat completion asking for `model`.
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// An Anthropic message asking for `model`.
+fn message(model: &str) -> Value {
+    json!({"model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// `body` with `field` set to `value`.
+fn with(mut body: Value, field: &str, value: Value) -> Value {
+    body[field] = value;
+    body
+}
+
+/// `body` asking for a stream.
+fn streamed(body: Value) -> Value {
+    with(body, "stream", json!(true))
+}
+
+/// A scenario with every provider of the catalog: the ones named with the
+/// settings given (YAML flow style), the others answering 200 to everything.
+fn fleet(overrides: &[(&str, &str)]) -> String {
+    let mut yaml = String::from("providers:\n");
+    for provider in ["openai", "anthropic", "openrouter", "groq"] {
+        let settings = overrides
+            .iter()
+            .find(|(name, _)| *name == provider)
+            .map_or("{}", |(_, settings)| settings);
+        yaml.push_str(&format!("  {provider}: {settings}\n"));
+    }
+    yaml
+}
+
+/// Replaces the sim's scenario and forgets what it received so far.
+fn rescript(stack: &Stack, overrides: &[(&str, &str)]) {
+    stack
+        .sim
+        .set_scenario(Scenario::parse(&fleet(overrides), "rescript").unwrap());
+    stack.sim.clear();
+}
+
+/// Every provider fails every request with 500.
+const ALL_FAIL: &[(&str, &str)] = &[
+    ("openai", "{sequence: [\"500\"]}"),
+    ("anthropic", "{sequence: [\"500\"]}"),
+    ("openrouter", "{sequence: [\"500\"]}"),
+];
+
+/// POSTs `body` as raw text (it need not be JSON) with `key` to the chat
+/// completions endpoint or, as an Anthropic client, to /v1/messages.
+async fn post_text(stack: &Stack, wire: Wire, key: &str, body: &str) -> Reply {
+    let (path, headers): (&str, &[(&str, &str)]) = match wire {
+        Wire::OpenAi => ("/v1/chat/completions", &[]),
+        Wire::Anthropic => ("/v1/messages", &[("anthropic-version", "2023-06-01")]),
+    };
+    let mut request = stack
+        .client
+        .post(stack.url(path))
+        .bearer_auth(key)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Reply {
+        status,
+        headers,
+        text,
+        json,
+    }
+}
+
+/// Runs a request that must not wait on the proxy's clock (which nobody
+/// moves here): a wait would hang, so it fails after a generous real time.
+async fn at_once<T>(request: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), request)
+        .await
+        .expect("the request waited on the clock")
+}
+
+// ---------------------------------------------------------------------------
+// What the providers received
+
+/// The credential a recorded request carried.
+fn credential(request: &RecordedRequest) -> &'static str {
+    let secret = request
+        .header("authorization")
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .or_else(|| request.header("x-api-key"))
+        .unwrap_or_default();
+    CREDENTIALS
+        .iter()
+        .find(|(variable, _)| secret.strip_prefix("secret-of-") == Some(*variable))
+        .map_or("?", |(_, id)| id)
+}
+
+/// The attempts the providers received, in order, as
+/// `provider/credential@upstream model`.
+fn upstream(stack: &Stack) -> Vec<String> {
+    stack
+        .sim
+        .requests()
+        .iter()
+        .map(|request| {
+            format!(
+                "{}/{}@{}",
+                request.provider,
+                credential(request),
+                request.model.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Attempts the proxy has finished (its upstream histogram's count).
+fn finished_attempts(stack: &Stack) -> u64 {
+    stack
+        .proxy
+        .metrics
+        .render()
+        .lines()
+        .filter(|line| line.starts_with("switchyard_upstream_seconds_count"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+// ---------------------------------------------------------------------------
+// The policy's errors, and what a client sees
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    OpenAi,
+    Anthropic,
+}
+
+/// An error of ngrok.policy's `errors` section.
+struct PolicyError {
+    status: u16,
+    code: &'static str,
+    /// The `type` its status gives by default.
+    kind: &'static str,
+    message: &'static str,
+}
+
+const ERR_3801: PolicyError = PolicyError {
+    status: 400,
+    code: "ERR_NGROK_3801",
+    kind: "invalid_request_error",
+    message: "the request body could not be parsed",
+};
+const ERR_3802: PolicyError = PolicyError {
+    status: 404,
+    code: "ERR_NGROK_3802",
+    kind: "not_found_error",
+    message: "the model is unknown, or the model address is malformed",
+};
+const ERR_3804: PolicyError = PolicyError {
+    status: 403,
+    code: "ERR_NGROK_3804",
+    kind: "permission_error",
+    message: "the requested provider or model is blocked by the access key configuration's access scope",
+};
+const ERR_3805: PolicyError = PolicyError {
+    status: 424,
+    code: "ERR_NGROK_3805",
+    kind: "invalid_request_error",
+    message: "no provider key is available for the requested provider",
+};
+const ERR_3807: PolicyError = PolicyError {
+    status: 402,
+    code: "ERR_NGROK_3807",
+    kind: "billing_error",
+    message: "the account has no credits",
+};
+const ERR_3808: PolicyError = PolicyError {
+    status: 504,
+    code: "ERR_NGROK_3808",
+    kind: "api_error",
+    message: "the provider did not answer within the per-request timeout",
+};
+const ERR_3809: PolicyError = PolicyError {
+    status: 502,
+    code: "ERR_NGROK_3809",
+    kind: "api_error",
+    message: "the provider could not be reached",
+};
+const ERR_3810: PolicyError = PolicyError {
+    status: 504,
+    code: "ERR_NGROK_3810",
+    kind: "api_error",
+    message: "the total timeout was reached before any candidate succeeded",
+};
+const ERR_3811: PolicyError = PolicyError {
+    status: 502,
+    code: "ERR_NGROK_3811",
+    kind: "api_error",
+    message: "the provider's answer could not be used",
+};
+
+/// The error object's body in `wire`'s format.
+fn assert_error_object(body: &Value, wire: Wire, error: &PolicyError, context: &str) {
+    match wire {
+        Wire::OpenAi => {
+            assert_eq!(body["error"]["code"], error.code, "{context}");
+            assert_eq!(body["error"]["type"], error.kind, "{context}");
+            assert_eq!(body["error"]["message"], error.message, "{context}");
+        }
+        Wire::Anthropic => {
+            assert_eq!(body["type"], "error", "{context}");
+            assert_eq!(body["error"]["type"], error.kind, "{context}");
+            assert_eq!(body["error"]["message"], error.message, "{context}");
+        }
+    }
+}
+
+/// A whole answer that is `error`, in `wire`'s format.
+fn assert_error(reply: &Reply, wire: Wire, error: &PolicyError) {
+    assert_eq!(reply.status, error.status, "{}", reply.text);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/json"),
+        "{}",
+        reply.text
+    );
+    assert_error_object(&reply.json, wire, error, &reply.text);
+}
+
+/// A refusal before any attempt: the error, no `ngrok-aig-attempts`, and
+/// no provider asked.
+fn assert_refused(stack: &Stack, reply: &Reply, wire: Wire, error: &PolicyError) {
+    assert_error(reply, wire, error);
+    assert_eq!(reply.header("ngrok-aig-attempts"), None, "{}", reply.text);
+    assert_eq!(upstream(stack), Vec::<String>::new(), "{}", reply.text);
+}
+
+/// A provider's own error answer, passed through as it sent it: its status,
+/// and its error object (the sim's default message names provider and
+/// status).
+fn assert_passthrough(reply: &Reply, wire: Wire, status: u16, provider: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    let message = format!("{provider} answered {status} (simulated)");
+    match wire {
+        Wire::OpenAi => assert_eq!(reply.json["error"]["message"], message, "{}", reply.text),
+        Wire::Anthropic => {
+            assert_eq!(reply.json["type"], "error", "{}", reply.text);
+            assert_eq!(reply.json["error"]["message"], message, "{}", reply.text);
+        }
+    }
+}
+
+/// A successful answer from `provider`, whose content the sim writes.
+fn assert_served_by(reply: &Reply, provider: &str) {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let greeting = format!("hello from {provider}");
+    let content = reply.json["choices"][0]["message"]["content"]
+        .as_str()
+        .or_else(|| reply.json["content"][0]["text"].as_str())
+        .unwrap_or_default();
+    assert_eq!(content, greeting, "{}", reply.text);
+}
+
+/// The text of a streamed answer's content events, joined.
+fn streamed_text(reply: &Reply) -> String {
+    reply
+        .events()
+        .iter()
+        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|event| {
+            event["choices"][0]["delta"]["content"]
+                .as_str()
+                .or_else(|| event["delta"]["text"].as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Changing the stack's copy of the data (never the shipped files)
+
+/// Recompiles the stack's copy of the policy and data and serves it.
+fn recompile(stack: &Stack, missing: &[&str]) {
+    let secrets = AllBut(missing.iter().map(ToString::to_string).collect());
+    let (snapshot, _) = common::compile(&stack.policy, &secrets);
+    stack.proxy.replace(Arc::new(snapshot));
+}
+
+/// Points `provider` at `base_url` instead of the sim.
+fn repoint(stack: &Stack, missing: &[&str], provider: &str, base_url: &str) {
+    let path = stack.dir.join("ngrok").join("catalog.yaml");
+    let catalog = std::fs::read_to_string(&path).unwrap();
+    let current = catalog
+        .lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("base_url:") && line.ends_with(&format!("/{provider}/v1")))
+        .unwrap()
+        .to_string();
+    std::fs::write(
+        &path,
+        catalog.replace(&current, &format!("base_url: {base_url}")),
+    )
+    .unwrap();
+    recompile(stack, missing);
+}
+
+/// Adds an account (YAML of one `tenants:` item) to the stack's tenants.
+fn add_tenant(stack: &Stack, missing: &[&str], tenant: &str) {
+    let path = stack.dir.join("ngrok").join("tenants.yaml");
+    let mut tenants = std::fs::read_to_string(&path).unwrap();
+    tenants.push('\n');
+    tenants.push_str(tenant);
+    std::fs::write(&path, tenants).unwrap();
+    recompile(stack, missing);
+}
+
+/// Base URLs for `provider` that no connection reaches: a port where
+/// nothing listens, a host no DNS knows, and TLS to the sim's plain HTTP.
+fn unreachable(stack: &Stack, provider: &str) -> [(&'static str, String); 3] {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap();
+    drop(listener);
+    [
+        ("refused", format!("http://{closed}/{provider}/v1")),
+        ("dns", format!("http://no-such-host.invalid/{provider}/v1")),
+        ("tls", format!("https://{}/{provider}/v1", stack.sim.addr())),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// A request in flight while the test moves the clock
+
+/// Watches one request while the test moves the proxy's clock: what the
+/// providers received and the attempts the proxy finished since it began.
+struct Timeline<'a> {
+    stack: &'a Stack,
+    clock: &'a ManualClock,
+    start_ms: u64,
+    requests_before: usize,
+    finished_before: u64,
+    answered: AtomicBool,
+}
+
+impl<'a> Timeline<'a> {
+    fn new(stack: &'a Stack, clock: &'a ManualClock) -> Timeline<'a> {
+        Timeline {
+            stack,
+            clock,
+            start_ms: clock.now_ms(),
+            requests_before: stack.sim.requests().len(),
+            finished_before: finished_attempts(stack),
+            answered: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `request` while `script` moves the clock; returns the reply.
+    async fn run(
+        &self,
+        request: impl Future<Output = Reply>,
+        script: impl Future<Output = ()>,
+    ) -> Reply {
+        let request = async {
+            let reply = request.await;
+            self.answered.store(true, Ordering::SeqCst);
+            reply
+        };
+        let (reply, ()) = tokio::join!(request, script);
+        reply
+    }
+
+    /// (requests the providers received, attempts the proxy finished).
+    fn counts(&self) -> (usize, u64) {
+        (
+            self.stack.sim.requests().len() - self.requests_before,
+            finished_attempts(self.stack) - self.finished_before,
+        )
+    }
+
+    /// Waits (real time) until the providers received `requests` requests
+    /// and the proxy finished `finished` attempts: it then waits on the
+    /// clock (for an attempt's timeout or a retry's wait).
+    async fn reached(&self, requests: usize, finished: u64) {
+        let began = Instant::now();
+        loop {
+            let counts = self.counts();
+            if counts == (requests, finished) {
+                return;
+            }
+            assert!(
+                counts.0 <= requests && counts.1 <= finished,
+                "went past ({requests}, {finished}): {counts:?}, {:?}",
+                upstream(self.stack)
+            );
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "never reached ({requests}, {finished}): {counts:?}, {:?}",
+                upstream(self.stack)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Moves the clock to `at_ms` after the request began.
+    fn advance_to(&self, at_ms: u64) {
+        let now = self.clock.now_ms() - self.start_ms;
+        assert!(at_ms >= now, "the clock is at {now} ms already");
+        self.clock.advance(at_ms - now);
+    }
+
+    /// Moves the clock to `at_ms` and checks, after a moment of real time,
+    /// that nothing happened: no new upstream request, no finished
+    /// attempt, no reply.
+    async fn quiet_until(&self, at_ms: u64) {
+        let before = self.counts();
+        self.advance_to(at_ms);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(self.counts(), before, "something happened by {at_ms} ms");
+        assert!(!self.answered(), "answered by {at_ms} ms");
+    }
+
+    fn answered(&self) -> bool {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Waits (real time) for the reply, the clock standing still.
+    async fn until_answered(&self) {
+        let began = Instant::now();
+        while !self.answered() {
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "no answer at {} ms: {:?}",
+                self.clock.now_ms() - self.start_ms,
+                upstream(self.stack)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Failures that never reach failover
+
+/// [G24] [G25] a body that could not be parsed is ERR_NGROK_3801 at once,
+/// without an attempt or the attempts header
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparseable_body_is_err_ngrok_3801_before_any_attempt() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    let unparseable = [
+        (Wire::OpenAi, r#"{"model": "gpt-4o", "messages": ["#),
+        (Wire::Anthropic, "not json at all"),
+        // JSON, but not an object.
+        (Wire::OpenAi, r#"["gpt-4o"]"#),
+        (Wire::Anthropic, r#""gpt-4o""#),
+    ];
+    for (wire, body) in unparseable {
+        let reply = at_once(post_text(&stack, wire, TUNNELCO, body)).await;
+        assert_refused(&stack, &reply, wire, &ERR_3801);
+    }
+
+    // A `models` field that is not a list of strings could not be parsed
+    // either.
+    let reply = at_once(stack.chat(
+        TUNNELCO,
+        with(chat("gpt-4o"), "models", json!("gpt-4o-mini")),
+    ))
+    .await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3801);
+    let reply =
+        at_once(stack.messages(TUNNELCO, with(message("gpt-4o"), "models", json!([1])))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3801);
+}
+
+/// [G24] [G26] an unknown model or a malformed model address is
+/// ERR_NGROK_3802 at once, even with fallback models set up
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_model_or_malformed_address_is_err_ngrok_3802() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
+    let reply = at_once(stack.messages(TUNNELCO, message("gpt-9"))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3802);
+    // In the models array.
+    let reply =
+        at_once(stack.chat(TUNNELCO, with(chat("gpt-4o"), "models", json!(["gpt-9"])))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
+    // No such provider, and a provider that does not serve the model.
+    for address in ["nosuch:gpt-4o", "anthropic:gpt-4o"] {
+        let reply = at_once(stack.chat(TUNNELCO, chat(address))).await;
+        assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
+    }
+}
+
+/// [G24] [G27] the access key's scope: blocked providers and models are
+/// never tried, and a request only they could serve is ERR_NGROK_3804
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_scope_blocks_providers_and_models() {
+    let clock = Arc::new(ManualClock::default());
+    // Without anthropic's key, openrouter alone serves openrouter:gpt-4o and
+    // the fallback claude-sonnet-4-5.
+    let missing = ["NGROK_ANTHROPIC_KEY"];
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
+
+    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat("openrouter:gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
+    let reply = at_once(stack.messages(TUNNELCO_SCOPED, message("openrouter:gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3804);
+    // The unscoped key of the same account is served.
+    let reply = at_once(stack.chat(TUNNELCO, chat("openrouter:gpt-4o"))).await;
+    assert_served_by(&reply, "openrouter");
+
+    // A key whose scope allows one model (a copy of the data with one more
+    // access key): its other models, the fallback one included, are blocked.
+    add_tenant(
+        &stack,
+        &missing,
+        &format!(
+            "  - id: minico\n    attributes: {{credits: 10}}\n    settings: {{fallback_models: [claude-sonnet-4-5]}}\n    keys:\n      - id: minico-mini\n        sha256: {}\n        attributes: {{allowed_models: [gpt-4o-mini]}}\n",
+            sha256_hex("sk-ngrok-minico-mini")
+        ),
+    );
+    stack.sim.clear();
+    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat("gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
+    rescript(&stack, ALL_FAIL);
+    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat("gpt-4o-mini"))).await;
+    assert_passthrough(&reply, Wire::OpenAi, 500, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+        ],
+        "the fallback model is out of scope"
+    );
+
+    // With every key set, the scoped key's plan for gpt-4o skips the
+    // reseller: openai's two keys, then anthropic for the fallback model.
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
+    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat("gpt-4o"))).await;
+    assert_passthrough(&reply, Wire::OpenAi, 500, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+}
+
+/// [G24] [G28] no provider key for the requested provider is
+/// ERR_NGROK_3805; a provider without a key is no candidate
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_provider_key_is_err_ngrok_3805() {
+    // groq has no key at all; without anthropic's and openrouter's, nothing
+    // serves groq:llama-3.3-70b or the fallback model.
+    let clock = Arc::new(ManualClock::default());
+    let missing = ["NGROK_ANTHROPIC_KEY", "NGROK_OPENROUTER_KEY"];
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("groq:llama-3.3-70b"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3805);
+    let reply = at_once(stack.messages(TUNNELCO, message("groq:llama-3.3-70b"))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3805);
+
+    // Every key unset.
+    let clock = Arc::new(ManualClock::default());
+    let missing = [
+        "NGROK_OPENAI_KEY_1",
+        "NGROK_OPENAI_KEY_2",
+        "NGROK_ANTHROPIC_KEY",
+        "NGROK_OPENROUTER_KEY",
+    ];
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3805);
+
+    // With keys, llama-3.3-70b skips keyless groq for the reseller.
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("llama-3.3-70b"))).await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        ["openrouter/openrouter-primary@meta-llama/llama-3.3-70b-instruct"]
+    );
+}
+
+/// [G24] [G29] an account without credits is ERR_NGROK_3807, even with
+/// every provider key available
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_without_credits_is_err_ngrok_3807() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    let reply = at_once(stack.chat(BROKECO, chat("gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
+    let reply = at_once(stack.messages(BROKECO, message("openai:gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3807);
+    let reply = at_once(stack.chat(BROKECO, streamed(chat("claude-sonnet-4-5")))).await;
+    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
+}
+
+// ---------------------------------------------------------------------------
+// Response headers
+
+/// [G34] every response carries Ngrok-AIG-Request-Id, the id the proxy
+/// logs and forwards: answers, streams, errors after failover and every
+/// kind of refusal
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_carries_the_request_id() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("anthropic", "{sequence: [\"500\"]}")]),
+        &["NGROK_OPENROUTER_KEY"],
+        clock.clone(),
+    )
+    .await;
+
+    let replies = [
+        (
+            "an answer",
+            at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await,
+        ),
+        (
+            "a stream",
+            at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await,
+        ),
+        (
+            "an error after failover",
+            at_once(stack.messages(TUNNELCO, message("anthropic:claude-sonnet-4-5"))).await,
+        ),
+        (
+            "no credits",
+            at_once(stack.chat(BROKECO, chat("gpt-4o"))).await,
+        ),
+        (
+            "an unknown model",
+            at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await,
+        ),
+        (
+            "a malformed models field",
+            at_once(stack.chat(TUNNELCO, with(chat("gpt-4o"), "models", json!(7)))).await,
+        ),
+        (
+            "a body that is not JSON",
+            at_once(post_text(&stack, Wire::Anthropic, TUNNELCO, "{")).await,
+        ),
+    ];
+    let wrong: Vec<String> = replies
+        .iter()
+        .filter(|(_, reply)| {
+            let id = reply.header("ngrok-aig-request-id").unwrap_or_default();
+            id.is_empty() || reply.header("x-request-id") != Some(id)
+        })
+        .map(|(what, reply)| format!("{what}: {:?}", reply.headers))
+        .collect();
+    assert!(wrong.is_empty(), "without the request id: {wrong:#?}");
+    // The providers were asked with the same id, so a failure can be looked
+    // up on both sides.
+    let sent: Vec<String> = stack
+        .sim
+        .requests()
+        .iter()
+        .map(|request| {
+            request
+                .header("x-request-id")
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let ids: Vec<String> = replies[..3]
+        .iter()
+        .map(|(_, reply)| reply.header("ngrok-aig-request-id").unwrap().to_string())
+        .collect();
+    assert_eq!(sent, ids);
+
+    // A client's own sensible id is kept.
+    let reply = at_once(stack.post(
+        "/v1/chat/completions",
+        Some(TUNNELCO),
+        &[("x-request-id", "trace-42")],
+        &chat("gpt-9"),
+    ))
+    .await;
+    assert_eq!(reply.header("ngrok-aig-request-id"), Some("trace-42"));
+}
+
+/// [G24] [G35] a response after attempts carries Ngrok-AIG-Attempts, the
+/// number of candidates tried; a refusal carries none
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_after_attempts_carry_the_attempt_count() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
+
+    // Served by the third candidate.
+    rescript(&stack, &[("openai", "{sequence: [\"500\"]}")]);
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
+
+    // Failed after all five.
+    rescript(&stack, ALL_FAIL);
+    let reply = at_once(stack.messages(TUNNELCO, message("gpt-4o"))).await;
+    assert_passthrough(&reply, Wire::Anthropic, 500, "openrouter");
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("5"));
+
+    // A stream served by the second candidate.
+    rescript(&stack, &[("openai", "{sequence: [\"500\", \"200\"]}")]);
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("2"));
+
+    // A same-backend retry is no further candidate.
+    rescript(
+        &stack,
+        &[("openai", "{sequence: [\"429 retry_after=1s\", \"200\"]}")],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 1).await;
+            t.advance_to(1_000);
+        })
+        .await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(upstream(&stack).len(), 2);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
+
+    // Refused before any attempt: no header.
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.header("ngrok-aig-attempts"), None);
+}
+
+// ---------------------------------------------------------------------------
+// What triggers failover
+
+/// [G2] [G31] a 401 or 403 because the provider rejected the key fails over
+/// to the provider's next key, or the next provider
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_key_fails_over_to_the_next_key() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    for rejection in [
+        "401 code=invalid_api_key",
+        "403 code=permission_denied",
+        "401 code=authentication_error",
+    ] {
+        rescript(
+            &stack,
+            &[(
+                "openai",
+                &format!("{{sequence: [\"{rejection}\", \"200\"]}}"),
+            )],
+        );
+        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        assert_served_by(&reply, "openai");
+        assert_eq!(
+            upstream(&stack),
+            [
+                "openai/openai-primary@gpt-4o",
+                "openai/openai-secondary@gpt-4o"
+            ],
+            "{rejection}"
+        );
+    }
+
+    // Anthropic says why in the error's type: authentication_error.
+    rescript(&stack, &[("anthropic", "{sequence: [\"401\"]}")]);
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5"
+        ]
+    );
+
+    // An exhausted credential fails over instead of failing the request.
+    rescript(
+        &stack,
+        &[(
+            "openai",
+            "{sequence: [\"429 code=insufficient_quota\", \"200\"]}",
+        )],
+    );
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini"
+        ]
+    );
+}
+
+/// [G3] a 401 or 403 for any other reason stops the request with the
+/// provider's answer
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_or_403_for_another_reason_stops() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    for (status, step) in [
+        (401, "401 code=ip_not_authorized"),
+        (403, "403 code=unsupported_country_region_territory"),
+    ] {
+        rescript(
+            &stack,
+            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+        );
+        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        assert_passthrough(&reply, Wire::OpenAi, status, "openai");
+        assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"], "{step}");
+        assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
+    }
+
+    // Anthropic's 403 permission_error.
+    rescript(&stack, &[("anthropic", "{sequence: [\"403\"]}")]);
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_passthrough(&reply, Wire::Anthropic, 403, "anthropic");
+    assert_eq!(reply.json["error"]["type"], "permission_error");
+    assert_eq!(
+        upstream(&stack),
+        ["anthropic/anthropic-primary@claude-sonnet-4-5"]
+    );
+}
+
+/// [G4] [G5] [G6] rate limits (429), server errors (500 and above) and
+/// request timeouts (408) fail over; when the last candidate fails too, its
+/// answer is the error
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_server_errors_and_408_fail_over() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[
+            ("openai", "{sequence: [\"429\", \"503\"]}"),
+            (
+                "openrouter",
+                "{models: {\"openai/gpt-4o\": {sequence: [\"408\"]}}}",
+            ),
+            ("anthropic", "{sequence: [\"529\"]}"),
+        ]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+
+    // Every one fails: the last provider's own answer, as it sent it.
+    rescript(
+        &stack,
+        &[
+            ("openai", "{sequence: [\"500\", \"502\"]}"),
+            (
+                "openrouter",
+                "{models: {\"openai/gpt-4o\": {sequence: [\"504\"]}, \"anthropic/claude-sonnet-4.5\": {sequence: [\"503\"]}}}",
+            ),
+            ("anthropic", "{sequence: [\"599\"]}"),
+        ],
+    );
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_passthrough(&reply, Wire::OpenAi, 503, "openrouter");
+    assert_eq!(upstream(&stack).len(), 5);
+    // In Anthropic's format on /v1/messages.
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_passthrough(&reply, Wire::Anthropic, 503, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+}
+
+/// [G1] [G9] any other 4xx stops the request at once with the provider's
+/// answer
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_other_4xx_stops_at_once() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+
+    for (status, step) in [
+        (400, "400 code=unsupported_parameter"),
+        (404, "404"),
+        (409, "409"),
+        (413, "413"),
+        (422, "422"),
+    ] {
+        rescript(
+            &stack,
+            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+        );
+        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        assert_passthrough(&reply, Wire::OpenAi, status, "openai");
+        assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"], "{step}");
+    }
+    rescript(&stack, &[("anthropic", "{sequence: [\"400\"]}")]);
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_passthrough(&reply, Wire::Anthropic, 400, "anthropic");
+    assert_eq!(reply.json["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        upstream(&stack),
+        ["anthropic/anthropic-primary@claude-sonnet-4-5"]
+    );
+}
+
+/// [G7] an attempt exceeding the per-request timeout (8 s for tunnelco,
+/// on the proxy's clock) fails over; the last one is ERR_NGROK_3808
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_over_the_per_request_timeout_fails_over() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [no_answer, \"200\"]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    // No response headers in time.
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.reached(2, 2).await;
+        })
+        .await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o"
+        ]
+    );
+
+    // A stream whose first event does not come in time.
+    rescript(
+        &stack,
+        &[("openai", "{sequence: [\"stall_after=0\", \"200\"]}")],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, streamed(chat("gpt-4o"))), async {
+            t.reached(1, 0).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.reached(2, 2).await;
+        })
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.events().last().unwrap().1, "[DONE]");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o"
+        ]
+    );
+
+    // The only candidate times out: ERR_NGROK_3808 at 8 s.
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("anthropic", "{sequence: [no_answer]}")]),
+        &["NGROK_OPENROUTER_KEY"],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(
+            stack.messages(TUNNELCO, message("anthropic:claude-sonnet-4-5")),
+            async {
+                t.reached(1, 0).await;
+                t.quiet_until(7_999).await;
+                t.advance_to(8_000);
+                t.until_answered().await;
+            },
+        )
+        .await;
+    assert_error(&reply, Wire::Anthropic, &ERR_3808);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
+}
+
+/// [G8] network failures (a dropped connection, a refused connection, a
+/// DNS failure, a TLS failure) fail over; the last one is ERR_NGROK_3809
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_failures_fail_over() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [reset]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    // The connection drops before the response.
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+        ]
+    );
+
+    // No connection at all: openai's two keys fail without reaching it.
+    for (what, base_url) in unreachable(&stack, "openai") {
+        repoint(&stack, &[], "openai", &base_url);
+        rescript(&stack, &[]);
+        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        assert_served_by(&reply, "openrouter");
+        assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"), "{what}");
+        assert_eq!(
+            upstream(&stack),
+            ["openrouter/openrouter-primary@openai/gpt-4o"],
+            "{what}"
+        );
+    }
+
+    // The last candidate cannot be reached: ERR_NGROK_3809, in either format.
+    let clock = Arc::new(ManualClock::default());
+    let missing = ["NGROK_OPENROUTER_KEY"];
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("anthropic", "{sequence: [reset]}")]),
+        &missing,
+        clock.clone(),
+    )
+    .await;
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_error(&reply, Wire::Anthropic, &ERR_3809);
+    assert_eq!(upstream(&stack).len(), 1);
+    for (what, base_url) in unreachable(&stack, "anthropic") {
+        repoint(&stack, &missing, "anthropic", &base_url);
+        let reply = at_once(stack.chat(TUNNELCO, chat("claude-sonnet-4-5"))).await;
+        assert_error(&reply, Wire::OpenAi, &ERR_3809);
+        assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"), "{what}");
+    }
+}
+
+/// [G8] a connection that drops after the response headers, before any
+/// byte reached the client, is a network failure too: it fails over
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_before_the_first_byte_fails_over() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [\"cut_after=0\", \"200\"]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    // A stream cut before its first event.
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o"
+        ]
+    );
+    // A whole answer cut halfway.
+    rescript(
+        &stack,
+        &[("openai", "{sequence: [\"cut_after=1\", \"200\"]}")],
+    );
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o"
+        ]
+    );
+}
+
+/// [G1] [G36] where the gateway goes next depends on how the attempt
+/// failed: the same backend (429 with a short Retry-After), the next
+/// candidate (500), or nowhere (400)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_the_gateway_goes_next_depends_on_the_failure() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[(
+            "openai",
+            "{sequence: [\"429 retry_after=1s\", \"500\", \"400 code=unsupported_parameter\"]}",
+        )]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 1).await;
+            t.quiet_until(999).await;
+            t.advance_to(1_000);
+        })
+        .await;
+    assert_passthrough(&reply, Wire::OpenAi, 400, "openai");
+    assert_eq!(reply.json["error"]["code"], "unsupported_parameter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Failover order
+
+/// [G10] [G15] candidates come from the model field first, then the models
+/// array in order; listing another model there fails over to it
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_come_from_the_model_field_then_the_models_array() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
+
+    let body = with(
+        chat("gpt-4o-mini"),
+        "models",
+        json!(["llama-3.3-70b", "gpt-4o"]),
+    );
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_passthrough(&reply, Wire::OpenAi, 500, "openai");
+    // Five attempts at most (the plan has nine).
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+            "openrouter/openrouter-primary@meta-llama/llama-3.3-70b-instruct",
+            "openai/openai-primary@gpt-4o",
+        ]
+    );
+    // The models array is the gateway's; providers never see it.
+    assert!(
+        stack
+            .sim
+            .requests()
+            .iter()
+            .all(|request| request.body.get("models").is_none())
+    );
+
+    // The models array alone.
+    stack.sim.clear();
+    let body =
+        json!({"models": ["claude-sonnet-4-5", "gpt-4o-mini"], "max_tokens": 32, "messages": []});
+    let reply = at_once(stack.messages(TUNNELCO, body)).await;
+    assert_passthrough(&reply, Wire::Anthropic, 500, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+        ]
+    );
+
+    // gpt-4o-mini fails everywhere; the listed gpt-4o serves.
+    rescript(
+        &stack,
+        &[
+            ("openai", "{models: {gpt-4o-mini: {sequence: [\"500\"]}}}"),
+            (
+                "openrouter",
+                "{models: {\"openai/gpt-4o-mini\": {sequence: [\"500\"]}}}",
+            ),
+        ],
+    );
+    let body = with(chat("gpt-4o-mini"), "models", json!(["gpt-4o"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(reply.json["model"], "gpt-4o");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+            "openai/openai-primary@gpt-4o",
+        ]
+    );
+}
+
+/// [G16] the account's fallback models come after the request's own
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_models_come_after_the_requested_ones() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[
+            ("openai", "{sequence: [\"503\"]}"),
+            ("openrouter", "{sequence: [\"503\"]}"),
+        ]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(reply.json["model"], "claude-sonnet-4-5");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+
+    // After the models array too.
+    stack.sim.clear();
+    let body = with(message("gpt-4o-mini"), "models", json!(["llama-3.3-70b"]));
+    let reply = at_once(stack.messages(TUNNELCO, body)).await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o-mini",
+            "openai/openai-secondary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+            "openrouter/openrouter-primary@meta-llama/llama-3.3-70b-instruct",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+}
+
+/// [G13] a bare model id expands to every provider serving it, the model's
+/// author first, then resellers (whatever the catalog's order)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_id_goes_to_the_author_first_then_resellers() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
+
+    // The catalog lists openrouter first for gpt-4o.
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+}
+
+/// [G14] a provider:model id reaches only that provider
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_model_id_reaches_only_that_provider() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
+    let fallback = [
+        "anthropic/anthropic-primary@claude-sonnet-4-5",
+        "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+    ];
+
+    for (address, expected) in [
+        (
+            "openai:gpt-4o",
+            vec![
+                "openai/openai-primary@gpt-4o",
+                "openai/openai-secondary@gpt-4o",
+            ],
+        ),
+        (
+            "openrouter:gpt-4o",
+            vec!["openrouter/openrouter-primary@openai/gpt-4o"],
+        ),
+        (
+            "OpenAI:gpt-4o-mini",
+            vec![
+                "openai/openai-primary@gpt-4o-mini",
+                "openai/openai-secondary@gpt-4o-mini",
+            ],
+        ),
+    ] {
+        stack.sim.clear();
+        let reply = at_once(stack.chat(TUNNELCO, chat(address))).await;
+        assert_eq!(reply.status, 500, "{address}");
+        // Then the account's fallback model.
+        let expected: Vec<&str> = expected.into_iter().chain(fallback).collect();
+        assert_eq!(upstream(&stack), expected, "{address}");
+    }
+}
+
+/// [G11] [G12] each model and key combination is one candidate, tried
+/// once, however often the request names it
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_and_key_is_tried_once() {
+    // With openai's second key unset the plans are short enough that a
+    // repeated candidate would show within the five attempts.
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(ALL_FAIL),
+        &["NGROK_OPENAI_KEY_2"],
+        clock.clone(),
+    )
+    .await;
+
+    let body = with(chat("gpt-4o"), "models", json!(["openai:gpt-4o", "gpt-4o"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("4"));
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+
+    // The fallback model requested by the client keeps the client's place.
+    stack.sim.clear();
+    let body = with(chat("claude-sonnet-4-5"), "models", json!(["gpt-4o-mini"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+            "openai/openai-primary@gpt-4o-mini",
+            "openrouter/openrouter-primary@openai/gpt-4o-mini",
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Retrying the same provider
+
+/// [G17] a 429 or 503 with a Retry-After of 5 s or less is retried on the
+/// same backend (provider, key and model) after exactly that wait
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_retry_after_retries_the_same_backend() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[(
+            "openai",
+            "{sequence: [\"429 retry_after=3s\", \"503 retry_after=5s\", \"200\"]}",
+        )]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 1).await;
+            t.quiet_until(2_999).await;
+            t.advance_to(3_000);
+            t.reached(2, 2).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.reached(3, 3).await;
+        })
+        .await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+        ]
+    );
+
+    // The same on /v1/messages.
+    rescript(
+        &stack,
+        &[("anthropic", "{sequence: [\"429 retry_after=2s\", \"200\"]}")],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(
+            stack.messages(TUNNELCO, message("claude-sonnet-4-5")),
+            async {
+                t.reached(1, 1).await;
+                t.quiet_until(1_999).await;
+                t.advance_to(2_000);
+            },
+        )
+        .await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+}
+
+/// [G17] [G18] at most two same-backend retries per request, counted
+/// across candidates; after them a 429 moves to the next candidate at once
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_backend_retries_at_most_twice_per_request() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[(
+            "openai",
+            "{sequence: [\"429 retry_after=1s\", \"429 retry_after=1s\", \"429 retry_after=1s\", \"200\"]}",
+        )]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 1).await;
+            t.advance_to(1_000);
+            t.reached(2, 2).await;
+            t.advance_to(2_000);
+            // The third 429 moves on without a wait.
+            t.until_answered().await;
+        })
+        .await;
+    assert_served_by(&reply, "openai");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+        ]
+    );
+
+    // Two retries on the first key leave none for the second.
+    rescript(
+        &stack,
+        &[(
+            "openai",
+            "{sequence: [\"429 retry_after=1s\", \"503 retry_after=1s\", \"500\", \"429 retry_after=1s\"]}",
+        )],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 1).await;
+            t.advance_to(1_000);
+            t.reached(2, 2).await;
+            t.advance_to(2_000);
+            t.until_answered().await;
+        })
+        .await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+        ]
+    );
+}
+
+/// [G17] [G18] a Retry-After over 5 s, or on a status other than 429 and
+/// 503, is a rate limit or server error: the next candidate, at once
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_retry_after_or_another_status_moves_on_at_once() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[
+            (
+                "openai",
+                "{sequence: [\"429 retry_after=6s\", \"503 retry_after=6s\"]}",
+            ),
+            (
+                "openrouter",
+                "{sequence: [\"502 retry_after=2s\", \"200\"]}",
+            ),
+        ]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+    assert_eq!(clock.now_ms(), 0);
+}
+
+/// [G17] [G18] a same-backend retry only when its wait still fits inside
+/// the total timeout (tunnelco: 20 s); otherwise the next candidate
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_only_when_the_wait_fits_the_total_timeout() {
+    let clock = Arc::new(ManualClock::default());
+    // openai's two keys use 16 s of the 20 s; then a 4 s wait does not fit.
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[
+            ("openai", "{sequence: [no_answer]}"),
+            (
+                "openrouter",
+                "{sequence: [\"429 retry_after=4s\", \"200\"]}",
+            ),
+        ]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.advance_to(8_000);
+            t.reached(2, 1).await;
+            t.advance_to(16_000);
+            t.until_answered().await;
+        })
+        .await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+        ]
+    );
+
+    // A 3 s wait fits (16 s + 3 s < 20 s): the same backend at 19 s.
+    rescript(
+        &stack,
+        &[
+            ("openai", "{sequence: [no_answer]}"),
+            (
+                "openrouter",
+                "{sequence: [\"429 retry_after=3s\", \"200\"]}",
+            ),
+        ],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.advance_to(8_000);
+            t.reached(2, 1).await;
+            t.advance_to(16_000);
+            t.reached(3, 3).await;
+            t.quiet_until(18_999).await;
+            t.advance_to(19_000);
+        })
+        .await;
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// What bounds the retrying
+
+/// [G21] the account's own timeouts apply (tunnelco: 8 s per request);
+/// an account that sets none gets 30 s per request and 60 s in total
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn account_timeouts_and_their_defaults() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [no_answer]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    // An account with credits and no timeouts of its own (a copy of the
+    // data with one more account).
+    add_tenant(
+        &stack,
+        &[],
+        &format!(
+            "  - id: plainco\n    attributes: {{credits: 10}}\n    keys:\n      - id: plainco-default\n        sha256: {}\n",
+            sha256_hex("sk-ngrok-plainco")
+        ),
+    );
+
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.reached(2, 1).await;
+            t.quiet_until(15_999).await;
+            t.advance_to(16_000);
+            t.until_answered().await;
+        })
+        .await;
+    assert_served_by(&reply, "openrouter");
+
+    stack.sim.clear();
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat("sk-ngrok-plainco", chat("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.quiet_until(29_999).await;
+            t.advance_to(30_000);
+            t.reached(2, 1).await;
+            t.quiet_until(59_999).await;
+            t.advance_to(60_000);
+            t.until_answered().await;
+        })
+        .await;
+    // At 60 s the total timeout ends the request, though openrouter remains.
+    assert_error(&reply, Wire::OpenAi, &ERR_3810);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("2"));
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o"
+        ]
+    );
+}
+
+/// [G19] [G23] two timeouts and an attempt cap bound every request: five
+/// attempts at most, 8 s each, and when the total timeout (20 s) is
+/// reached failover stops, though candidates remain, with ERR_NGROK_3810
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_timeouts_and_an_attempt_cap_bound_every_request() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
+
+    // The cap: five of the nine candidates.
+    let body = with(chat("gpt-4o-mini"), "models", json!(["gpt-4o"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("5"));
+    assert_eq!(upstream(&stack).len(), 5);
+
+    // The timeouts: each attempt ends at 8 s, the request at 20 s.
+    rescript(
+        &stack,
+        &[
+            ("openai", "{sequence: [no_answer]}"),
+            ("openrouter", "{sequence: [no_answer]}"),
+            ("anthropic", "{sequence: [no_answer]}"),
+        ],
+    );
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.messages(TUNNELCO, message("gpt-4o")), async {
+            t.reached(1, 0).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.reached(2, 1).await;
+            t.quiet_until(15_999).await;
+            t.advance_to(16_000);
+            t.reached(3, 2).await;
+            t.quiet_until(19_999).await;
+            t.advance_to(20_000);
+            t.until_answered().await;
+        })
+        .await;
+    assert_error(&reply, Wire::Anthropic, &ERR_3810);
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
+    // anthropic and openrouter for the fallback model were never tried.
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@openai/gpt-4o",
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Streams
+
+/// [G20] after a stream's first byte nothing fails over: a broken stream
+/// ends with an ERR_NGROK_3811 error event in the caller's format; a
+/// malformed answer or a redirect stops with ERR_NGROK_3811 too, while a
+/// stream that fails before its first byte still fails over
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_commit_at_the_first_byte() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[
+            ("openai", "{sequence: [\"cut_after=2\"]}"),
+            ("anthropic", "{sequence: [\"malformed_chunk=2\"]}"),
+        ]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    // OpenAI: two content chunks, then the error event, no [DONE].
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"));
+    let events = reply.events();
+    let (name, last) = events.last().unwrap();
+    assert_eq!(*name, None, "{}", reply.text);
+    assert_error_object(
+        &serde_json::from_str(last).unwrap(),
+        Wire::OpenAi,
+        &ERR_3811,
+        &reply.text,
+    );
+    assert!(!reply.text.contains("[DONE]"));
+    assert!(!streamed_text(&reply).is_empty());
+    assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"]);
+
+    // Anthropic: a malformed event after the first one: `event: error`.
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO, streamed(message("claude-sonnet-4-5")))).await;
+    assert_eq!(reply.status, 200);
+    let events = reply.events();
+    let (name, last) = events.last().unwrap();
+    assert_eq!(name.as_deref(), Some("error"), "{}", reply.text);
+    assert_error_object(
+        &serde_json::from_str(last).unwrap(),
+        Wire::Anthropic,
+        &ERR_3811,
+        &reply.text,
+    );
+    assert!(!reply.text.contains("message_stop"));
+    assert_eq!(
+        upstream(&stack),
+        ["anthropic/anthropic-primary@claude-sonnet-4-5"]
+    );
+
+    // A malformed answer, a malformed first event, a redirect: stop.
+    for (step, stream) in [("malformed", false), ("malformed", true), ("302", false)] {
+        rescript(
+            &stack,
+            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+        );
+        let body = if stream {
+            streamed(chat("gpt-4o"))
+        } else {
+            chat("gpt-4o")
+        };
+        let reply = at_once(stack.chat(TUNNELCO, body)).await;
+        assert_error(&reply, Wire::OpenAi, &ERR_3811);
+        assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"], "{step}");
+    }
+
+    // Before the first byte a stream still fails over.
+    rescript(&stack, &[("openai", "{sequence: [\"500\", \"200\"]}")]);
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.events().last().unwrap().1, "[DONE]");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+        ]
+    );
+}
+
+/// [G20] after the first byte the per-request timeout (8 s) does not fail
+/// over either: a stream still open then ends with an ERR_NGROK_3811 error
+/// event
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_request_timeout_bounds_a_committed_stream() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [\"stall_after=2\"]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    let t = Timeline::new(&stack, &clock);
+    let reply = t
+        .run(stack.chat(TUNNELCO, streamed(chat("gpt-4o"))), async {
+            t.reached(1, 0).await;
+            t.quiet_until(7_999).await;
+            t.advance_to(8_000);
+            t.until_answered().await;
+        })
+        .await;
+    assert_eq!(reply.status, 200);
+    let events = reply.events();
+    let (_, last) = events.last().unwrap();
+    assert_error_object(
+        &serde_json::from_str(last).unwrap(),
+        Wire::OpenAi,
+        &ERR_3811,
+        &reply.text,
+    );
+    assert!(!reply.text.contains("[DONE]"));
+    assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"]);
+}
