@@ -826,7 +826,7 @@ fn compile(policy: &str, catalog: &str, tenants: &str) -> Snapshot {
         name: String::from("properties"),
         source: policy_source,
         program: program.unwrap(),
-        data: data.unwrap(),
+        data: std::sync::Arc::new(data.unwrap()),
     };
     let report = CheckReport {
         sources,

@@ -209,7 +209,7 @@ pub struct Snapshot {
     /// A content hash of the policy and data, identifying this snapshot.
     pub version: String,
     pub program: Program,
-    pub data: Data,
+    pub data: Arc<Data>,
     models: HashMap<String, ModelName>,
     /// Lowercase provider ids, names and aliases → providers answering to them.
     provider_names: HashMap<String, Vec<usize>>,

@@ -14,6 +14,7 @@ use crate::diagnostics::{Diagnostic, Diagnostics, codes};
 use crate::source::{SourceId, SourceMap, Span};
 use ast::{DataFileKind, Item};
 use std::path::Path;
+use std::sync::Arc;
 
 /// A policy that checked without errors, with its data.
 #[derive(Debug)]
@@ -21,7 +22,31 @@ pub struct CheckedPolicy {
     pub name: String,
     pub source: SourceId,
     pub program: ir::Program,
-    pub data: Data,
+    /// Shared: a reload whose data files did not change reuses them.
+    pub data: Arc<Data>,
+}
+
+/// The data of the last load that was clean, by the exact text of its
+/// files: a reload that only changes the policy skips reading them again
+/// (for a large catalog, parsing is most of a reload's time).
+#[derive(Default)]
+pub struct DataCache {
+    last: std::sync::Mutex<Option<(String, String, Arc<Data>)>>,
+}
+
+impl DataCache {
+    fn get(&self, catalog: &str, tenants: &str) -> Option<Arc<Data>> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some((c, t, data)) if c == catalog && t == tenants => Some(data.clone()),
+            _ => None,
+        }
+    }
+
+    fn put(&self, catalog: &str, tenants: &str, data: Arc<Data>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((catalog.to_string(), tenants.to_string(), data));
+    }
 }
 
 /// Everything one check produced: the files read, the diagnostics, and the
@@ -40,6 +65,12 @@ const MAX_POLICY_BYTES: usize = 4 * 1024 * 1024;
 /// Reads, parses and checks a policy file together with the catalog and
 /// tenants files it names (paths relative to the policy file).
 pub fn check_file(path: &Path) -> CheckReport {
+    check_file_cached(path, None)
+}
+
+/// `check_file`, reusing `cache`'s data when the data files are unchanged
+/// (and remembering them when they load cleanly).
+pub fn check_file_cached(path: &Path, cache: Option<&DataCache>) -> CheckReport {
     let mut sources = SourceMap::new();
     let mut diagnostics = Vec::new();
     let shown = path.display().to_string();
@@ -47,16 +78,26 @@ pub fn check_file(path: &Path) -> CheckReport {
         return finish(sources, diagnostics, None);
     };
     let base = path.parent().unwrap_or_else(|| Path::new("."));
-    check_source(sources, source, base, diagnostics)
+    check_source_cached(sources, source, base, diagnostics, cache)
 }
 
 /// Checks policy text already in the source map; data paths are resolved
 /// against `base`.
 pub fn check_source(
+    sources: SourceMap,
+    source: SourceId,
+    base: &Path,
+    diagnostics: Vec<Diagnostic>,
+) -> CheckReport {
+    check_source_cached(sources, source, base, diagnostics, None)
+}
+
+fn check_source_cached(
     mut sources: SourceMap,
     source: SourceId,
     base: &Path,
     mut diagnostics: Vec<Diagnostic>,
+    cache: Option<&DataCache>,
 ) -> CheckReport {
     let text = sources
         .file(source)
@@ -141,8 +182,23 @@ pub fn check_source(
         let catalog_source = read(catalog, &mut sources, &mut diagnostics);
         let tenants_source = read(tenants, &mut sources, &mut diagnostics);
         if let (Some(catalog_source), Some(tenants_source)) = (catalog_source, tenants_source) {
-            let (data, data_diagnostics) = data::load(catalog_source, tenants_source, &sources);
-            diagnostics.extend(data_diagnostics);
+            let text = |id| sources.file(id).map_or("", |file| file.text.as_str());
+            let (catalog_text, tenants_text) = (text(catalog_source), text(tenants_source));
+            let cached = cache.and_then(|cache| cache.get(catalog_text, tenants_text));
+            let data = match cached {
+                Some(data) => Some(data),
+                None => {
+                    let (data, data_diagnostics) =
+                        data::load(catalog_source, tenants_source, &sources);
+                    let clean = data_diagnostics.is_empty();
+                    diagnostics.extend(data_diagnostics);
+                    let data = data.map(Arc::new);
+                    if let (Some(cache), Some(data), true) = (cache, &data, clean) {
+                        cache.put(catalog_text, tenants_text, data.clone());
+                    }
+                    data
+                }
+            };
             if let Some(data) = data {
                 let (check_diagnostics, program) = check::Checker::run(
                     source,

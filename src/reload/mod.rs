@@ -6,7 +6,7 @@
 
 use crate::compile::{Environment, SecretSource, Snapshot, compile_report};
 use crate::diagnostics::render;
-use crate::language::check_file;
+use crate::language::{DataCache, check_file_cached};
 use crate::proxy::Proxy;
 use crate::source::SourceMap;
 use notify::event::ModifyKind;
@@ -88,6 +88,8 @@ pub struct Reloader {
     secrets: Arc<dyn SecretSource + Send + Sync>,
     /// The files the policy consists of, as of the last attempt.
     files: Mutex<Vec<PathBuf>>,
+    /// The last clean data files, reused while they do not change.
+    data: DataCache,
 }
 
 impl Reloader {
@@ -103,6 +105,7 @@ impl Reloader {
             policy,
             secrets,
             files: Mutex::new(Vec::new()),
+            data: DataCache::default(),
         };
         reloader.remember_files(sources);
         Arc::new(reloader)
@@ -141,7 +144,7 @@ impl Reloader {
     /// Blocking: run it off the async workers.
     pub fn reload(&self) -> Outcome {
         let started = Instant::now();
-        let report = check_file(&self.policy);
+        let report = check_file_cached(&self.policy, Some(&self.data));
         self.remember_files(&report.sources);
         match compile_report(report, self.secrets.as_ref()) {
             Ok((snapshot, _)) => {

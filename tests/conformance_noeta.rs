@@ -1,0 +1,1615 @@
+//! noeta (`shared/seeds/noeta-providers-and-model-routing.txt`) end to end:
+//! the shipped `policies/noeta.policy` served by the real proxy on loopback,
+//! in front of simulated providers, with the proxy's time on a manual clock.
+//! Each test names the CONFORMANCE.md rows it proves.
+//!
+//! The shipped data: `claude` (anthropic family and format, the default
+//! provider, listing claude-haiku-4-5) serves the Claude models and their
+//! aliases; `deepseek` (openai_compat) has the rows deepseek-chat and
+//! deepseek-reasoner and lists deepseek-coder too; `openrouter`
+//! (openai_compat) has no rows and lists deepseek-coder, mistral-large and
+//! llama-4-maverick; `openai-responses` (openai_responses) has gpt-5-codex.
+//! Every call goes to the one provider its model resolves to; transient
+//! failures are retried there, nine attempts in all.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use common::{AllBut, Reply, Stack, advance_until, compile};
+use serde_json::{Value as Json, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use switchyard::reload::{Outcome, Reloader};
+use switchyard::sim::Scenario;
+use switchyard::state::{Clock, ManualClock};
+use tokio::task::JoinHandle;
+
+/// The key of policies/noeta/tenants.yaml.
+const TEAM: &str = "sk-noeta-team";
+
+/// The catalog's providers, by their sim paths.
+const PROVIDERS: [&str; 4] = ["claude", "deepseek", "openrouter", "openai-responses"];
+
+// The policy's error messages.
+const WRONG_ENDPOINT: &str = "this model's provider is not reached through this endpoint";
+const NOT_CONFIGURED: &str = "the provider this model is routed to is not configured here";
+const PROVIDER_FAILED: &str = "the provider failed and the retries are exhausted";
+
+// The policy's timeouts, ms.
+const HEADERS_MS: u64 = 600_000;
+const ONE_PIECE_MS: u64 = 300_000;
+const ANTHROPIC_SILENCE_MS: u64 = 60_000;
+const OPENAI_SILENCE_MS: u64 = 300_000;
+
+/// The full backoff step before each of the eight retries: 1, 2, 4 … at
+/// most 30 s. Half of each is fixed, half random.
+const BACKOFF_STEPS_MS: [u64; 8] = [1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000];
+
+// ---------------------------------------------------------------------
+// Endpoints, scenarios and requests
+
+/// The three wire families' endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    /// openai_compat: `/chat/completions`.
+    Chat,
+    /// anthropic: `/v1/messages`.
+    Messages,
+    /// openai_responses: `/v1/responses`.
+    Responses,
+}
+
+const APIS: [Api; 3] = [Api::Chat, Api::Messages, Api::Responses];
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
+        }
+    }
+
+    fn body(self, model: &str) -> Json {
+        match self {
+            Api::Chat => json!({"model": model, "messages": [{"role": "user", "content": "Hi"}]}),
+            Api::Messages => json!({
+                "model": model,
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "Hi"}],
+            }),
+            Api::Responses => json!({"model": model, "input": "Hi"}),
+        }
+    }
+
+    fn stream_body(self, model: &str) -> Json {
+        let mut body = self.body(model);
+        body["stream"] = json!(true);
+        body
+    }
+
+    /// The body, streamed or not.
+    fn body_as(self, model: &str, stream: bool) -> Json {
+        if stream {
+            self.stream_body(model)
+        } else {
+            self.body(model)
+        }
+    }
+
+    /// Client headers: an Anthropic client sends `anthropic-version`.
+    fn headers(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Api::Messages => &[("anthropic-version", "2023-06-01")],
+            _ => &[],
+        }
+    }
+}
+
+/// A scenario in which every provider answers 200 but those given a
+/// sequence of steps (the last repeating).
+fn scenario(sequences: &[(&str, &[&str])]) -> String {
+    let mut yaml = String::from("providers:\n");
+    for provider in PROVIDERS {
+        match sequences.iter().find(|(name, _)| *name == provider) {
+            Some((_, steps)) => {
+                let steps: Vec<String> = steps.iter().map(|step| format!("'{step}'")).collect();
+                yaml.push_str(&format!(
+                    "  {provider}:\n    sequence: [{}]\n",
+                    steps.join(", ")
+                ));
+            }
+            None => yaml.push_str(&format!("  {provider}: {{}}\n")),
+        }
+    }
+    yaml
+}
+
+const HEALTHY: &[(&str, &[&str])] = &[];
+
+/// Gives the simulated providers new sequences (from their first step)
+/// and forgets what they were asked.
+fn replay(stack: &Stack, sequences: &[(&str, &[&str])]) {
+    stack
+        .sim
+        .set_scenario(Scenario::parse(&scenario(sequences), "scenario").unwrap());
+    stack.sim.clear();
+}
+
+/// A call on `api` with `body`.
+async fn call(stack: &Stack, api: Api, body: Json) -> Reply {
+    stack
+        .post(api.path(), Some(TEAM), api.headers(), &body)
+        .await
+}
+
+/// A call and the (provider, upstream model) pairs the sim was asked while
+/// it ran, in order.
+async fn call_tried(stack: &Stack, api: Api, body: Json) -> (Reply, Vec<(String, Option<String>)>) {
+    let before = stack.sim.requests().len();
+    let reply = call(stack, api, body).await;
+    (reply, stack.tried().split_off(before))
+}
+
+/// The request of `call`, not yet sent.
+fn request(stack: &Stack, api: Api, body: &Json) -> reqwest::RequestBuilder {
+    let mut request = stack
+        .client
+        .post(stack.url(api.path()))
+        .bearer_auth(TEAM)
+        .json(body);
+    for (name, value) in api.headers() {
+        request = request.header(*name, *value);
+    }
+    request
+}
+
+/// Sends a call from a task of its own and reads the whole answer.
+fn spawn_call(stack: &Stack, api: Api, body: Json) -> JoinHandle<Reply> {
+    let request = request(stack, api, &body);
+    tokio::spawn(async move {
+        let response = request.send().await.unwrap();
+        read_reply(response, String::new()).await
+    })
+}
+
+/// The rest of `response`, after `text` was read of it.
+async fn read_reply(mut response: reqwest::Response, mut text: String) -> Reply {
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let json = serde_json::from_str(&text).unwrap_or(Json::Null);
+    Reply {
+        status,
+        headers,
+        text,
+        json,
+    }
+}
+
+/// Reads a streamed answer until `count` events with answer text reached
+/// the client; returns what was read.
+async fn read_until_content(response: &mut reqwest::Response, count: usize) -> String {
+    let mut text = String::new();
+    while content_events(&text) < count {
+        let chunk = response.chunk().await.unwrap().expect("the stream ended");
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    text
+}
+
+fn as_reply(text: &str) -> Reply {
+    Reply {
+        status: 200,
+        headers: reqwest::header::HeaderMap::new(),
+        text: text.to_string(),
+        json: Json::Null,
+    }
+}
+
+/// The answer text an event carries, in any of the three formats.
+fn event_text(data: &str) -> Option<String> {
+    let event: Json = serde_json::from_str(data).ok()?;
+    event
+        .pointer("/choices/0/delta/content")
+        .or_else(|| event.pointer("/delta/text"))
+        .or_else(|| {
+            (event["type"] == "response.output_text.delta")
+                .then(|| event.get("delta"))
+                .flatten()
+        })
+        .and_then(Json::as_str)
+        .map(str::to_string)
+}
+
+fn content_events(text: &str) -> usize {
+    as_reply(text)
+        .events()
+        .iter()
+        .filter(|(_, data)| event_text(data).is_some())
+        .count()
+}
+
+/// The answer's text: a whole answer's content, or a stream's pieces
+/// joined.
+fn answer_text(reply: &Reply) -> String {
+    if let Some(text) = reply
+        .json
+        .pointer("/choices/0/message/content")
+        .or_else(|| reply.json.pointer("/content/0/text"))
+        .or_else(|| reply.json.pointer("/output/0/content/0/text"))
+        .and_then(Json::as_str)
+    {
+        return text.to_string();
+    }
+    reply
+        .events()
+        .iter()
+        .filter_map(|(_, data)| event_text(data))
+        .collect()
+}
+
+fn is_stream(reply: &Reply) -> bool {
+    reply
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/event-stream"))
+}
+
+/// Whether an event ends a stream as complete: `[DONE]`, `message_stop`
+/// or `response.completed`.
+fn is_sentinel((name, data): &(Option<String>, String)) -> bool {
+    data == "[DONE]"
+        || matches!(
+            name.as_deref(),
+            Some("message_stop") | Some("response.completed")
+        )
+}
+
+/// An error event: Anthropic's `event: error`, or an OpenAI event with an
+/// `error` object.
+fn is_error_event((name, data): &(Option<String>, String)) -> bool {
+    name.as_deref() == Some("error")
+        || serde_json::from_str::<Json>(data).is_ok_and(|event| event["error"].is_object())
+}
+
+/// A successful answer from `provider` (the sim's answers name it); a
+/// stream must also have ended properly.
+fn assert_served(reply: &Reply, provider: &str) {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        answer_text(reply),
+        format!("hello from {provider}"),
+        "{}",
+        reply.text
+    );
+    if is_stream(reply) {
+        let events = reply.events();
+        assert!(
+            events.last().is_some_and(is_sentinel),
+            "the stream ends with its sentinel: {}",
+            reply.text
+        );
+        assert!(
+            !events.iter().any(is_error_event),
+            "a clean stream: {}",
+            reply.text
+        );
+    }
+}
+
+/// The OpenAI error object: status, `code` and `type`; returns the message.
+fn openai_error(reply: &Reply, status: u16, code: &str, error_type: &str) -> String {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    let error = &reply.json["error"];
+    assert_eq!(error["code"], code, "{}", reply.text);
+    assert_eq!(error["type"], error_type, "{}", reply.text);
+    error["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no message: {}", reply.text))
+        .to_string()
+}
+
+/// The Anthropic error object: status and `type`; returns the message.
+fn anthropic_error(reply: &Reply, status: u16, error_type: &str) -> String {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.json["type"], "error", "{}", reply.text);
+    assert_eq!(reply.json["error"]["type"], error_type, "{}", reply.text);
+    reply.json["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no message: {}", reply.text))
+        .to_string()
+}
+
+/// The type an error of this status has by default.
+fn default_type(status: u16) -> &'static str {
+    match status {
+        400 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// The policy's error `code` in the caller's wire format (on
+/// `/v1/messages` the Anthropic object, which has no code); returns the
+/// message.
+fn policy_error(reply: &Reply, api: Api, status: u16, code: &str) -> String {
+    match api {
+        Api::Messages => anthropic_error(reply, status, default_type(status)),
+        _ => openai_error(reply, status, code, default_type(status)),
+    }
+}
+
+/// A stream that began and then ended with the policy's `provider_failed`
+/// as an error event in its wire format, never with a sentinel.
+fn assert_stream_failed(reply: &Reply, api: Api) {
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(
+        !answer_text(reply).is_empty(),
+        "part of the answer reached the client: {}",
+        reply.text
+    );
+    let events = reply.events();
+    assert!(
+        !events.iter().any(is_sentinel),
+        "no sentinel after a failure: {}",
+        reply.text
+    );
+    let (name, data) = events.last().unwrap();
+    let error: Json = serde_json::from_str(data).unwrap();
+    match api {
+        Api::Messages => {
+            assert_eq!(name.as_deref(), Some("error"), "{}", reply.text);
+            assert_eq!(error["type"], "error");
+            assert_eq!(error["error"]["type"], "api_error");
+            assert_eq!(error["error"]["message"], PROVIDER_FAILED);
+        }
+        _ => {
+            assert_eq!(error["error"]["code"], "provider_failed", "{}", reply.text);
+            assert_eq!(error["error"]["message"], PROVIDER_FAILED);
+        }
+    }
+}
+
+fn names(providers: &[&str]) -> Vec<String> {
+    providers.iter().map(|p| p.to_string()).collect()
+}
+
+/// `count` requests to `provider`.
+fn times(provider: &str, count: usize) -> Vec<String> {
+    vec![provider.to_string(); count]
+}
+
+fn assert_nothing_sent(stack: &Stack) {
+    assert_eq!(stack.providers_tried(), Vec::<String>::new());
+}
+
+/// Lets the proxy act on what just happened (real time, generously).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(60)).await;
+}
+
+/// Waits, in real time, until the sim has received `count` requests.
+async fn until_asked(stack: &Stack, count: usize) {
+    let started = Instant::now();
+    while stack.sim.requests().len() < count {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the sim never received {count} requests: {:?}",
+            stack.providers_tried()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits for a spawned request (at most 10 s of real time).
+async fn finished<T>(task: JoinHandle<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the request did not finish")
+        .unwrap()
+}
+
+/// Once the sim has received `asked` requests and the last one failed,
+/// checks that the next request (the retry) comes no earlier than
+/// `earliest` ms and no later than `latest` ms after the failure, on the
+/// proxy's clock. Moves the clock by `latest` in all.
+async fn expect_retry_within(
+    stack: &Stack,
+    clock: &ManualClock,
+    asked: usize,
+    earliest: u64,
+    latest: u64,
+) {
+    until_asked(stack, asked).await;
+    settle().await;
+    clock.advance(earliest - 1);
+    settle().await;
+    assert_eq!(
+        stack.sim.requests().len(),
+        asked,
+        "retry {asked} came before {earliest} ms"
+    );
+    clock.advance(latest - earliest + 1);
+    until_asked(stack, asked + 1).await;
+}
+
+/// Once the sim has received `asked` requests, the last of them silent,
+/// checks that the proxy gives up on it after exactly `timeout_ms` on its
+/// clock, as `outcome`, and then (after the first backoff, at most 1 s)
+/// asks again.
+async fn expect_timeout_after(
+    stack: &Stack,
+    clock: &ManualClock,
+    asked: usize,
+    timeout_ms: u64,
+    outcome: &str,
+) {
+    until_asked(stack, asked).await;
+    let provider = stack.providers_tried().pop().unwrap();
+    let ended = attempts_ended(stack, &provider, None).await;
+    settle().await;
+    clock.advance(timeout_ms - 1);
+    settle().await;
+    assert_eq!(
+        attempts_ended(stack, &provider, None).await,
+        ended,
+        "{provider}: given up before {timeout_ms} ms"
+    );
+    let timed_out = attempts_ended(stack, &provider, Some(outcome)).await;
+    clock.advance(1);
+    settle().await;
+    assert_eq!(
+        attempts_ended(stack, &provider, Some(outcome)).await,
+        timed_out + 1,
+        "not given up after {timeout_ms} ms as {outcome}"
+    );
+    clock.advance(1_000);
+    until_asked(stack, asked + 1).await;
+}
+
+/// Edits the stack's copy of a data file.
+fn edit(stack: &Stack, file: &str, edits: &[(&str, &str)]) {
+    let path = stack.dir.join("noeta").join(file);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{file} has no {from:?}");
+        text = text.replacen(from, to, 1);
+    }
+    std::fs::write(&path, text).unwrap();
+}
+
+/// Edits the stack's copy of a data file and makes it live, with the
+/// secrets of `missing` unset: what an operator configures differently
+/// from the shipped data.
+fn reconfigure(stack: &Stack, file: &str, edits: &[(&str, &str)], missing: &[&str]) {
+    edit(stack, file, edits);
+    let secrets = AllBut(missing.iter().map(|name| name.to_string()).collect());
+    let (snapshot, _) = compile(&stack.policy, &secrets);
+    stack.proxy.replace(Arc::new(snapshot));
+}
+
+/// Edits the catalog and reloads it the way `switchyard serve` does at
+/// run time: only a policy that checks goes live.
+fn reload_catalog(stack: &Stack, edits: &[(&str, &str)]) -> Outcome {
+    edit(stack, "catalog.yaml", edits);
+    let reloader = Reloader::new(
+        stack.proxy.clone(),
+        stack.policy.clone(),
+        &stack.sources,
+        Arc::new(AllBut(Vec::new())),
+    );
+    reloader.reload()
+}
+
+async fn healthz(stack: &Stack) -> Json {
+    stack
+        .client
+        .get(stack.url("/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// How many attempts at `provider` ended, with `outcome` if given (the
+/// proxy's `switchyard_upstream_seconds` histogram, from `GET /metrics`).
+async fn attempts_ended(stack: &Stack, provider: &str, outcome: Option<&str>) -> u64 {
+    let text = stack
+        .client
+        .get(stack.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|line| line.starts_with("switchyard_upstream_seconds_count{"))
+        .filter(|line| {
+            line.contains(&format!("provider=\"{provider}\""))
+                && outcome.is_none_or(|outcome| line.contains(&format!("outcome=\"{outcome}\"")))
+        })
+        .filter_map(|line| line.rsplit(' ').next())
+        .map(|count| count.trim().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+// ---------------------------------------------------------------------
+// Families, endpoints and provider tables
+
+/// [E6] [E7] each provider speaks its one wire family and is reached
+/// through that family's endpoint (anthropic `/v1/messages`, openai_compat
+/// `/chat/completions`, openai_responses `/v1/responses`), streamed or
+/// not; a model called on any other endpoint gets 400 wrong_endpoint in
+/// the caller's format, and nothing goes upstream
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e6_e7_each_family_is_reached_through_its_own_endpoint_only() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider, path) in [
+        (
+            Api::Messages,
+            "claude-opus-5-5",
+            "claude",
+            "/claude/v1/messages",
+        ),
+        (
+            Api::Chat,
+            "deepseek-chat",
+            "deepseek",
+            "/deepseek/v1/chat/completions",
+        ),
+        (
+            Api::Chat,
+            "mistral-large",
+            "openrouter",
+            "/openrouter/v1/chat/completions",
+        ),
+        (
+            Api::Responses,
+            "gpt-5-codex",
+            "openai-responses",
+            "/openai-responses/v1/responses",
+        ),
+    ] {
+        for stream in [false, true] {
+            stack.sim.clear();
+            let reply = call(&stack, api, api.body_as(model, stream)).await;
+            assert_served(&reply, provider);
+            assert_eq!(is_stream(&reply), stream, "{}", reply.text);
+            let sent = stack.sim.requests();
+            assert_eq!(sent.len(), 1, "{model}");
+            assert_eq!(sent[0].path, path);
+            assert_eq!(sent[0].stream, stream);
+        }
+        for other in APIS.into_iter().filter(|other| *other != api) {
+            stack.sim.clear();
+            for stream in [false, true] {
+                let reply = call(&stack, other, other.body_as(model, stream)).await;
+                let message = policy_error(&reply, other, 400, "wrong_endpoint");
+                assert_eq!(message, WRONG_ENDPOINT, "{model} on {other:?}");
+            }
+            assert_nothing_sent(&stack);
+        }
+    }
+
+    // No family is reached through the legacy completions or embeddings.
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"model": "deepseek-chat", "prompt": "Hi"}),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": "deepseek-chat", "input": "Hi"}),
+        ),
+    ] {
+        let reply = stack.post(path, Some(TEAM), &[], &body).await;
+        let message = openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error");
+        assert_eq!(message, WRONG_ENDPOINT);
+    }
+    assert_nothing_sent(&stack);
+    stack.stop().await;
+}
+
+/// [E15] a provider is a table with its base URL and its key from the
+/// environment: each call goes to the provider's `base_url` with the
+/// secret of its `${ENV}` reference (`x-api-key` for anthropic, a bearer
+/// token for the OpenAI shapes), never the client's key; a key written
+/// into the catalog instead is a configuration error that never goes live
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e15_providers_are_tables_with_a_base_url_and_a_key_from_the_environment() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider, variable) in [
+        (Api::Messages, "sonnet", "claude", "ANTHROPIC_API_KEY"),
+        (Api::Chat, "deepseek-chat", "deepseek", "DEEPSEEK_API_KEY"),
+        (
+            Api::Chat,
+            "llama-4-maverick",
+            "openrouter",
+            "OPENROUTER_API_KEY",
+        ),
+        (
+            Api::Responses,
+            "gpt-5-codex",
+            "openai-responses",
+            "OPENAI_API_KEY",
+        ),
+    ] {
+        stack.sim.clear();
+        let reply = call(&stack, api, api.body(model)).await;
+        assert_served(&reply, provider);
+        let sent = &stack.sim.requests()[0];
+        assert!(
+            sent.path.starts_with(&format!("/{provider}/v1/")),
+            "{}",
+            sent.path
+        );
+        let secret = format!("secret-of-{variable}");
+        if api == Api::Messages {
+            assert_eq!(sent.header("x-api-key"), Some(secret.as_str()));
+            assert_eq!(sent.header("anthropic-version"), Some("2023-06-01"));
+            assert_eq!(sent.header("authorization"), None);
+        } else {
+            let bearer = format!("Bearer {secret}");
+            assert_eq!(sent.header("authorization"), Some(bearer.as_str()));
+            assert_eq!(sent.header("x-api-key"), None);
+        }
+        assert!(
+            !sent.headers.values().any(|value| value.contains(TEAM)),
+            "the client's key went upstream: {:?}",
+            sent.headers
+        );
+    }
+
+    // A literal key instead of an environment reference does not check.
+    let outcome = reload_catalog(
+        &stack,
+        &[(
+            "key: \"${DEEPSEEK_API_KEY}\"",
+            "key: \"sk-deepseek-literal\"",
+        )],
+    );
+    assert_eq!(outcome, Outcome::Failed);
+    let health = healthz(&stack).await;
+    let failure = &health["reload"]["last_failure"];
+    assert_eq!(failure["diagnostics"][0]["code"], "E0203", "{health}");
+    // The previous configuration keeps serving.
+    stack.sim.clear();
+    let reply = call(&stack, Api::Chat, Api::Chat.body("deepseek-chat")).await;
+    assert_served(&reply, "deepseek");
+    assert_eq!(
+        stack.sim.requests()[0].header("authorization"),
+        Some("Bearer secret-of-DEEPSEEK_API_KEY")
+    );
+    stack.stop().await;
+}
+
+// ---------------------------------------------------------------------
+// The catalog and model resolution
+
+/// [E12] the aliases opus, sonnet, haiku and fable resolve to Claude
+/// models on claude (decided: fable is Haiku), streamed or not
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e12_the_aliases_resolve_to_claude_models() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (alias, model) in [
+        ("opus", "claude-opus-5-5"),
+        ("sonnet", "claude-sonnet-4-5"),
+        ("haiku", "claude-haiku-4-5"),
+        ("fable", "claude-haiku-4-5"),
+    ] {
+        for stream in [false, true] {
+            let (reply, tried) =
+                call_tried(&stack, Api::Messages, Api::Messages.body_as(alias, stream)).await;
+            assert_served(&reply, "claude");
+            assert_eq!(
+                tried,
+                vec![(String::from("claude"), Some(String::from(model)))],
+                "{alias}"
+            );
+        }
+    }
+    stack.stop().await;
+}
+
+/// [E14] [E16] a model the catalog has a row for goes to the provider its
+/// row names, before any listing; rows and listing entries added at run
+/// time route as soon as the catalog reloads; one model named for two
+/// providers is a configuration error that never goes live
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e14_e16_a_catalog_row_names_the_provider_and_rows_are_added_at_run_time() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider) in [
+        (Api::Messages, "claude-opus-5-5", "claude"),
+        (Api::Messages, "claude-sonnet-4-5", "claude"),
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        // Also in deepseek's listing: resolved by its row, once.
+        (Api::Chat, "deepseek-reasoner", "deepseek"),
+        (Api::Responses, "gpt-5-codex", "openai-responses"),
+    ] {
+        let (reply, tried) = call_tried(&stack, api, api.body(model)).await;
+        assert_served(&reply, provider);
+        assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
+    }
+
+    // Before: mistral-large is openrouter's by its listing; deepseek-v4 is
+    // unknown, so the default (anthropic) provider's, not for this endpoint.
+    let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
+    assert_served(&reply, "openrouter");
+    assert_eq!(tried[0].0, "openrouter");
+    let reply = call(&stack, Api::Chat, Api::Chat.body("deepseek-v4")).await;
+    openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error");
+
+    // Rows for both, naming deepseek, and a listing entry for openrouter,
+    // added while the proxy runs.
+    let outcome = reload_catalog(
+        &stack,
+        &[
+            (
+                "\nmodels:\n",
+                "\nmodels:\n  - id: mistral-large\n    kind: chat\n    routes:\n      - provider: deepseek\n  - id: deepseek-v4\n    kind: chat\n    routes:\n      - provider: deepseek\n",
+            ),
+            (
+                "listing: [deepseek-coder, ",
+                "listing: [qwen-3-coder, deepseek-coder, ",
+            ),
+        ],
+    );
+    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
+    for (model, provider) in [
+        // The row beats openrouter's listing.
+        ("mistral-large", "deepseek"),
+        ("deepseek-v4", "deepseek"),
+        ("qwen-3-coder", "openrouter"),
+    ] {
+        let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body(model)).await;
+        assert_served(&reply, provider);
+        assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
+    }
+
+    // deepseek-chat named for deepseek and openrouter: refused, and the
+    // catalog that checked keeps serving.
+    let outcome = reload_catalog(
+        &stack,
+        &[(
+            "  - id: deepseek-chat\n    kind: chat\n    routes:\n",
+            "  - id: deepseek-chat\n    kind: chat\n    routes:\n      - provider: openrouter\n",
+        )],
+    );
+    assert_eq!(outcome, Outcome::Failed);
+    let health = healthz(&stack).await;
+    let failure = &health["reload"]["last_failure"];
+    assert_eq!(failure["diagnostics"][0]["code"], "E0506", "{health}");
+    for (model, provider) in [("deepseek-chat", "deepseek"), ("deepseek-v4", "deepseek")] {
+        let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body(model)).await;
+        assert_served(&reply, provider);
+        assert_eq!(tried.len(), 1);
+    }
+    stack.stop().await;
+}
+
+/// [E17] an id the catalog has no row for goes to the first provider
+/// whose /models listing has it, as that upstream model: the default
+/// provider first, then catalog order
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e17_a_listed_id_goes_to_the_first_provider_listing_it_the_default_first() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (model, provider) in [
+        ("mistral-large", "openrouter"),
+        // Listed by openrouter, not by claude, the default.
+        ("llama-4-maverick", "openrouter"),
+        // Listed by deepseek and openrouter, neither the default: the
+        // first in the catalog.
+        ("deepseek-coder", "deepseek"),
+    ] {
+        for stream in [false, true] {
+            let (reply, tried) =
+                call_tried(&stack, Api::Chat, Api::Chat.body_as(model, stream)).await;
+            assert_served(&reply, provider);
+            assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
+        }
+    }
+
+    // With openrouter the default provider, it is asked first.
+    reconfigure(
+        &stack,
+        "catalog.yaml",
+        &[
+            ("default: true, ", ""),
+            (
+                "{family: openai_compat, listing: [deepseek-coder",
+                "{family: openai_compat, default: true, listing: [deepseek-coder",
+            ),
+        ],
+        &[],
+    );
+    let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-coder")).await;
+    assert_served(&reply, "openrouter");
+    assert_eq!(
+        tried,
+        vec![(
+            String::from("openrouter"),
+            Some(String::from("deepseek-coder"))
+        )]
+    );
+    // A row still beats the default's listing.
+    let (reply, _) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-chat")).await;
+    assert_served(&reply, "deepseek");
+    stack.stop().await;
+}
+
+/// [E18] an id nobody has a row for or lists goes to the default provider
+/// (claude) as that upstream model, so only through its family's endpoint;
+/// with no default provider it is 502 provider_not_configured
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e18_an_unknown_id_goes_to_the_default_provider() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for stream in [false, true] {
+        let (reply, tried) = call_tried(
+            &stack,
+            Api::Messages,
+            Api::Messages.body_as("claude-next-preview", stream),
+        )
+        .await;
+        assert_served(&reply, "claude");
+        assert_eq!(
+            tried,
+            vec![(
+                String::from("claude"),
+                Some(String::from("claude-next-preview"))
+            )]
+        );
+    }
+    // The default is an anthropic provider: not on the OpenAI endpoints.
+    stack.sim.clear();
+    for api in [Api::Chat, Api::Responses] {
+        let reply = call(&stack, api, api.body("some-unknown-model")).await;
+        assert_eq!(
+            policy_error(&reply, api, 400, "wrong_endpoint"),
+            WRONG_ENDPOINT
+        );
+    }
+    assert_nothing_sent(&stack);
+
+    // Decided: with no default provider, an unknown id has nowhere to go.
+    reconfigure(&stack, "catalog.yaml", &[("default: true, ", "")], &[]);
+    for api in APIS {
+        for stream in [false, true] {
+            let reply = call(&stack, api, api.body_as("claude-next-preview", stream)).await;
+            let message = policy_error(&reply, api, 502, "provider_not_configured");
+            assert_eq!(message, NOT_CONFIGURED);
+        }
+    }
+    assert_nothing_sent(&stack);
+    // Rows and listings are unaffected.
+    let reply = call(&stack, Api::Messages, Api::Messages.body("haiku")).await;
+    assert_served(&reply, "claude");
+    let reply = call(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
+    assert_served(&reply, "openrouter");
+    stack.stop().await;
+}
+
+/// [E22] [E23] the provider a model goes to is decided from the catalog
+/// alone, so two replicas decide alike: their providers' live /models
+/// listings may differ and are never read
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e22_e23_every_replica_routes_a_model_alike_whatever_the_live_listings_say() {
+    // The live listings differ between the two machines and from the
+    // catalog's: on one, deepseek lists mistral-large and the default
+    // lists llama-4-maverick; on the other, openrouter lists nothing.
+    let first_listings = "providers:\n  claude:\n    models: {llama-4-maverick: {}, claude-haiku-4-5: {}}\n  deepseek:\n    models: {mistral-large: {}, deepseek-coder: {}}\n  openrouter: {}\n  openai-responses: {}\n";
+    let second_listings = "providers:\n  claude: {}\n  deepseek:\n    models: {deepseek-chat: {}}\n  openrouter:\n    models: {other-model: {}}\n  openai-responses:\n    models: {deepseek-coder: {}}\n";
+    let clock = Arc::new(ManualClock::default());
+    let first = Stack::shipped("noeta", first_listings, &[], clock.clone()).await;
+    let second = Stack::shipped("noeta", second_listings, &[], clock.clone()).await;
+
+    let calls = [
+        (Api::Chat, "mistral-large", "openrouter"),
+        (Api::Chat, "llama-4-maverick", "openrouter"),
+        (Api::Chat, "deepseek-coder", "deepseek"),
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        (Api::Messages, "claude-next-preview", "claude"),
+        (Api::Messages, "fable", "claude"),
+        (Api::Responses, "gpt-5-codex", "openai-responses"),
+    ];
+    for _ in 0..2 {
+        for (api, model, provider) in calls {
+            let (one, one_tried) = call_tried(&first, api, api.body(model)).await;
+            let (other, other_tried) = call_tried(&second, api, api.body(model)).await;
+            assert_served(&one, provider);
+            assert_served(&other, provider);
+            assert_eq!(one_tried, other_tried, "{model}");
+            assert_eq!(one_tried[0].0, provider, "{model}");
+        }
+    }
+    for stack in [&first, &second] {
+        assert!(
+            stack
+                .sim
+                .requests()
+                .iter()
+                .all(|r| r.method == "POST" && !r.path.ends_with("/models")),
+            "a listing was read live"
+        );
+    }
+    first.stop().await;
+    second.stop().await;
+}
+
+/// [E25] a call goes to the one provider its model resolves to and stays
+/// there: retries go to it again, never to another provider that lists
+/// the model, and the next call goes to it as before
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e25_a_model_stays_on_its_provider_through_failures() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "noeta",
+        &scenario(&[("deepseek", &["503", "503", "200"])]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    // deepseek-coder is also in openrouter's listing.
+    let reply = advance_until(
+        &clock,
+        100,
+        10_000,
+        call(&stack, Api::Chat, Api::Chat.body("deepseek-coder")),
+    )
+    .await;
+    assert_served(&reply, "deepseek");
+    assert_eq!(stack.providers_tried(), times("deepseek", 3));
+
+    replay(&stack, &[("deepseek", &["503"])]);
+    for stream in [false, true] {
+        stack.sim.clear();
+        let reply = advance_until(
+            &clock,
+            1_000,
+            200_000,
+            call(
+                &stack,
+                Api::Chat,
+                Api::Chat.body_as("deepseek-coder", stream),
+            ),
+        )
+        .await;
+        let message = openai_error(&reply, 502, "provider_failed", "api_error");
+        assert_eq!(message, PROVIDER_FAILED);
+        assert_eq!(stack.providers_tried(), times("deepseek", 9));
+    }
+
+    // Nothing moved it: the next call goes to deepseek again.
+    replay(&stack, HEALTHY);
+    let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-coder")).await;
+    assert_served(&reply, "deepseek");
+    assert_eq!(tried[0].0, "deepseek");
+    stack.stop().await;
+}
+
+/// [E18] [E26] a model whose provider is not configured here (its key is
+/// not set) fails with 502 provider_not_configured in the caller's format
+/// and is not sent elsewhere, not even to another provider listing it
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e18_e26_a_provider_not_configured_fails_the_call_rather_than_send_it_elsewhere() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "noeta",
+        &scenario(HEALTHY),
+        &["DEEPSEEK_API_KEY"],
+        clock.clone(),
+    )
+    .await;
+
+    for model in ["deepseek-chat", "deepseek-reasoner", "deepseek-coder"] {
+        for stream in [false, true] {
+            let reply = call(&stack, Api::Chat, Api::Chat.body_as(model, stream)).await;
+            let message = openai_error(&reply, 502, "provider_not_configured", "api_error");
+            assert_eq!(message, NOT_CONFIGURED, "{model}");
+        }
+    }
+    assert_nothing_sent(&stack);
+    // Models of configured providers are unaffected.
+    let reply = call(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
+    assert_served(&reply, "openrouter");
+
+    // The default provider unset: its models and unknown ids fail on
+    // /v1/messages, in Anthropic's format.
+    reconfigure(&stack, "catalog.yaml", &[], &["ANTHROPIC_API_KEY"]);
+    stack.sim.clear();
+    for model in ["opus", "claude-haiku-4-5", "claude-next-preview"] {
+        let reply = call(&stack, Api::Messages, Api::Messages.body(model)).await;
+        assert_eq!(anthropic_error(&reply, 502, "api_error"), NOT_CONFIGURED);
+    }
+    assert_nothing_sent(&stack);
+    stack.stop().await;
+}
+
+/// [E27] a client cannot choose the provider: a provider or route in the
+/// body, a routing header, or a provider prefix on the model id changes
+/// nothing (a prefixed id is just an unknown id, for the default provider)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e27_a_client_cannot_choose_the_provider() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    let mut body = Api::Chat.body("deepseek-coder");
+    body["provider"] = json!("openrouter");
+    body["model_route"] = json!({"provider": "openrouter", "model": "deepseek-coder"});
+    let reply = stack
+        .post(
+            Api::Chat.path(),
+            Some(TEAM),
+            &[
+                ("x-provider", "openrouter"),
+                ("x-model-route", "openrouter"),
+            ],
+            &body,
+        )
+        .await;
+    assert_served(&reply, "deepseek");
+    assert_eq!(stack.providers_tried(), names(&["deepseek"]));
+
+    stack.sim.clear();
+    for pinned in [
+        "openrouter/deepseek-coder",
+        "openrouter:deepseek-coder",
+        "@openrouter-key/deepseek-coder",
+    ] {
+        let reply = call(&stack, Api::Chat, Api::Chat.body(pinned)).await;
+        assert_eq!(
+            openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error"),
+            WRONG_ENDPOINT
+        );
+        let (reply, tried) = call_tried(&stack, Api::Messages, Api::Messages.body(pinned)).await;
+        assert_served(&reply, "claude");
+        assert_eq!(
+            tried,
+            vec![(String::from("claude"), Some(pinned.to_string()))]
+        );
+    }
+    stack.stop().await;
+}
+
+// ---------------------------------------------------------------------
+// Retries
+
+/// [E3] [E33] [E51] one set of rules retries every call: the turn's own
+/// and the calls beside it (a side model, a plugin's one-piece call), on
+/// every provider and endpoint, streamed or not; the retry is the same
+/// request to the same provider
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e3_e33_e51_every_call_is_retried_by_the_same_rules() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider) in [
+        // The turn's call, and a title or classifier call on a side model.
+        (Api::Messages, "opus", "claude"),
+        (Api::Messages, "haiku", "claude"),
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        (Api::Chat, "mistral-large", "openrouter"),
+        (Api::Responses, "gpt-5-codex", "openai-responses"),
+    ] {
+        for stream in [false, true] {
+            replay(&stack, &[(provider, &["503", "200"])]);
+            let mut body = api.body_as(model, stream);
+            if !stream {
+                body["metadata"] = json!({"purpose": "compaction"});
+            }
+            let reply = advance_until(&clock, 100, 10_000, call(&stack, api, body)).await;
+            assert_served(&reply, provider);
+            let sent = stack.sim.requests();
+            assert_eq!(sent.len(), 2, "{model}");
+            assert!(sent.iter().all(|r| r.provider == provider));
+            assert_eq!(sent[0].body, sent[1].body, "the same request again");
+            assert_eq!(sent[0].path, sent[1].path);
+        }
+    }
+    stack.stop().await;
+}
+
+/// [E4] each failure class gets its reaction: transient ones (a dropped
+/// or refused connection, 5xx, overloaded 529), rate limits (429) and
+/// timeouts are retried; a malformed answer is asked for once more; a
+/// stream broken after it began ends the call; a fatal 4xx (auth, a bad
+/// request, a refusal, a context overflow) goes back at once as it is
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e4_each_failure_class_gets_its_reaction() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+    let chat = || call(&stack, Api::Chat, Api::Chat.body("deepseek-chat"));
+
+    // Transient, rate-limited, timed out, malformed: asked again.
+    for step in [
+        "reset",
+        "500",
+        "502",
+        "503",
+        "504",
+        "529",
+        "429",
+        "no_answer",
+        "malformed",
+    ] {
+        replay(&stack, &[("deepseek", &[step, "200"])]);
+        let reply = advance_until(&clock, 1_000, 400_000, chat()).await;
+        assert_served(&reply, "deepseek");
+        assert_eq!(stack.providers_tried(), times("deepseek", 2), "{step}");
+    }
+    // Overloaded on /v1/messages too.
+    replay(&stack, &[("claude", &["529", "200"])]);
+    let reply = advance_until(
+        &clock,
+        100,
+        10_000,
+        call(&stack, Api::Messages, Api::Messages.body("opus")),
+    )
+    .await;
+    assert_served(&reply, "claude");
+    assert_eq!(stack.providers_tried(), times("claude", 2));
+
+    // Fatal: the provider's answer, at once.
+    for (step, status) in [
+        ("400", 400),
+        ("400 code=context_length_exceeded", 400),
+        ("401", 401),
+        ("403", 403),
+    ] {
+        replay(&stack, &[("deepseek", &[step, "200"])]);
+        let reply = chat().await;
+        assert_eq!(reply.status, status, "{step}: {}", reply.text);
+        assert_eq!(stack.providers_tried(), times("deepseek", 1), "{step}");
+    }
+
+    // A stream broken after it began: the call fails, nothing is retried.
+    replay(&stack, &[("deepseek", &["cut_after=2", "200"])]);
+    let reply = call(&stack, Api::Chat, Api::Chat.stream_body("deepseek-chat")).await;
+    assert_stream_failed(&reply, Api::Chat);
+    assert_eq!(stack.providers_tried(), times("deepseek", 1));
+
+    // A refused connection (network): retried until the attempts are
+    // spent, then provider_failed.
+    let sim = stack.sim.addr().to_string();
+    let closed = format!("127.0.0.1:{}", closed_port());
+    reconfigure(
+        &stack,
+        "catalog.yaml",
+        &[(
+            &format!("http://{sim}/deepseek/v1"),
+            &format!("http://{closed}/deepseek/v1"),
+        )],
+        &[],
+    );
+    let reply = advance_until(&clock, 1_000, 200_000, chat()).await;
+    assert_eq!(
+        openai_error(&reply, 502, "provider_failed", "api_error"),
+        PROVIDER_FAILED
+    );
+    assert_eq!(
+        attempts_ended(&stack, "deepseek", Some("connect_error")).await,
+        9
+    );
+    stack.stop().await;
+}
+
+/// [E34] transient errors and rate limits share one retry budget: nine
+/// attempts in all, the waits growing 1, 2, 4 … at most 30 s, each at
+/// least half its step and at most the step (about two minutes in all);
+/// then 502 provider_failed, in the caller's format
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
+    let clock = Arc::new(ManualClock::default());
+    let failures: &[&str] = &[
+        "503", "500", "reset", "529", "502", "504", "429", "503", "429",
+    ];
+    let stack = Stack::shipped(
+        "noeta",
+        &scenario(&[("deepseek", failures)]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    let waiting = spawn_call(&stack, Api::Chat, Api::Chat.body("deepseek-chat"));
+    for (retry, step) in BACKOFF_STEPS_MS.into_iter().enumerate() {
+        expect_retry_within(&stack, &clock, retry + 1, step / 2, step).await;
+    }
+    // The ninth attempt failed (a 429): no tenth.
+    let reply = finished(waiting).await;
+    assert_eq!(
+        openai_error(&reply, 502, "provider_failed", "api_error"),
+        PROVIDER_FAILED
+    );
+    assert_eq!(stack.providers_tried(), times("deepseek", 9));
+    assert_eq!(clock.now_ms(), BACKOFF_STEPS_MS.iter().sum::<u64>());
+
+    // The same on /v1/messages, overloaded every time, streamed.
+    replay(&stack, &[("claude", &["529"])]);
+    let reply = advance_until(
+        &clock,
+        1_000,
+        200_000,
+        call(&stack, Api::Messages, Api::Messages.stream_body("sonnet")),
+    )
+    .await;
+    assert_eq!(anthropic_error(&reply, 502, "api_error"), PROVIDER_FAILED);
+    assert_eq!(stack.providers_tried(), times("claude", 9));
+    stack.stop().await;
+}
+
+/// [E34] half of each wait is random, so two calls that fail alike do not
+/// retry in lockstep: the first retry comes between 500 ms and 1 s, not
+/// always at the same time
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e34_half_of_each_backoff_is_random() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        replay(&stack, &[("deepseek", &["503", "200"])]);
+        let waiting = spawn_call(&stack, Api::Chat, Api::Chat.body("deepseek-chat"));
+        until_asked(&stack, 1).await;
+        settle().await;
+        clock.advance(499);
+        settle().await;
+        assert_eq!(stack.sim.requests().len(), 1, "retried before 500 ms");
+        let mut waited = 499;
+        while stack.sim.requests().len() < 2 && waited < 1_000 {
+            clock.advance(50);
+            waited += 50;
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        // Past 1 s on the clock: the retry is due.
+        until_asked(&stack, 2).await;
+        assert_served(&finished(waiting).await, "deepseek");
+        waits.push(waited);
+    }
+    assert!(
+        waits.iter().any(|wait| *wait != waits[0]),
+        "every first retry waited the same: {waits:?}"
+    );
+    stack.stop().await;
+}
+
+/// [E34] a provider's Retry-After is waited exactly, even beyond the 30 s
+/// cap, on a 429 or a 5xx; it counts toward the nine attempts
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e34_retry_after_is_waited_exactly() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "noeta",
+        &scenario(&[(
+            "deepseek",
+            &[
+                "429 retry_after=7s",
+                "429 retry_after=45s",
+                "503 retry_after=3s",
+                "200",
+            ],
+        )]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    let waiting = spawn_call(&stack, Api::Chat, Api::Chat.stream_body("deepseek-chat"));
+    for (asked, exactly) in [(1, 7_000), (2, 45_000), (3, 3_000)] {
+        expect_retry_within(&stack, &clock, asked, exactly, exactly).await;
+    }
+    assert_served(&finished(waiting).await, "deepseek");
+    assert_eq!(stack.providers_tried(), times("deepseek", 4));
+
+    // Retries after a Retry-After count: nine attempts in all.
+    replay(&stack, &[("claude", &["429 retry_after=2s"])]);
+    let reply = advance_until(
+        &clock,
+        500,
+        100_000,
+        call(&stack, Api::Messages, Api::Messages.body("opus")),
+    )
+    .await;
+    assert_eq!(anthropic_error(&reply, 502, "api_error"), PROVIDER_FAILED);
+    assert_eq!(stack.providers_tried(), times("claude", 9));
+    stack.stop().await;
+}
+
+/// [E37] an answer that does not parse (malformed tool-call arguments are
+/// almost always a stream cut mid-call) is asked for once more from the
+/// same provider; a second one fails the call with 502 provider_failed
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e37_a_malformed_answer_is_asked_for_once_more() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider) in [
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        (Api::Messages, "opus", "claude"),
+        (Api::Responses, "gpt-5-codex", "openai-responses"),
+    ] {
+        for stream in [false, true] {
+            replay(&stack, &[(provider, &["malformed", "200"])]);
+            let reply = advance_until(
+                &clock,
+                50,
+                5_000,
+                call(&stack, api, api.body_as(model, stream)),
+            )
+            .await;
+            assert_served(&reply, provider);
+            assert_eq!(stack.providers_tried(), times(provider, 2), "{model}");
+
+            replay(&stack, &[(provider, &["malformed", "malformed", "200"])]);
+            let reply = advance_until(
+                &clock,
+                50,
+                5_000,
+                call(&stack, api, api.body_as(model, stream)),
+            )
+            .await;
+            assert_eq!(
+                policy_error(&reply, api, 502, "provider_failed"),
+                PROVIDER_FAILED
+            );
+            assert_eq!(stack.providers_tried(), times(provider, 2), "{model}");
+        }
+    }
+    stack.stop().await;
+}
+
+/// [E40] a fatal answer (auth, a bad request, a refusal) fails the call
+/// at once: no retry, and the provider's answer goes back as it is, with
+/// its status, error object and Retry-After
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e40_a_fatal_answer_goes_back_as_it_is_without_retry() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (step, status, code, error_type) in [
+        (
+            "400 code=context_length_exceeded message=\"prompt is too long\"",
+            400,
+            "context_length_exceeded",
+            "invalid_request_error",
+        ),
+        (
+            "401 code=invalid_api_key message=\"bad key\"",
+            401,
+            "invalid_api_key",
+            "authentication_error",
+        ),
+        (
+            "403 code=refused message=\"refused\"",
+            403,
+            "refused",
+            "permission_error",
+        ),
+        (
+            "404 code=model_not_found message=\"no such model\"",
+            404,
+            "model_not_found",
+            "not_found_error",
+        ),
+        (
+            "413 retry_after=2s code=too_large message=\"too large\"",
+            413,
+            "too_large",
+            "invalid_request_error",
+        ),
+    ] {
+        for stream in [false, true] {
+            replay(&stack, &[("deepseek", &[step, "200"])]);
+            let reply = call(
+                &stack,
+                Api::Chat,
+                Api::Chat.body_as("deepseek-chat", stream),
+            )
+            .await;
+            let message = openai_error(&reply, status, code, error_type);
+            assert!(step.contains(&format!("message=\"{message}\"")), "{step}");
+            assert_eq!(stack.providers_tried(), times("deepseek", 1), "{step}");
+            let retry_after = (status == 413).then_some("2");
+            assert_eq!(reply.header("retry-after"), retry_after, "{step}");
+        }
+    }
+
+    // On /v1/messages, Anthropic's error object as claude sent it.
+    for (step, status, error_type) in [
+        (
+            "401 message=\"invalid x-api-key\"",
+            401,
+            "authentication_error",
+        ),
+        (
+            "400 message=\"prompt is too long: 250000 tokens > 200000 maximum\"",
+            400,
+            "invalid_request_error",
+        ),
+    ] {
+        replay(&stack, &[("claude", &[step, "200"])]);
+        let reply = call(&stack, Api::Messages, Api::Messages.stream_body("opus")).await;
+        let message = anthropic_error(&reply, status, error_type);
+        assert!(step.contains(&format!("message=\"{message}\"")), "{step}");
+        assert_eq!(stack.providers_tried(), times("claude", 1), "{step}");
+    }
+    stack.stop().await;
+}
+
+// ---------------------------------------------------------------------
+// Timeouts
+
+/// [E44] [E46] a stream waits 600 s for its response headers, and as long
+/// for its first event, then the call is retried; a call answered in one
+/// piece has 300 s in all
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e44_e46_600s_for_a_streams_headers_300s_for_a_one_piece_call() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider) in [
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        (Api::Messages, "opus", "claude"),
+    ] {
+        // One piece: no headers within 300 s, then asked again.
+        replay(&stack, &[(provider, &["no_answer", "200"])]);
+        let waiting = spawn_call(&stack, api, api.body(model));
+        expect_timeout_after(&stack, &clock, 1, ONE_PIECE_MS, "timeout").await;
+        assert_served(&finished(waiting).await, provider);
+
+        // One piece whose body stops halfway: 300 s for the whole call.
+        replay(&stack, &[(provider, &["stall_after=0", "200"])]);
+        let waiting = spawn_call(&stack, api, api.body(model));
+        expect_timeout_after(&stack, &clock, 1, ONE_PIECE_MS, "timeout").await;
+        assert_served(&finished(waiting).await, provider);
+
+        // Streamed: no headers, or no first event, within 600 s (the 300 s
+        // do not apply).
+        for (silent, outcome) in [
+            ("no_answer", "timeout"),
+            ("first_token=30m", "first_token_timeout"),
+        ] {
+            replay(&stack, &[(provider, &[silent, "200"])]);
+            let waiting = spawn_call(&stack, api, api.stream_body(model));
+            expect_timeout_after(&stack, &clock, 1, HEADERS_MS, outcome).await;
+            assert_served(&finished(waiting).await, provider);
+        }
+    }
+    stack.stop().await;
+}
+
+/// Opens a stream from `provider`, which stalls after two pieces; checks
+/// that it ends after `silence_ms` of silence on the clock, not before,
+/// with an error event, and is not retried.
+async fn expect_stall_ends_after(
+    stack: &Stack,
+    clock: &ManualClock,
+    api: Api,
+    model: &str,
+    provider: &str,
+    silence_ms: u64,
+) {
+    replay(stack, &[(provider, &["stall_after=2", "200"])]);
+    let mut response = request(stack, api, &api.stream_body(model))
+        .send()
+        .await
+        .unwrap();
+    let text = read_until_content(&mut response, 2).await;
+    let rest = tokio::spawn(read_reply(response, text));
+    settle().await;
+    clock.advance(silence_ms - 1);
+    settle().await;
+    assert!(!rest.is_finished(), "{model}: ended before {silence_ms} ms");
+    clock.advance(1);
+    let reply = finished(rest).await;
+    assert_stream_failed(&reply, api);
+    assert_eq!(stack.providers_tried(), times(provider, 1), "{model}");
+}
+
+/// [E45] silence on a stream: an Anthropic stream may be silent 60 s, the
+/// OpenAI shapes 300 s; then the call ends with an error event
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    for (api, model, provider, silence_ms) in [
+        (Api::Messages, "opus", "claude", ANTHROPIC_SILENCE_MS),
+        (Api::Chat, "deepseek-chat", "deepseek", OPENAI_SILENCE_MS),
+        (Api::Chat, "mistral-large", "openrouter", OPENAI_SILENCE_MS),
+        (
+            Api::Responses,
+            "gpt-5-codex",
+            "openai-responses",
+            OPENAI_SILENCE_MS,
+        ),
+    ] {
+        expect_stall_ends_after(&stack, &clock, api, model, provider, silence_ms).await;
+    }
+    stack.stop().await;
+}
+
+/// [E43] [E46] a timeout measures silence, not the length of the answer:
+/// a stream that keeps sending completes however long it takes in all,
+/// past the 600 s for headers and the 300 s of a one-piece call
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e43_e46_a_stream_that_keeps_sending_is_never_cut_for_its_length() {
+    let clock = Arc::new(ManualClock::default());
+    // Pieces far enough apart (in real time) that each reaches the client
+    // before the proxy receives the next.
+    let slow = "providers:\n  claude: {chunks: 14, chunk_interval: 150ms}\n  deepseek: {chunks: 4, chunk_interval: 150ms}\n  openrouter: {}\n  openai-responses: {chunks: 4, chunk_interval: 150ms}\n";
+    let stack = Stack::shipped("noeta", slow, &[], clock.clone()).await;
+
+    for (api, model, provider, silence_ms) in [
+        (Api::Messages, "opus", "claude", ANTHROPIC_SILENCE_MS),
+        (Api::Chat, "deepseek-chat", "deepseek", OPENAI_SILENCE_MS),
+        (
+            Api::Responses,
+            "gpt-5-codex",
+            "openai-responses",
+            OPENAI_SILENCE_MS,
+        ),
+    ] {
+        let mut response = request(&stack, api, &api.stream_body(model))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        // Each time a piece arrives, most of the silence limit passes.
+        let step = silence_ms - 5_000;
+        let started = clock.now_ms();
+        let mut text = String::new();
+        let mut pieces = 0;
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+            let now = content_events(&text);
+            if now > pieces {
+                clock.advance(step);
+                pieces = now;
+            }
+        }
+        let moved = clock.now_ms() - started;
+        let reply = Reply {
+            status,
+            headers,
+            text,
+            json: Json::Null,
+        };
+        assert_served(&reply, provider);
+        assert!(
+            moved > HEADERS_MS + step,
+            "{model}: only {moved} ms passed while it streamed"
+        );
+    }
+    assert_eq!(stack.sim.requests().len(), 3, "no call was retried");
+    stack.stop().await;
+}
