@@ -130,27 +130,30 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
     match serde_saphyr::from_str_with_options::<T>(text, yaml_options()) {
         Ok(value) => Some(value),
         Err(error) => {
-            let plain = error.without_snippet().to_string();
-            let message = strip_position(&plain);
+            let read = YamlError::of(&error);
             let span = error.location().map_or_else(Span::default, |location| {
                 span_at(sources, source, &location)
             });
-            let (code, help) = if let Some(field) = unknown_field(message) {
-                let expected = expected_fields(message);
-                let help = suggest(field, expected.iter().map(String::as_str))
-                    .map(|close| format!("did you mean {close}?"))
-                    .unwrap_or_else(|| {
-                        format!("the fields allowed here are: {}", expected.join(", "))
-                    });
-                (codes::DATA_UNKNOWN_FIELD, help)
-            } else {
-                (
+            let (code, help) = match &read.unknown_field {
+                Some(unknown) => {
+                    let help = unknown
+                        .suggestion()
+                        .map(|close| format!("did you mean {close}?"))
+                        .unwrap_or_else(|| {
+                            format!(
+                                "the fields allowed here are: {}",
+                                unknown.allowed.join(", ")
+                            )
+                        });
+                    (codes::DATA_UNKNOWN_FIELD, help)
+                }
+                None => (
                     codes::DATA_SCHEMA,
                     String::from("see docs/data.md for the form of each data file"),
-                )
+                ),
             };
             diagnostics.push(
-                Diagnostic::new(code, lowercase_first(message))
+                Diagnostic::new(code, read.message)
                     .at(source, span, "here")
                     .help(help),
             );
@@ -171,41 +174,6 @@ fn yaml_options() -> serde_saphyr::Options {
     options.budget = Some(budget);
     options.strict_booleans = true;
     options
-}
-
-/// Drops the " at line N, column M" the YAML library appends: the diagnostic
-/// shows the position itself.
-fn strip_position(message: &str) -> &str {
-    match message.rfind(" at line ") {
-        Some(at) => message.get(..at).unwrap_or(message),
-        None => message,
-    }
-}
-
-fn lowercase_first(text: &str) -> String {
-    let mut chars = text.chars();
-    chars.next().map_or_else(String::new, |first| {
-        first.to_lowercase().chain(chars).collect()
-    })
-}
-
-fn unknown_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("unknown field `")?;
-    rest.split('`').next()
-}
-
-fn expected_fields(message: &str) -> Vec<String> {
-    let Some((_, list)) = message.split_once("expected one of ") else {
-        return message
-            .split_once("expected `")
-            .and_then(|(_, rest)| rest.split('`').next())
-            .map(|field| vec![field.to_string()])
-            .unwrap_or_default();
-    };
-    list.split(',')
-        .map(|field| field.trim().trim_matches('`').to_string())
-        .filter(|field| !field.is_empty())
-        .collect()
 }
 
 /// Validation state shared by the catalog and tenants passes.

@@ -11,3 +11,4 @@ mod yaml;
 pub use load::{load, load_texts, read_source};
 pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;
+pub(crate) use yaml::{SpannedMap, YamlError};

@@ -39,6 +39,70 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SpannedMap<V> {
     }
 }
 
+/// A YAML library error read into its parts: the message without the
+/// " at line N, column M" the library appends (callers show the position
+/// themselves), and for an unknown field, the field and those allowed there.
+pub struct YamlError {
+    pub message: String,
+    pub unknown_field: Option<UnknownField>,
+}
+
+pub struct UnknownField {
+    pub field: String,
+    pub allowed: Vec<String>,
+}
+
+impl YamlError {
+    pub fn of(error: &serde_saphyr::Error) -> YamlError {
+        let plain = error.without_snippet().to_string();
+        let message = match plain.rfind(" at line ") {
+            Some(at) => plain.get(..at).unwrap_or(&plain),
+            None => plain.as_str(),
+        };
+        YamlError {
+            unknown_field: UnknownField::of(message),
+            message: lowercase_first(message),
+        }
+    }
+}
+
+impl UnknownField {
+    /// Reads serde's "unknown field `x`, expected one of `a`, `b`" (or
+    /// "expected `a`" when only one field is allowed).
+    fn of(message: &str) -> Option<UnknownField> {
+        let rest = message.strip_prefix("unknown field `")?;
+        let (field, rest) = rest.split_once('`')?;
+        let allowed = match rest.split_once("expected one of ") {
+            Some((_, list)) => list
+                .split(',')
+                .map(|name| name.trim().trim_matches('`').to_string())
+                .filter(|name| !name.is_empty())
+                .collect(),
+            None => rest
+                .split_once("expected `")
+                .and_then(|(_, rest)| rest.split('`').next())
+                .map(|name| vec![name.to_string()])
+                .unwrap_or_default(),
+        };
+        Some(UnknownField {
+            field: field.to_string(),
+            allowed,
+        })
+    }
+
+    /// The allowed field closest to the one written, if one is close.
+    pub fn suggestion(&self) -> Option<&str> {
+        crate::diagnostics::suggest(&self.field, self.allowed.iter().map(String::as_str))
+    }
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_lowercase().chain(chars).collect()
+    })
+}
+
 /// Any YAML value, for attributes whose type the schema decides.
 #[derive(Debug, Clone)]
 pub enum RawValue {

@@ -4,9 +4,8 @@
 
 use super::step::{Step, parse_step};
 use crate::data::schema::parse_duration;
-use crate::diagnostics::suggest;
+use crate::data::{SpannedMap, YamlError};
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
 use std::time::Duration;
@@ -235,46 +234,13 @@ impl Scenario {
 
 // ------------------------------------------------------------ the YAML form
 
-/// A mapping whose keys keep their positions, in file order (duplicate keys
-/// are rejected by the YAML reader).
-struct Entries<V>(Vec<(Spanned<String>, V)>);
-
-impl<V> Default for Entries<V> {
-    fn default() -> Self {
-        Entries(Vec::new())
-    }
-}
-
-impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct EntriesVisitor<V>(std::marker::PhantomData<V>);
-        impl<'de, V: Deserialize<'de>> Visitor<'de> for EntriesVisitor<V> {
-            type Value = Entries<V>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = access.next_entry()? {
-                    entries.push(entry);
-                }
-                Ok(Entries(entries))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Entries(Vec::new()))
-            }
-        }
-        deserializer.deserialize_map(EntriesVisitor(std::marker::PhantomData))
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
     #[serde(default)]
     defaults: Option<RawDefaults>,
     #[serde(default)]
-    providers: Entries<Option<Spanned<RawProvider>>>,
+    providers: SpannedMap<Option<Spanned<RawProvider>>>,
 }
 
 // The three levels repeat the settings fields: serde cannot combine
@@ -301,7 +267,7 @@ struct RawProvider {
     sequence: Option<Spanned<Vec<Spanned<String>>>>,
     repeat: Option<Spanned<bool>>,
     #[serde(default)]
-    models: Entries<Option<Spanned<RawModel>>>,
+    models: SpannedMap<Option<Spanned<RawModel>>>,
 }
 
 #[derive(Deserialize)]
@@ -501,12 +467,26 @@ impl Place<'_> {
 /// A YAML or schema error as `file:line:col: message`; an unknown field
 /// gets a suggestion or the list of fields allowed where it is.
 fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
-    let plain = error.without_snippet().to_string();
-    let message = match plain.rfind(" at line ") {
-        Some(at) => plain.get(..at).unwrap_or(&plain),
-        None => plain.as_str(),
+    let read = YamlError::of(error);
+    let message = match &read.unknown_field {
+        Some(unknown) => match unknown.suggestion() {
+            Some(close) => format!(
+                "`{}` is not a field here; did you mean `{close}`?",
+                unknown.field
+            ),
+            None => format!(
+                "`{}` is not a field here; the fields are {}",
+                unknown.field,
+                unknown
+                    .allowed
+                    .iter()
+                    .map(|name| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        None => read.message,
     };
-    let message = unknown_field(message).unwrap_or_else(|| lowercase_first(message));
     match error.location().filter(|location| location.line() > 0) {
         Some(location) => format!(
             "{file}:{}:{}: {message}",
@@ -515,37 +495,6 @@ fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
         ),
         None => format!("{file}: {message}"),
     }
-}
-
-/// Rewrites "unknown field `x`, expected one of a, b" in our words.
-fn unknown_field(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("unknown field `")?;
-    let (field, rest) = rest.split_once('`')?;
-    let (_, expected) = rest.split_once("expected ")?;
-    let allowed: Vec<&str> = expected
-        .trim_start_matches("one of ")
-        .split(',')
-        .map(|name| name.trim().trim_matches('`'))
-        .filter(|name| !name.is_empty())
-        .collect();
-    Some(match suggest(field, allowed.iter().copied()) {
-        Some(close) => format!("`{field}` is not a field here; did you mean `{close}`?"),
-        None => format!(
-            "`{field}` is not a field here; the fields are {}",
-            allowed
-                .iter()
-                .map(|name| format!("`{name}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    })
-}
-
-fn lowercase_first(text: &str) -> String {
-    let mut chars = text.chars();
-    chars.next().map_or_else(String::new, |first| {
-        first.to_lowercase().chain(chars).collect()
-    })
 }
 
 #[cfg(test)]
