@@ -1,11 +1,12 @@
 //! `switchyard check [PATHS]`: parse and check policies with their data.
 
+use super::common::files_named;
 use super::{Format, exit};
 use crate::diagnostics::render::{self, Style};
 use crate::diagnostics::{Diagnostic, Severity};
 use crate::language::{CheckReport, check_file};
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
@@ -21,39 +22,8 @@ pub struct CheckArgs {
     pub deny_warnings: bool,
 }
 
-/// The policy files a list of paths names, or why one cannot be used.
-pub fn policy_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
-    let paths = if paths.is_empty() {
-        vec![PathBuf::from("policies")]
-    } else {
-        paths.to_vec()
-    };
-    let mut files = Vec::new();
-    for path in paths {
-        if path.is_dir() {
-            let entries = std::fs::read_dir(&path)
-                .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-            let mut found: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .filter(|p| is_policy(p))
-                .collect();
-            found.sort();
-            if found.is_empty() {
-                return Err(format!("`{}` holds no `.policy` files", path.display()));
-            }
-            files.extend(found);
-        } else if path.is_file() {
-            files.push(path);
-        } else {
-            return Err(format!("`{}` does not exist", path.display()));
-        }
-    }
-    Ok(files)
-}
-
 pub fn run(args: &CheckArgs) -> ExitCode {
-    let files = match policy_files(&args.paths) {
+    let files = match files_named(&args.paths, ".policy") {
         Ok(files) => files,
         Err(message) => {
             eprintln!("error: {message}");
@@ -115,9 +85,4 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     } else {
         ExitCode::from(exit::OK)
     }
-}
-
-/// Whether `path` looks like a policy file.
-pub fn is_policy(path: &Path) -> bool {
-    path.extension().is_some_and(|ext| ext == "policy")
 }

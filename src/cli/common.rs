@@ -8,6 +8,7 @@ use crate::language::CheckReport;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// A request as written in a file: an endpoint, headers and a body. A file
 /// holding only a body (an object with `model`) is a chat completion.
@@ -116,4 +117,40 @@ pub fn print_report(report: &CheckReport) {
             render::human(diagnostic, &report.sources, Style::Plain)
         );
     }
+}
+
+/// The files that paths name: a file as given, a directory's files whose
+/// names end in `suffix` (sorted); no paths means `policies/`. A directory
+/// holding none of them is an error, as a path that does not exist is.
+pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, String> {
+    let paths = if paths.is_empty() {
+        vec![PathBuf::from("policies")]
+    } else {
+        paths.to_vec()
+    };
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let entries = std::fs::read_dir(&path)
+                .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+            let mut found: Vec<PathBuf> = entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.path())
+                .filter(|file| {
+                    file.file_name()
+                        .is_some_and(|name| name.to_string_lossy().ends_with(suffix))
+                })
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(format!("`{}` holds no `*{suffix}` files", path.display()));
+            }
+            files.extend(found);
+        } else if path.is_file() {
+            files.push(path);
+        } else {
+            return Err(format!("`{}` does not exist", path.display()));
+        }
+    }
+    Ok(files)
 }

@@ -2,7 +2,7 @@
 //! (`NAME.tests.yaml` next to `NAME.policy`): a request, who sends it and
 //! the providers' health in; the expected plan or error out.
 
-use super::common::{RequestSpec, print_report, resolve_caller};
+use super::common::{RequestSpec, files_named, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::evaluate::health::{HealthEntry, HealthTable};
@@ -136,36 +136,6 @@ impl SecretSource for AllBut<'_> {
     fn get(&self, name: &str) -> Option<String> {
         (!self.0.iter().any(|missing| missing == name)).then(|| String::from("unused"))
     }
-}
-
-fn test_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
-    let paths = if paths.is_empty() {
-        vec![PathBuf::from("policies")]
-    } else {
-        paths.to_vec()
-    };
-    let mut files = Vec::new();
-    for path in paths {
-        if path.is_dir() {
-            let entries = std::fs::read_dir(&path)
-                .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-            let mut found: Vec<PathBuf> = entries
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .filter(|p| p.to_string_lossy().ends_with(".tests.yaml"))
-                .collect();
-            found.sort();
-            files.extend(found);
-        } else if path.is_file() {
-            files.push(path);
-        } else {
-            return Err(format!("`{}` does not exist", path.display()));
-        }
-    }
-    if files.is_empty() {
-        return Err(String::from("no `*.tests.yaml` files found"));
-    }
-    Ok(files)
 }
 
 /// A plan entry in the test files' notation.
@@ -471,7 +441,7 @@ fn reaction_differences(
 }
 
 pub fn run(args: &TestArgs) -> ExitCode {
-    let files = match test_files(&args.paths) {
+    let files = match files_named(&args.paths, ".tests.yaml") {
         Ok(files) => files,
         Err(message) => {
             eprintln!("error: {message}");
