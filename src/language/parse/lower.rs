@@ -114,6 +114,15 @@ impl Lowerer {
         )
     }
 
+    /// The span of a statement's first token (its keyword), or the whole
+    /// statement's when it has no inner parts.
+    fn keyword_span(&self, pair: &Pair<'_, Rule>, statement: Span) -> Span {
+        pair.clone()
+            .into_inner()
+            .next()
+            .map_or(statement, |first| self.span(&first))
+    }
+
     fn error(&self, code: codes::Code, span: Span, message: String, label: &str, help: &str) {
         let mut diagnostic = Diagnostic::new(code, message).at(self.source, span, label);
         if !help.is_empty() {
@@ -368,11 +377,7 @@ impl Lowerer {
 
     fn models_stmt(&self, pair: Pair<'_, Rule>) -> Option<ModelsStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let children = parts(pair);
         match rule {
@@ -588,11 +593,7 @@ impl Lowerer {
 
     fn validate_stmt(&self, pair: Pair<'_, Rule>) -> Option<ValidateStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         if pair.as_rule() == Rule::malformed_body_stmt {
             let error = self.ident(parts(pair).into_iter().next()?);
             return Some(ValidateStmt::MalformedBody(MalformedBody {
@@ -683,11 +684,7 @@ impl Lowerer {
 
     fn eligibility_stmt(&self, pair: Pair<'_, Rule>) -> Option<Step> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let mut iter = parts(pair).into_iter();
         let condition = self.expr(self.next(&mut iter, span, "a condition")?)?;
@@ -709,11 +706,7 @@ impl Lowerer {
         match pair.as_rule() {
             Rule::by_stmt => self.by_stmt(pair).map(OrderStmt::By),
             _ => {
-                let keyword = pair
-                    .clone()
-                    .into_inner()
-                    .next()
-                    .map_or(span, |first| self.span(&first));
+                let keyword = self.keyword_span(&pair, span);
                 let selector = self.expr(parts(pair).into_iter().next()?)?;
                 Some(OrderStmt::UseSort { keyword, selector })
             }
@@ -796,11 +789,7 @@ impl Lowerer {
 
     fn failover_stmt(&self, pair: Pair<'_, Rule>) -> Option<FailoverStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let mut iter = parts(pair).into_iter();
         match rule {
@@ -938,11 +927,7 @@ impl Lowerer {
 
     fn health_stmt(&self, pair: Pair<'_, Rule>) -> Option<HealthStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let mut iter = parts(pair).into_iter();
         match rule {
@@ -968,11 +953,7 @@ impl Lowerer {
 
     fn capacity_stmt(&self, pair: Pair<'_, Rule>) -> Option<CapacityStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let mut iter = parts(pair).into_iter();
         match rule {
@@ -1009,11 +990,7 @@ impl Lowerer {
 
     fn stream_stmt(&self, pair: Pair<'_, Rule>) -> Option<StreamStmt> {
         let span = self.span(&pair);
-        let keyword = pair
-            .clone()
-            .into_inner()
-            .next()
-            .map_or(span, |first| self.span(&first));
+        let keyword = self.keyword_span(&pair, span);
         let rule = pair.as_rule();
         let value = self.expr(parts(pair).into_iter().next()?)?;
         Some(match rule {
