@@ -276,7 +276,6 @@ impl Exchange {
                     .map_or(u64::MAX, |ms| self.started_ms.saturating_add(ms)),
             );
         let state = self.proxy.state.clone();
-        let clock = state.clock();
 
         loop {
             let next = {
@@ -312,11 +311,7 @@ impl Exchange {
                                 self.served(index, usage, first_byte);
                                 return self.report;
                             }
-                            Attempted::Cancelled => {
-                                self.report.outcome = "cancelled";
-                                self.report.status = 499;
-                                return self.report;
-                            }
+                            Attempted::Cancelled => return self.cancelled(),
                             Attempted::Failed {
                                 outcome,
                                 passthrough,
@@ -341,19 +336,11 @@ impl Exchange {
                                             *rule_retries.entry(rule).or_insert(0) += 1;
                                         }
                                         let wake = self.now_ms().saturating_add(after_ms);
-                                        loop {
-                                            let holding = self.holding(&link);
-                                            tokio::select! {
-                                                () = link.closed() => {
-                                                    self.report.outcome = "cancelled";
-                                                    self.report.status = 499;
-                                                    return self.report;
-                                                }
-                                                () = clock.sleep_until(self.hold_until()), if holding => {
-                                                    self.send_stream_head(None, &mut link);
-                                                }
-                                                () = clock.sleep_until(wake) => break,
-                                            }
+                                        let woke = self
+                                            .wait_until(wake, &mut link, std::future::pending())
+                                            .await;
+                                        if !woke {
+                                            return self.cancelled();
                                         }
                                         match self.proxy.state.try_acquire(
                                             provider.provider(),
@@ -387,18 +374,8 @@ impl Exchange {
                     if let Some(ms) = self.soonest_available_ms() {
                         wake = wake.min(now.saturating_add(ms.max(1)));
                     }
-                    let holding = self.holding(&link);
-                    tokio::select! {
-                        () = link.closed() => {
-                            self.report.outcome = "cancelled";
-                            self.report.status = 499;
-                            return self.report;
-                        }
-                        () = clock.sleep_until(self.hold_until()), if holding => {
-                            self.send_stream_head(None, &mut link);
-                        }
-                        () = state.changed() => {}
-                        () = clock.sleep_until(wake) => {}
+                    if !self.wait_until(wake, &mut link, state.changed()).await {
+                        return self.cancelled();
                     }
                     self.report.waited_ms = self.elapsed_ms();
                 }
@@ -409,6 +386,38 @@ impl Exchange {
             return self.exhausted(&mut link).await;
         }
         self.end(last, &mut link).await
+    }
+
+    /// Waits until `wake` on the proxy's clock, or until `also` finishes,
+    /// sending held stream headers when their time comes. False when the
+    /// client went away first.
+    async fn wait_until(
+        &mut self,
+        wake: u64,
+        link: &mut Link,
+        also: impl std::future::Future<Output = ()>,
+    ) -> bool {
+        let state = self.proxy.state.clone();
+        let clock = state.clock();
+        let mut also = std::pin::pin!(also);
+        loop {
+            let holding = self.holding(link);
+            tokio::select! {
+                () = link.closed() => return false,
+                () = clock.sleep_until(self.hold_until()), if holding => {
+                    self.send_stream_head(None, link);
+                }
+                () = &mut also => return true,
+                () = clock.sleep_until(wake) => return true,
+            }
+        }
+    }
+
+    /// The client went away: nobody gets an answer, the log says why.
+    fn cancelled(mut self) -> Report {
+        self.report.outcome = "cancelled";
+        self.report.status = 499;
+        self.report
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
