@@ -581,28 +581,10 @@ impl Exchange {
         self.proxy
             .metrics
             .upstream(&provider, &outcome, begun.elapsed().as_secs_f64());
-        if let Some(keys) = self.keys(index) {
-            let sample = match &attempted {
-                Attempted::Served { usage, first_byte } => {
-                    let latency = begun.elapsed();
-                    let generating = latency.saturating_sub(first_byte.unwrap_or_default());
-                    Some(Sample {
-                        success: true,
-                        ttft_ms: first_byte
-                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                        latency_ms: Some(millis),
-                        throughput: usage
-                            .map(|(_, output)| output as f64)
-                            .filter(|_| generating.as_secs_f64() > 0.0)
-                            .map(|output| output / generating.as_secs_f64()),
-                    })
-                }
-                Attempted::Failed { .. } => Some(Sample::default()),
-                Attempted::Cancelled => None,
-            };
-            if let Some(sample) = sample {
-                self.proxy.state.record(&keys.route, sample);
-            }
+        // A served attempt recorded its measurements before its last bytes
+        // went out (`record_served`).
+        if let (Attempted::Failed { .. }, Some(keys)) = (&attempted, self.keys(index)) {
+            self.proxy.state.record(&keys.route, Sample::default());
         }
         self.report.attempts.push(AttemptRecord {
             credential: self
@@ -732,6 +714,40 @@ impl Exchange {
             .await
     }
 
+    /// Records a served attempt's measurements. Called before the answer's
+    /// last bytes go to the client, so that the client's next request is
+    /// already routed on them. Throughput (output tokens per second while
+    /// generating) is measured only on an answer streamed over time: a whole
+    /// answer, or a stream that arrived in one piece, has no generating time
+    /// to divide by.
+    fn record_served(
+        &self,
+        index: usize,
+        begun: Instant,
+        first_byte: Option<Duration>,
+        usage: Option<(u64, u64)>,
+        streamed_over_time: bool,
+    ) {
+        let Some(keys) = self.keys(index) else {
+            return;
+        };
+        let latency = begun.elapsed();
+        let generating = latency.saturating_sub(first_byte.unwrap_or(latency));
+        let as_ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let throughput = usage
+            .filter(|_| streamed_over_time && !generating.is_zero())
+            .map(|(_, output)| output as f64 / generating.as_secs_f64());
+        self.proxy.state.record(
+            &keys.route,
+            Sample {
+                success: true,
+                ttft_ms: first_byte.map(as_ms),
+                latency_ms: Some(as_ms(latency)),
+                throughput,
+            },
+        );
+    }
+
     /// A whole (non-streamed) answer: read, checked, then sent.
     async fn answer(
         &mut self,
@@ -791,10 +807,12 @@ impl Exchange {
                 .insert(header::CONTENT_TYPE, content_type);
         }
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case("content-type"));
+        let usage = wire::usage_of(&json);
+        self.record_served(index, begun, Some(first_byte), usage, false);
         self.report.status = status;
         link.respond(respond::with_headers(response, &headers));
         Attempted::Served {
-            usage: wire::usage_of(&json),
+            usage,
             first_byte: Some(first_byte),
         }
     }
@@ -849,6 +867,7 @@ impl Exchange {
                         held.push(event.raw);
                         if kind == EventKind::Sentinel {
                             // The whole answer arrived at once.
+                            self.record_served(index, begun, first_byte, usage, false);
                             if !self.commit(index, held, link).await {
                                 return Attempted::Cancelled;
                             }
@@ -902,6 +921,9 @@ impl Exchange {
                 }
                 usage = event.usage().or(usage);
                 finished |= kind == EventKind::Finished;
+                if kind == EventKind::Sentinel {
+                    self.record_served(index, begun, first_byte, usage, true);
+                }
                 if !link.send(event.raw).await {
                     return Attempted::Cancelled;
                 }
@@ -934,6 +956,7 @@ impl Exchange {
                 // The answer is complete but its end marker is missing:
                 // finish it as the client expects, promptly.
                 _ if finished => {
+                    self.record_served(index, begun, first_byte, usage, true);
                     if let Some(sentinel) = wire::sentinel(endpoint)
                         && !link.send(sentinel).await
                     {

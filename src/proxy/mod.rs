@@ -266,7 +266,12 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<Proxy
             let snapshot = proxy.snapshot();
             match authenticate(&snapshot, request.headers()) {
                 Ok(caller) => {
-                    respond::json(200, &request_id, &models::list(&snapshot, caller, wire))
+                    let health = StateView {
+                        state: &proxy.state,
+                        snapshot: &snapshot,
+                    };
+                    let listing = models::list(&snapshot, caller, wire, &health);
+                    respond::json(200, &request_id, &listing)
                 }
                 Err(refusal) => unauthorized(wire, &request_id, refusal),
             }

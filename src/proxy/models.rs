@@ -2,7 +2,7 @@
 
 use crate::compile::Snapshot;
 use crate::data::{ModelKind, WireFormat};
-use crate::evaluate::health::Healthy;
+use crate::evaluate::health::{HealthView, Healthy};
 use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
 use serde_json::{Map, Value as Json, json};
 
@@ -20,26 +20,41 @@ fn endpoints(kind: ModelKind) -> &'static [Endpoint] {
 }
 
 /// Every catalog model for which some endpoint of its kind gets a plan for
-/// this caller, once, with the policy's `listing` fields. Health does not
-/// matter here: a paused provider is still one the key may call.
-pub fn list(snapshot: &Snapshot, caller: Caller, wire: WireFormat) -> Json {
+/// this caller, once, with the policy's `listing` fields. Which models are
+/// listed does not depend on health (a paused provider is still one the key
+/// may call); the listing fields describe the plan under `health` as it is
+/// now (say, the provider that would answer first), or under full health
+/// when the current state leaves no plan.
+pub fn list(
+    snapshot: &Snapshot,
+    caller: Caller,
+    wire: WireFormat,
+    health: &dyn HealthView,
+) -> Json {
     let mut entries = Vec::new();
     for model in &snapshot.data.catalog.models {
         let body = json!({ "model": model.id });
-        let plan = endpoints(model.kind).iter().find_map(|endpoint| {
-            let context = RequestContext {
-                id: "models",
-                endpoint: *endpoint,
-                body: Some(&body),
-                body_bytes: 0,
-                headers: &[],
-                caller,
-                seed: 0,
-                rotation: 0,
-            };
-            evaluate(snapshot, &context, &Healthy).result.ok()
-        });
-        let Some(plan) = plan else {
+        let context = |endpoint: Endpoint| RequestContext {
+            id: "models",
+            endpoint,
+            body: Some(&body),
+            body_bytes: 0,
+            headers: &[],
+            caller,
+            seed: 0,
+            rotation: 0,
+        };
+        let Some(endpoint) = endpoints(model.kind).iter().copied().find(|endpoint| {
+            evaluate(snapshot, &context(*endpoint), &Healthy)
+                .result
+                .is_ok()
+        }) else {
+            continue;
+        };
+        let Ok(plan) = evaluate(snapshot, &context(endpoint), health)
+            .result
+            .or_else(|_| evaluate(snapshot, &context(endpoint), &Healthy).result)
+        else {
             continue;
         };
         let mut entry = Map::new();
