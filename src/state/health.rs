@@ -25,11 +25,105 @@ struct Penalty {
 /// busy route cannot grow memory without limit.
 const MAX_SAMPLES: usize = 1024;
 
+/// Throughput is summed in millionths of a token per second, so that the
+/// running totals stay exact however many samples come and go.
+const THROUGHPUT_UNITS: f64 = 1e6;
+/// Above any real provider; keeps 1,024 samples' sum far from overflow.
+const MAX_THROUGHPUT: f64 = 1e9;
+
+/// A route's measurements in the window, oldest first, with their running
+/// totals: every decision reads the statistics of its candidates, so they
+/// cost O(1), not a pass over the samples.
+#[derive(Default)]
+struct Measurements {
+    samples: VecDeque<(u64, Sample)>,
+    totals: Totals,
+}
+
+/// Sums of the samples in the window; means are taken over successes.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    samples: u32,
+    successes: u32,
+    ttft_ms: u64,
+    ttft_count: u32,
+    latency_ms: u64,
+    latency_count: u32,
+    throughput_units: u64,
+    throughput_count: u32,
+}
+
+impl Totals {
+    fn add(&mut self, sample: &Sample) {
+        self.samples += 1;
+        if !sample.success {
+            return;
+        }
+        self.successes += 1;
+        if let Some(ms) = sample.ttft_ms {
+            self.ttft_ms += ms;
+            self.ttft_count += 1;
+        }
+        if let Some(ms) = sample.latency_ms {
+            self.latency_ms += ms;
+            self.latency_count += 1;
+        }
+        if let Some(units) = throughput_units(sample) {
+            self.throughput_units += units;
+            self.throughput_count += 1;
+        }
+    }
+
+    /// Takes out a sample `add` put in.
+    fn remove(&mut self, sample: &Sample) {
+        self.samples -= 1;
+        if !sample.success {
+            return;
+        }
+        self.successes -= 1;
+        if let Some(ms) = sample.ttft_ms {
+            self.ttft_ms -= ms;
+            self.ttft_count -= 1;
+        }
+        if let Some(ms) = sample.latency_ms {
+            self.latency_ms -= ms;
+            self.latency_count -= 1;
+        }
+        if let Some(units) = throughput_units(sample) {
+            self.throughput_units -= units;
+            self.throughput_count -= 1;
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let mean = |sum: u64, count: u32| (count > 0).then(|| sum / u64::from(count));
+        Stats {
+            samples: self.samples,
+            success_rate: (self.samples > 0)
+                .then(|| f64::from(self.successes) / f64::from(self.samples)),
+            ttft_ms: mean(self.ttft_ms, self.ttft_count),
+            latency_ms: mean(self.latency_ms, self.latency_count),
+            throughput: (self.throughput_count > 0).then(|| {
+                self.throughput_units as f64 / f64::from(self.throughput_count) / THROUGHPUT_UNITS
+            }),
+        }
+    }
+}
+
+fn throughput_units(sample: &Sample) -> Option<u64> {
+    sample
+        .throughput
+        .filter(|tokens_per_second| tokens_per_second.is_finite())
+        .map(|tokens_per_second| {
+            (tokens_per_second.clamp(0.0, MAX_THROUGHPUT) * THROUGHPUT_UNITS).round() as u64
+        })
+}
+
 #[derive(Default)]
 pub(super) struct HealthTables {
     paused_until: HashMap<ScopeKey, u64>,
     penalties: HashMap<ScopeKey, Penalty>,
-    samples: HashMap<ScopeKey, VecDeque<(u64, Sample)>>,
+    measurements: HashMap<ScopeKey, Measurements>,
 }
 
 impl HealthTables {
@@ -60,11 +154,14 @@ impl HealthTables {
     }
 
     pub fn record(&mut self, route: &ScopeKey, now_ms: u64, sample: Sample) {
-        let samples = self.samples.entry(route.clone()).or_default();
-        if samples.len() >= MAX_SAMPLES {
-            samples.pop_front();
+        let measurements = self.measurements.entry(route.clone()).or_default();
+        if measurements.samples.len() >= MAX_SAMPLES
+            && let Some((_, oldest)) = measurements.samples.pop_front()
+        {
+            measurements.totals.remove(&oldest);
         }
-        samples.push_back((now_ms, sample));
+        measurements.totals.add(&sample);
+        measurements.samples.push_back((now_ms, sample));
     }
 
     pub fn candidate(
@@ -91,14 +188,14 @@ impl HealthTables {
                 health.strikes = health.strikes.max(penalty.strikes);
             }
         }
-        if let Some(samples) = self.samples.get_mut(route) {
-            while samples
-                .front()
-                .is_some_and(|(at, _)| at.saturating_add(stats_window_ms) < now_ms)
+        if let Some(measurements) = self.measurements.get_mut(route) {
+            while let Some((at, oldest)) = measurements.samples.front()
+                && at.saturating_add(stats_window_ms) < now_ms
             {
-                samples.pop_front();
+                measurements.totals.remove(oldest);
+                measurements.samples.pop_front();
             }
-            health.stats = stats(samples.iter().map(|(_, sample)| sample));
+            health.stats = measurements.totals.stats();
         }
         health
     }
@@ -106,34 +203,6 @@ impl HealthTables {
     pub fn retain(&mut self, keep: impl Fn(&ScopeKey) -> bool) {
         self.paused_until.retain(|scope, _| keep(scope));
         self.penalties.retain(|scope, _| keep(scope));
-        self.samples.retain(|scope, _| keep(scope));
-    }
-}
-
-fn stats<'a>(samples: impl Iterator<Item = &'a Sample>) -> Stats {
-    let mut count = 0u32;
-    let mut successes = 0u32;
-    let mut ttft = Vec::new();
-    let mut latency = Vec::new();
-    let mut throughput = Vec::new();
-    for sample in samples {
-        count += 1;
-        if sample.success {
-            successes += 1;
-            ttft.extend(sample.ttft_ms);
-            latency.extend(sample.latency_ms);
-            throughput.extend(sample.throughput);
-        }
-    }
-    let mean_ms = |values: &[u64]| {
-        (!values.is_empty()).then(|| values.iter().sum::<u64>() / values.len() as u64)
-    };
-    Stats {
-        samples: count,
-        success_rate: (count > 0).then(|| f64::from(successes) / f64::from(count)),
-        ttft_ms: mean_ms(&ttft),
-        latency_ms: mean_ms(&latency),
-        throughput: (!throughput.is_empty())
-            .then(|| throughput.iter().sum::<f64>() / throughput.len() as f64),
+        self.measurements.retain(|scope, _| keep(scope));
     }
 }

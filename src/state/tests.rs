@@ -6,6 +6,7 @@
 )]
 
 use super::*;
+use crate::evaluate::health::Stats;
 
 fn state() -> (Arc<ManualClock>, Arc<InProcess>) {
     let clock = Arc::new(ManualClock::default());
@@ -211,4 +212,79 @@ fn removed_providers_lose_their_state() {
             .paused_for_ms
             .is_some()
     );
+}
+
+/// The statistics a pass over the samples in the window gives, as the
+/// running totals must.
+fn recomputed(samples: &[Sample]) -> Stats {
+    let successes: Vec<&Sample> = samples.iter().filter(|s| s.success).collect();
+    let mean = |values: Vec<u64>| {
+        (!values.is_empty()).then(|| values.iter().sum::<u64>() / values.len() as u64)
+    };
+    let throughputs: Vec<f64> = successes.iter().filter_map(|s| s.throughput).collect();
+    Stats {
+        samples: u32::try_from(samples.len()).unwrap(),
+        success_rate: (!samples.is_empty()).then(|| successes.len() as f64 / samples.len() as f64),
+        ttft_ms: mean(successes.iter().filter_map(|s| s.ttft_ms).collect()),
+        latency_ms: mean(successes.iter().filter_map(|s| s.latency_ms).collect()),
+        throughput: (!throughputs.is_empty())
+            .then(|| throughputs.iter().sum::<f64>() / throughputs.len() as f64),
+    }
+}
+
+fn any_sample() -> impl proptest::strategy::Strategy<Value = Sample> {
+    use proptest::prelude::*;
+    (
+        any::<bool>(),
+        proptest::option::of(0u64..100_000),
+        proptest::option::of(0u64..600_000),
+        proptest::option::of(0.0f64..5_000.0),
+    )
+        .prop_map(|(success, ttft_ms, latency_ms, throughput)| Sample {
+            success,
+            ttft_ms,
+            latency_ms,
+            throughput,
+        })
+}
+
+proptest::proptest! {
+    // Each case records up to 1,200 samples (past the per-route bound).
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// Samples recorded at increasing times, some falling out of the window
+    /// or past the per-route bound: the running totals say what a pass over
+    /// the samples left in the window says (throughput to a millionth).
+    #[test]
+    fn running_totals_match_a_pass_over_the_window(
+        steps in proptest::collection::vec((0u64..200, any_sample()), 0..1_200),
+        window in 1u64..60_000,
+    ) {
+        let (clock, state) = state();
+        let candidate = keys("p");
+        let mut kept: std::collections::VecDeque<(u64, Sample)> = Default::default();
+        for (wait, sample) in steps {
+            clock.advance(wait);
+            state.record(&candidate.route, sample);
+            kept.push_back((clock.now_ms(), sample));
+            if kept.len() > 1024 {
+                kept.pop_front();
+            }
+            let now = clock.now_ms();
+            kept.retain(|(at, _)| at + window >= now);
+            let samples: Vec<Sample> = kept.iter().map(|(_, s)| *s).collect();
+            let expected = recomputed(&samples);
+            let got = state.candidate_health(&candidate, None, window).stats;
+            proptest::prop_assert_eq!(got.samples, expected.samples);
+            proptest::prop_assert_eq!(got.success_rate, expected.success_rate);
+            proptest::prop_assert_eq!(got.ttft_ms, expected.ttft_ms);
+            proptest::prop_assert_eq!(got.latency_ms, expected.latency_ms);
+            match (got.throughput, expected.throughput) {
+                (Some(got), Some(expected)) => {
+                    proptest::prop_assert!((got - expected).abs() < 1e-6, "{got} vs {expected}")
+                }
+                (got, expected) => proptest::prop_assert_eq!(got, expected),
+            }
+        }
+    }
 }
