@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The proxy under load, on loopback only, in one run:
+#
+#   direct       wrk -> sim                        (the simulated provider alone)
+#   passthrough  wrk -> benches/passthrough.rs -> sim   (a bare hyper + reqwest proxy)
+#   switchyard   wrk -> switchyard serve (Noirdoc policy) -> sim
+#
+# ROUNDS rounds of the three, interleaved so that the machine's noise falls
+# on all of them alike; medians are reported. Then STREAMS clients each keep
+# a streamed answer open (about a second each) through the proxy while its
+# resident memory is sampled, for Switchyard and for the pass-through.
+#
+#   benches/load.sh                       # the defaults below
+#   ROUNDS=5 DURATION=20 benches/load.sh
+#
+# Installs wrk (Debian's package) when it is missing. Everything listens on
+# 127.0.0.1 and stops when the script ends. The simulated providers must be
+# on 127.0.0.1:9100, where the shipped catalogs point.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-32}
+STREAMS=${STREAMS:-1000}
+SIM=127.0.0.1:9100
+PASSTHROUGH=127.0.0.1:9201
+SWITCHYARD=127.0.0.1:9200
+KEY=sk-noirdoc-acme
+MODEL=gpt-5
+# Noirdoc's first choice for this key and model: the tenant's own OpenAI key
+# (acme-openai); the direct run and the pass-through go to it too.
+PROVIDER=acme-openai
+
+if ! command -v wrk >/dev/null; then
+    echo "installing wrk"
+    sudo_if_needed=""
+    [ "$(id -u)" -ne 0 ] && sudo_if_needed=sudo
+    $sudo_if_needed apt-get install -y wrk >/dev/null ||
+        { $sudo_if_needed apt-get update >/dev/null && $sudo_if_needed apt-get install -y wrk >/dev/null; }
+fi
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+if [ "$(ulimit -n)" -lt $((STREAMS * 3)) ]; then
+    echo "error: $STREAMS streams need $((STREAMS * 3)) file descriptors; this shell allows $(ulimit -n)" >&2
+    exit 2
+fi
+
+echo "building (release)"
+cargo build --release --quiet --bin switchyard --example passthrough
+BIN=target/release/switchyard
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+for addr in $SIM $PASSTHROUGH $SWITCHYARD; do
+    if (exec 3<>"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null; then
+        echo "error: $addr is in use; stop what listens there first" >&2
+        exit 2
+    fi
+done
+
+wait_for() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/${1%:*}/${1#*:}") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "error: nothing listens on $1; see $work/*.log" >&2
+    exit 1
+}
+
+RUST_LOG=off "$BIN" sim --listen $SIM --scenario benches/load/scenario.yaml >"$work/sim.log" 2>&1 &
+pids+=($!)
+target/release/examples/passthrough $PASSTHROUGH "http://$SIM/$PROVIDER" >"$work/passthrough.log" 2>&1 &
+passthrough_pid=$!
+pids+=($passthrough_pid)
+# The catalog's credentials come from the environment; the sim takes any.
+NOIRDOC_AKI_IO_KEY=load NOIRDOC_IONOS_KEY=load NOIRDOC_SCALEWAY_KEY=load \
+    NOIRDOC_TOGETHER_KEY=load NOIRDOC_OPENAI_KEY=load NOIRDOC_ANTHROPIC_KEY=load \
+    ACME_OPENAI_KEY=load \
+    "$BIN" serve --policy policies/noirdoc.policy --listen $SWITCHYARD --no-watch \
+    >"$work/serve.log" 2>&1 &
+switchyard_pid=$!
+pids+=($switchyard_pid)
+wait_for $SIM
+wait_for $PASSTHROUGH
+wait_for $SWITCHYARD
+
+request() { # stream(true|false) -> a wrk script posting the chat request
+    cat >"$work/request-$1.lua" <<EOF
+wrk.method = "POST"
+wrk.body = '{"model": "$MODEL", "stream": $1, "messages": [{"role": "user", "content": "Hello"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+EOF
+    echo "$work/request-$1.lua"
+}
+plain=$(request false)
+streamed=$(request true)
+
+url_of() {
+    case $1 in
+        direct) echo "http://$SIM/$PROVIDER/v1/chat/completions" ;;
+        passthrough) echo "http://$PASSTHROUGH/v1/chat/completions" ;;
+        switchyard) echo "http://$SWITCHYARD/v1/chat/completions" ;;
+    esac
+}
+
+# The answer must come from the provider the direct run measures: one
+# request through Switchyard, then the sim's record says who was asked.
+curl -s -X DELETE "http://$SIM/_sim/requests" >/dev/null
+curl -s -o /dev/null "$(url_of switchyard)" -H "Authorization: Bearer $KEY" \
+    -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$MODEL\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}"
+asked=$(curl -s "http://$SIM/_sim/requests" | grep -o '"provider": *"[^"]*"' | sed 's/.*"\([^"]*\)"$/\1/' | sort -u | tr '\n' ' ')
+if [ "$asked" != "$PROVIDER " ]; then
+    echo "error: Switchyard asked '${asked% }', not $PROVIDER; see $work/serve.log" >&2
+    exit 1
+fi
+
+# wrk's figure in microseconds ("812.00us", "1.20ms", "1.01s").
+to_us() {
+    awk -v v="$1" 'BEGIN {
+        n = v + 0
+        if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000;
+        else if (v ~ /s$/) print n * 1000000; else print n }'
+}
+
+# One wrk run: prints "rps p50_us p99_us", fails on any error response.
+run() { # target duration connections script
+    local out
+    out=$(wrk -t1 -c"$3" -d"$2"s --latency --timeout 10s -s "$4" "$(url_of "$1")")
+    if grep -qE "Non-2xx|Socket errors" <<<"$out"; then
+        echo "error: $1 answered with errors:" >&2
+        echo "$out" >&2
+        exit 1
+    fi
+    local rps p50 p99
+    rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+    p50=$(to_us "$(awk '$1 == "50%" {print $2}' <<<"$out")")
+    p99=$(to_us "$(awk '$1 == "99%" {print $2}' <<<"$out")")
+    echo "$rps $p50 $p99"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "warming up"
+for target in direct passthrough switchyard; do run $target 2 "$CONNECTIONS" "$plain" >/dev/null; done
+
+echo "$ROUNDS rounds of ${DURATION}s per target, $CONNECTIONS connections, one wrk thread"
+for round in $(seq "$ROUNDS"); do
+    for target in direct passthrough switchyard; do
+        result=$(run $target "$DURATION" "$CONNECTIONS" "$plain")
+        echo "$target $result" >>"$work/results"
+        printf '  round %s %-12s %10s req/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
+    done
+done
+
+declare -A RPS P50 P99
+for target in direct passthrough switchyard; do
+    RPS[$target]=$(awk -v t=$target '$1 == t {print $2}' "$work/results" | median)
+    P50[$target]=$(awk -v t=$target '$1 == t {print $3}' "$work/results" | median)
+    P99[$target]=$(awk -v t=$target '$1 == t {print $4}' "$work/results" | median)
+done
+
+# Resident memory while STREAMS streams are open: sampled every 0.2 s.
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+streams() { # target pid -> "idle_kib peak_kib rps"
+    local idle peak=0 sample out
+    idle=$(rss_kib "$2")
+    wrk -t2 -c"$STREAMS" -d"$DURATION"s --timeout 10s -s "$streamed" "$(url_of "$1")" >"$work/streams-$1" &
+    local wrk_pid=$!
+    while kill -0 $wrk_pid 2>/dev/null; do
+        sample=$(rss_kib "$2")
+        [ "$sample" -gt "$peak" ] && peak=$sample
+        sleep 0.2
+    done
+    wait $wrk_pid
+    out=$(cat "$work/streams-$1")
+    if grep -qE "Non-2xx|Socket errors" <<<"$out"; then
+        echo "error: $1 streams failed:" >&2
+        echo "$out" >&2
+        exit 1
+    fi
+    echo "$idle $peak $(awk '/^Requests\/sec:/ {print $2}' <<<"$out")"
+}
+echo "$STREAMS concurrent streams for ${DURATION}s"
+streams switchyard $switchyard_pid >"$work/rss-switchyard"
+streams passthrough $passthrough_pid >"$work/rss-passthrough"
+read -r sy_idle sy_peak sy_rps <"$work/rss-switchyard"
+read -r pt_idle pt_peak pt_rps <"$work/rss-passthrough"
+
+mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+cat <<EOF
+
+Load run: $ROUNDS rounds x ${DURATION}s per target, $CONNECTIONS connections, wrk -t1,
+POST /v1/chat/completions (model $MODEL, key $KEY), medians of the rounds.
+
+| target | req/s | p50 | p99 |
+|---|---:|---:|---:|
+| direct to the sim | ${RPS[direct]} | ${P50[direct]} µs | ${P99[direct]} µs |
+| bare pass-through | ${RPS[passthrough]} | ${P50[passthrough]} µs | ${P99[passthrough]} µs |
+| Switchyard (Noirdoc) | ${RPS[switchyard]} | ${P50[switchyard]} µs | ${P99[switchyard]} µs |
+
+- Switchyard / pass-through req/s: $(ratio "${RPS[switchyard]}" "${RPS[passthrough]}") (target >= 0.85)
+- Switchyard p50 added over direct: $(awk -v a="${P50[switchyard]}" -v b="${P50[direct]}" 'BEGIN { printf "%.0f", a - b }') µs (target <= 100 µs); pass-through's: $(awk -v a="${P50[passthrough]}" -v b="${P50[direct]}" 'BEGIN { printf "%.0f", a - b }') µs
+
+$STREAMS concurrent streams (about 1 s each) for ${DURATION}s, wrk -t2:
+
+| proxy | RSS idle | RSS peak | streams/s |
+|---|---:|---:|---:|
+| Switchyard (Noirdoc) | $(mib "$sy_idle") MiB | $(mib "$sy_peak") MiB | $sy_rps |
+| bare pass-through | $(mib "$pt_idle") MiB | $(mib "$pt_peak") MiB | $pt_rps |
+
+- Switchyard's peak RSS with $STREAMS streams: $(mib "$sy_peak") MiB (target <= 50 MB)
+EOF
