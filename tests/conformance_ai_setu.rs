@@ -18,13 +18,12 @@
 
 mod common;
 
-use common::{AllBut, Reply, Stack, advance_until, compile};
-use serde_json::{Value as Json, json};
+use common::{
+    Reply, Stack, advance_until, assert_nothing_sent, chat_body, closed_port, messages_body, names,
+    reconfigure, replay, settle, streamed, tried_by, until_asked,
+};
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
-use switchyard::sim::Scenario;
 use switchyard::state::ManualClock;
 
 /// Test keys, from the comments in policies/ai-setu/tenants.yaml.
@@ -63,50 +62,12 @@ const HEALTHY: &str =
 /// A scenario in which the named providers answer with these steps (the
 /// last repeating) and the others answer 200.
 fn scenario(steps: &[(&str, &[&str])]) -> String {
-    let mut yaml = String::from("providers:\n");
-    for provider in PROVIDERS {
-        match steps.iter().find(|(name, _)| *name == provider) {
-            Some((_, sequence)) => {
-                let quoted: Vec<String> = sequence.iter().map(|step| format!("'{step}'")).collect();
-                yaml.push_str(&format!(
-                    "  {provider}: {{sequence: [{}]}}\n",
-                    quoted.join(", ")
-                ));
-            }
-            None => yaml.push_str(&format!("  {provider}: {{}}\n")),
-        }
-    }
-    yaml
+    common::scenario(&PROVIDERS, steps)
 }
 
 /// Every provider answers `step`.
 fn all_answer(step: &str) -> String {
-    let steps: Vec<(&str, &[&str])> = PROVIDERS
-        .iter()
-        .map(|provider| (*provider, std::slice::from_ref(&step)))
-        .collect();
-    scenario(&steps)
-}
-
-/// New behaviour for the sim, with an empty record and fresh sequences.
-fn set_scenario(stack: &Stack, yaml: &str) {
-    stack
-        .sim
-        .set_scenario(Scenario::parse(yaml, "scenario").unwrap());
-    stack.sim.clear();
-}
-
-fn chat_body(model: &str) -> Json {
-    json!({"model": model, "messages": [{"role": "user", "content": "Hi"}]})
-}
-
-fn messages_body(model: &str) -> Json {
-    json!({"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]})
-}
-
-fn streamed(mut body: Json) -> Json {
-    body["stream"] = json!(true);
-    body
+    common::all_answer(&PROVIDERS, step)
 }
 
 /// A chat completion with `X-AI-Setu-Provider-Order`.
@@ -135,102 +96,19 @@ async fn messages_stream(stack: &Stack, key: &str, model: &str) -> Reply {
         .await
 }
 
-/// The reply to `request` and the providers the sim received requests for
-/// while it ran, in order.
-async fn tried_by(stack: &Stack, request: impl Future<Output = Reply>) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = request.await;
-    let tried = stack.providers_tried().split_off(before);
-    (reply, tried)
-}
-
-/// Waits, in real time, until the sim has received `count` requests.
-async fn until_asked(stack: &Stack, count: usize) {
-    for _ in 0..2_000 {
-        if stack.sim.requests().len() >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("the sim never received {count} requests");
-}
-
-/// Some real time for the proxy to act on a clock move (or not to).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(100)).await;
-}
-
-/// Edits the stack's copy of a data file and makes it live, with the
-/// secrets of `missing` unset: operator settings (kill-switches, balancing
-/// configuration, deployed keys) that the shipped data fixes one way.
-fn reconfigure(stack: &Stack, file: &str, edits: &[(&str, &str)], missing: &[&str]) {
-    let path = stack.dir.join("ai-setu").join(file);
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    for (from, to) in edits {
-        assert!(text.contains(from), "{file} has no {from:?}");
-        text = text.replacen(from, to, 1);
-    }
-    std::fs::write(&path, text).unwrap();
-    let secrets = AllBut(missing.iter().map(|name| name.to_string()).collect());
-    let (snapshot, _) = compile(&stack.policy, &secrets);
-    stack.proxy.replace(Arc::new(snapshot));
-}
-
-/// A loopback port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 // ---------------------------------------------------------------------------
 // What the client got
 
-/// The answer's text: a chat completion's or message's content, or a
-/// stream's deltas joined.
-fn answer_text(reply: &Reply) -> String {
-    if let Some(text) = reply
-        .json
-        .pointer("/choices/0/message/content")
-        .or_else(|| reply.json.pointer("/content/0/text"))
-        .and_then(Json::as_str)
-    {
-        return text.to_string();
-    }
-    reply
-        .events()
-        .iter()
-        .filter_map(|(_, data)| serde_json::from_str::<Json>(data).ok())
-        .filter_map(|event| {
-            event
-                .pointer("/choices/0/delta/content")
-                .or_else(|| event.pointer("/delta/text"))
-                .and_then(Json::as_str)
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 /// A successful answer from `provider`, which X-AI-Setu-Provider names; a
-/// stream must also have ended properly.
+/// stream must also have ended properly, with no error anywhere in it.
 fn assert_served(reply: &Reply, provider: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.assert_served(provider);
     assert_eq!(
         reply.header(PROVIDER_HEADER),
         Some(provider),
         "the provider header"
     );
-    assert_eq!(answer_text(reply), format!("hello from {provider}"));
-    if reply
-        .header("content-type")
-        .is_some_and(|t| t.starts_with("text/event-stream"))
-    {
-        let events = reply.events();
-        let (name, data) = events.last().expect("a stream with events");
-        assert!(
-            data == "[DONE]" || name.as_deref() == Some("message_stop"),
-            "the stream ends with its sentinel: {}",
-            reply.text
-        );
+    if reply.is_stream() {
         assert!(
             !reply.text.contains("\"error\""),
             "a clean stream: {}",
@@ -239,81 +117,29 @@ fn assert_served(reply: &Reply, provider: &str) {
     }
 }
 
-/// An error object in OpenAI's format: `{"error": {"message", "type", "code"}}`.
-fn assert_openai_error(reply: &Reply, status: u16, code: &str, error_type: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    let error = &reply.json["error"];
-    assert_eq!(error["code"], code, "{}", reply.text);
-    assert_eq!(error["type"], error_type, "{}", reply.text);
-    assert!(
-        error["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{}",
-        reply.text
-    );
-}
-
-/// An error object in Anthropic's format: `{"type": "error", "error": {"type", "message"}}`.
-fn assert_anthropic_error(reply: &Reply, status: u16, error_type: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.json["type"], "error", "{}", reply.text);
-    assert_eq!(reply.json["error"]["type"], error_type, "{}", reply.text);
-    assert!(
-        reply.json["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{}",
-        reply.text
-    );
-}
-
 /// A stream that started from `provider` and then ended with an error event
 /// in its wire format, never with a completion sentinel.
 fn assert_broken_stream(reply: &Reply, provider: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    let (name, error) = reply.broken_stream();
     assert_eq!(reply.header(PROVIDER_HEADER), Some(provider));
     let full = format!("hello from {provider}");
-    let text = answer_text(reply);
+    let text = reply.answer_text();
     assert!(
-        !text.is_empty() && text.len() < full.len() && full.starts_with(&text),
+        text.len() < full.len() && full.starts_with(&text),
         "part of {provider}'s answer reached the client: {}",
         reply.text
     );
-    let events = reply.events();
-    let (name, data) = events.last().unwrap();
-    let error: Json = serde_json::from_str(data).unwrap();
     if name.as_deref() == Some("error") {
         assert_eq!(error["type"], "error");
         assert_eq!(error["error"]["type"], "api_error");
     } else {
         assert_eq!(error["error"]["code"], "provider_unreachable");
     }
-    assert!(
-        events
-            .iter()
-            .all(|(name, data)| data != "[DONE]" && name.as_deref() != Some("message_stop")),
-        "no sentinel after a broken stream: {}",
-        reply.text
-    );
-}
-
-/// Nothing reached any provider.
-fn assert_nothing_sent(stack: &Stack) {
-    assert_eq!(stack.providers_tried(), Vec::<String>::new());
-}
-
-fn owned(names: &[&str]) -> Vec<String> {
-    names.iter().map(|name| name.to_string()).collect()
 }
 
 /// Which provider served each of `count` successful chat completions.
 async fn first_choices(stack: &Stack, key: &str, model: &str, count: usize) -> Vec<String> {
-    let mut served = Vec::with_capacity(count);
-    for _ in 0..count {
-        let reply = stack.chat(key, chat_body(model)).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        served.push(reply.header(PROVIDER_HEADER).unwrap().to_string());
-    }
-    served
+    common::first_choices(stack, key, &chat_body(model), PROVIDER_HEADER, count).await
 }
 
 fn counts(names: &[String]) -> BTreeMap<&str, usize> {
@@ -347,13 +173,13 @@ async fn a_bare_model_id_is_served_by_the_first_survivor_and_the_rest_fail_over(
     // initech has no binding and no balancing: the catalog's order decides.
     let (reply, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(CLAUDE))).await;
     assert_served(&reply, "anthropic");
-    assert_eq!(tried, owned(&["anthropic"]));
+    assert_eq!(tried, names(&["anthropic"]));
     assert_eq!(stack.tried()[0].1.as_deref(), Some(CLAUDE));
     let (reply, _) = tried_by(&stack, stack.messages(INITECH, messages_body(CLAUDE))).await;
     assert_served(&reply, "anthropic");
 
     // The rest are the failover candidates, each with its own upstream name.
-    set_scenario(&stack, &scenario(&[("anthropic", &["503"])]));
+    replay(&stack, &scenario(&[("anthropic", &["503"])]));
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
     assert_served(&reply, "bedrock");
     assert_eq!(
@@ -382,7 +208,7 @@ async fn the_order_header_reorders_the_candidates_of_that_request_only() {
     )
     .await;
     assert_served(&reply, "bedrock");
-    assert_eq!(tried, owned(&["bedrock"]));
+    assert_eq!(tried, names(&["bedrock"]));
     // A routing instruction for the gateway, not for the provider.
     assert_eq!(stack.sim.requests()[0].header(ORDER_HEADER), None);
     // The next call without it is back to the default order.
@@ -390,23 +216,23 @@ async fn the_order_header_reorders_the_candidates_of_that_request_only() {
     assert_served(&reply, "anthropic");
 
     // The failover candidates follow the header's order too.
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let (_, tried) = tried_by(
         &stack,
         chat_ordered(&stack, INITECH, CLAUDE, "bedrock,anthropic"),
     )
     .await;
-    assert_eq!(tried, owned(&["bedrock", "anthropic"]));
+    assert_eq!(tried, names(&["bedrock", "anthropic"]));
     // It beats BYOK-first: the platform's openai before initech's own azure.
     let (_, tried) = tried_by(&stack, chat_ordered(&stack, INITECH, GPT, "openai,azure")).await;
-    assert_eq!(tried, owned(&["openai", "azure"]));
+    assert_eq!(tried, names(&["openai", "azure"]));
     // It beats workspace precedence: anthropic (10) before vertex (20).
     let (_, tried) = tried_by(
         &stack,
         chat_ordered(&stack, GLOBEX_BATCH, CLAUDE, "anthropic,bedrock,vertex"),
     )
     .await;
-    assert_eq!(tried, owned(&["anthropic", "bedrock", "vertex"]));
+    assert_eq!(tried, names(&["anthropic", "bedrock", "vertex"]));
     stack.stop().await;
 }
 
@@ -430,7 +256,7 @@ async fn precedence_steps_apply_in_order_each_only_where_the_previous_did_not_de
     // (a platform key, none), against the catalog's anthropic, bedrock, vertex.
     for key in [GLOBEX, GLOBEX_BATCH] {
         let (_, tried) = tried_by(&stack, stack.chat(key, chat_body(CLAUDE))).await;
-        assert_eq!(tried, owned(&GLOBEX_CLAUDE), "{key}");
+        assert_eq!(tried, names(&GLOBEX_CLAUDE), "{key}");
     }
     // The header decides before precedence does.
     let (_, tried) = tried_by(
@@ -438,22 +264,22 @@ async fn precedence_steps_apply_in_order_each_only_where_the_previous_did_not_de
         chat_ordered(&stack, GLOBEX, CLAUDE, "bedrock,vertex,anthropic"),
     )
     .await;
-    assert_eq!(tried, owned(&["bedrock", "vertex", "anthropic"]));
+    assert_eq!(tried, names(&["bedrock", "vertex", "anthropic"]));
     // No precedence on either: BYOK-first puts initech's azure binding
     // before the platform's openai, which the catalog lists first.
     stack.sim.clear();
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(GPT))).await;
-    assert_eq!(tried, owned(&["azure", "openai"]));
+    assert_eq!(tried, names(&["azure", "openai"]));
     assert_eq!(
         stack.sim.requests()[0].header("authorization"),
         Some("Bearer secret-of-INITECH_AZURE_KEY")
     );
     // Nothing else decides: the catalog's order.
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(CLAUDE))).await;
-    assert_eq!(tried, owned(&["anthropic", "bedrock"]));
+    assert_eq!(tried, names(&["anthropic", "bedrock"]));
 
     // BYOK-first within a provider: globex reaches anthropic with its own key.
-    set_scenario(&stack, HEALTHY);
+    replay(&stack, HEALTHY);
     let reply = stack
         .chat(GLOBEX, chat_body("anthropic/claude-sonnet-4-5"))
         .await;
@@ -466,9 +292,9 @@ async fn precedence_steps_apply_in_order_each_only_where_the_previous_did_not_de
     // Without globex's anthropic binding, the platform keys (no precedence,
     // not BYOK) follow vertex in catalog order.
     reconfigure(&stack, "catalog.yaml", &[], &["GLOBEX_ANTHROPIC_KEY"]);
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let (_, tried) = tried_by(&stack, stack.chat(GLOBEX, chat_body(CLAUDE))).await;
-    assert_eq!(tried, owned(&GLOBEX_CLAUDE));
+    assert_eq!(tried, names(&GLOBEX_CLAUDE));
     assert_eq!(
         stack.sim.requests()[1].header("x-api-key"),
         Some("secret-of-AISETU_ANTHROPIC_KEY")
@@ -496,7 +322,7 @@ async fn a_provider_prefix_hard_overrides_everything_below() {
     )
     .await;
     assert_served(&reply, "bedrock");
-    assert_eq!(tried, owned(&["bedrock"]));
+    assert_eq!(tried, names(&["bedrock"]));
     assert_eq!(
         stack.tried()[0].1.as_deref(),
         Some("anthropic.claude-sonnet-4-5-v1")
@@ -511,7 +337,7 @@ async fn a_provider_prefix_hard_overrides_everything_below() {
 
     // When the pinned provider fails, no other provider is tried: its own
     // answer is the client's.
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let (reply, tried) = tried_by(
         &stack,
         stack.chat(INITECH, chat_body("bedrock/claude-sonnet-4-5")),
@@ -519,14 +345,14 @@ async fn a_provider_prefix_hard_overrides_everything_below() {
     .await;
     assert_eq!(reply.status, 503, "{}", reply.text);
     assert_eq!(reply.header(PROVIDER_HEADER), Some("bedrock"));
-    assert_eq!(tried, owned(&["bedrock"]));
+    assert_eq!(tried, names(&["bedrock"]));
 
     // A provider that does not serve the model resolves to nothing.
     stack.sim.clear();
     let reply = stack
         .chat(INITECH, chat_body("openai/claude-sonnet-4-5"))
         .await;
-    assert_openai_error(&reply, 404, "model_not_found", "not_found_error");
+    reply.openai_error(404, "model_not_found", "not_found_error");
     assert_nothing_sent(&stack);
     stack.stop().await;
 }
@@ -569,28 +395,28 @@ async fn a_slug_prefix_pins_the_byok_binding() {
     assert_eq!(sent.model.as_deref(), Some("claude-sonnet-4-5@20250929"));
 
     // The binding failing is the end: nothing else is tried.
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let (reply, tried) = tried_by(
         &stack,
         stack.chat(GLOBEX, chat_body("@globex-anthropic/claude-sonnet-4-5")),
     )
     .await;
     assert_eq!(reply.status, 503);
-    assert_eq!(tried, owned(&["anthropic"]));
+    assert_eq!(tried, names(&["anthropic"]));
 
     // initech cannot use globex's binding.
     stack.sim.clear();
     let reply = stack
         .chat(INITECH, chat_body("@globex-anthropic/claude-sonnet-4-5"))
         .await;
-    assert_openai_error(&reply, 503, "no_provider_available", "api_error");
+    reply.openai_error(503, "no_provider_available", "api_error");
     let reply = stack
         .messages(
             INITECH,
             messages_body("@globex-anthropic/claude-sonnet-4-5"),
         )
         .await;
-    assert_anthropic_error(&reply, 503, "api_error");
+    reply.anthropic_error(503, "api_error");
     // A slug names a BYOK binding: an unknown one, or the id of a platform
     // key, names no model.
     for model in [
@@ -598,7 +424,7 @@ async fn a_slug_prefix_pins_the_byok_binding() {
         "@anthropic-platform/claude-sonnet-4-5",
     ] {
         let reply = stack.chat(GLOBEX, chat_body(model)).await;
-        assert_openai_error(&reply, 404, "model_not_found", "not_found_error");
+        reply.openai_error(404, "model_not_found", "not_found_error");
     }
     assert_nothing_sent(&stack);
     stack.stop().await;
@@ -617,17 +443,12 @@ async fn the_order_header_is_a_case_insensitive_list_and_unknown_names_are_refus
         "Bedrock ,ANTHROPIC",
     ] {
         let (_, tried) = tried_by(&stack, chat_ordered(&stack, INITECH, CLAUDE, order)).await;
-        assert_eq!(tried, owned(&["bedrock", "anthropic"]), "{order}");
+        assert_eq!(tried, names(&["bedrock", "anthropic"]), "{order}");
     }
 
     stack.sim.clear();
     let reply = chat_ordered(&stack, GLOBEX, CLAUDE, "bedrock,nosuch").await;
-    assert_openai_error(
-        &reply,
-        400,
-        "invalid_provider_order",
-        "invalid_request_error",
-    );
+    reply.openai_error(400, "invalid_provider_order", "invalid_request_error");
     let reply = stack
         .post(
             MESSAGES,
@@ -639,7 +460,7 @@ async fn the_order_header_is_a_case_insensitive_list_and_unknown_names_are_refus
             &messages_body(CLAUDE),
         )
         .await;
-    assert_anthropic_error(&reply, 400, "invalid_request_error");
+    reply.anthropic_error(400, "invalid_request_error");
     assert_nothing_sent(&stack);
     stack.stop().await;
 }
@@ -658,7 +479,7 @@ async fn the_order_header_filters_the_candidates() {
             chat_ordered(&stack, GLOBEX, CLAUDE, "bedrock,anthropic"),
         )
         .await;
-        assert_eq!(tried, owned(&["bedrock", "anthropic"]));
+        assert_eq!(tried, names(&["bedrock", "anthropic"]));
         assert_eq!(reply.status, 503);
         assert_eq!(reply.header(PROVIDER_HEADER), Some("anthropic"));
     }
@@ -668,12 +489,12 @@ async fn the_order_header_filters_the_candidates() {
         chat_ordered(&stack, INITECH, CLAUDE, "vertex,bedrock"),
     )
     .await;
-    assert_eq!(tried, owned(&["bedrock"]));
+    assert_eq!(tried, names(&["bedrock"]));
 
     // Naming only providers that do not serve the model leaves nothing.
     stack.sim.clear();
     let reply = chat_ordered(&stack, GLOBEX, CLAUDE, "openai,azure").await;
-    assert_openai_error(&reply, 503, "no_provider_available", "api_error");
+    reply.openai_error(503, "no_provider_available", "api_error");
     assert_eq!(reply.header(PROVIDER_HEADER), None);
     let reply = stack
         .post(
@@ -686,7 +507,7 @@ async fn the_order_header_filters_the_candidates() {
             &messages_body(CLAUDE),
         )
         .await;
-    assert_anthropic_error(&reply, 503, "api_error");
+    reply.anthropic_error(503, "api_error");
     assert_nothing_sent(&stack);
     stack.stop().await;
 }
@@ -708,7 +529,7 @@ async fn the_order_header_skips_load_balancing() {
         for _ in 0..15 {
             let (_, tried) =
                 tried_by(&stack, chat_ordered(&stack, key, CLAUDE, &order.join(","))).await;
-            assert_eq!(tried, owned(&order), "{key}");
+            assert_eq!(tried, names(&order), "{key}");
         }
     }
     stack.stop().await;
@@ -724,19 +545,19 @@ async fn providers_without_a_usable_credential_are_dropped() {
 
     // vertex's only key is globex's binding: initech never reaches it.
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(CLAUDE))).await;
-    assert_eq!(tried, owned(&["anthropic", "bedrock"]));
+    assert_eq!(tried, names(&["anthropic", "bedrock"]));
     // azure's only key is initech's: globex never reaches it.
     let (_, tried) = tried_by(&stack, stack.chat(GLOBEX, chat_body(GPT))).await;
-    assert_eq!(tried, owned(&["openai"]));
+    assert_eq!(tried, names(&["openai"]));
 
     // A platform key not configured on this deployment.
     reconfigure(&stack, "catalog.yaml", &[], &["AISETU_ANTHROPIC_KEY"]);
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(CLAUDE))).await;
-    assert_eq!(tried, owned(&["bedrock"]));
+    assert_eq!(tried, names(&["bedrock"]));
     // A BYOK binding whose secret is not set.
     reconfigure(&stack, "catalog.yaml", &[], &["INITECH_AZURE_KEY"]);
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(GPT))).await;
-    assert_eq!(tried, owned(&["openai"]));
+    assert_eq!(tried, names(&["openai"]));
 
     // Nobody left.
     reconfigure(
@@ -747,13 +568,13 @@ async fn providers_without_a_usable_credential_are_dropped() {
     );
     stack.sim.clear();
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
-    assert_openai_error(&reply, 503, "no_provider_available", "api_error");
+    reply.openai_error(503, "no_provider_available", "api_error");
     let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
-    assert_anthropic_error(&reply, 503, "api_error");
+    reply.anthropic_error(503, "api_error");
     reconfigure(&stack, "catalog.yaml", &[], &["AISETU_OPENAI_KEY"]);
     // initech's azure binding does not count for globex.
     let reply = stack.chat(GLOBEX, chat_body(GPT)).await;
-    assert_openai_error(&reply, 503, "no_provider_available", "api_error");
+    reply.openai_error(503, "no_provider_available", "api_error");
     assert_nothing_sent(&stack);
     stack.stop().await;
 }
@@ -765,12 +586,12 @@ async fn an_unknown_model_is_model_not_found() {
     let stack = Stack::shipped("ai-setu", HEALTHY, &[], clock.clone()).await;
 
     let reply = stack.chat(INITECH, chat_body("claude-opus-9")).await;
-    assert_openai_error(&reply, 404, "model_not_found", "not_found_error");
+    reply.openai_error(404, "model_not_found", "not_found_error");
     assert_eq!(reply.header(PROVIDER_HEADER), None);
     let reply = stack.messages(GLOBEX, messages_body("claude-opus-9")).await;
-    assert_anthropic_error(&reply, 404, "not_found_error");
+    reply.anthropic_error(404, "not_found_error");
     let reply = stack.chat(GLOBEX, chat_body("anthropic/gpt-4.1")).await;
-    assert_openai_error(&reply, 404, "model_not_found", "not_found_error");
+    reply.openai_error(404, "model_not_found", "not_found_error");
     assert_nothing_sent(&stack);
     stack.stop().await;
 }
@@ -787,18 +608,18 @@ async fn server_errors_and_429_fail_over_and_the_last_answer_passes_through() {
     let stack = Stack::shipped("ai-setu", HEALTHY, &[], clock.clone()).await;
 
     for status in ["500", "502", "503", "504", "529", "429 retry_after=2s"] {
-        set_scenario(&stack, &scenario(&[("anthropic", &[status])]));
+        replay(&stack, &scenario(&[("anthropic", &[status])]));
         let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
         assert_served(&reply, "bedrock");
         assert_eq!(
             stack.providers_tried(),
-            owned(&["anthropic", "bedrock"]),
+            names(&["anthropic", "bedrock"]),
             "{status}"
         );
     }
 
     // The last candidate's answer, as it sent it.
-    set_scenario(
+    replay(
         &stack,
         &scenario(&[
             ("anthropic", &["429 retry_after=2s"]),
@@ -810,9 +631,9 @@ async fn server_errors_and_429_fail_over_and_the_last_answer_passes_through() {
     assert_eq!(reply.json["error"]["message"], "bedrock is down");
     assert_eq!(reply.json["error"]["code"], "down");
     assert_eq!(reply.header(PROVIDER_HEADER), Some("bedrock"));
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
 
-    set_scenario(
+    replay(
         &stack,
         &scenario(&[
             ("anthropic", &["500"]),
@@ -845,28 +666,28 @@ async fn connection_failures_fail_over_and_the_last_is_provider_unreachable() {
     // A connection dropped before any answer.
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
     assert_served(&reply, "bedrock");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
 
-    set_scenario(&stack, &all_answer("reset"));
+    replay(&stack, &all_answer("reset"));
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
-    assert_openai_error(&reply, 502, "provider_unreachable", "api_error");
+    reply.openai_error(502, "provider_unreachable", "api_error");
     assert_eq!(reply.header(PROVIDER_HEADER), Some("bedrock"));
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
     let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
-    assert_anthropic_error(&reply, 502, "api_error");
+    reply.anthropic_error(502, "api_error");
 
     // A connection refused: bedrock where nothing listens.
     let bedrock = format!("http://{}/bedrock/v1", stack.sim.addr());
     let nowhere = format!("http://127.0.0.1:{}/bedrock/v1", closed_port());
     reconfigure(&stack, "catalog.yaml", &[(&bedrock, &nowhere)], &[]);
-    set_scenario(&stack, HEALTHY);
+    replay(&stack, HEALTHY);
     let reply = chat_ordered(&stack, INITECH, CLAUDE, "bedrock,anthropic").await;
     assert_served(&reply, "anthropic");
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
-    assert_openai_error(&reply, 502, "provider_unreachable", "api_error");
+    reply.openai_error(502, "provider_unreachable", "api_error");
     assert_eq!(reply.header(PROVIDER_HEADER), Some("bedrock"));
-    assert_eq!(stack.providers_tried(), owned(&["anthropic"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic"]));
     stack.stop().await;
 }
 
@@ -889,13 +710,13 @@ async fn timeouts_fail_over_and_the_last_is_provider_timeout() {
         until_asked(&stack, 1).await;
         clock.advance(DEFAULT_TIMEOUT_MS - 1_000);
         settle().await;
-        assert_eq!(stack.providers_tried(), owned(&["anthropic"]), "too early");
+        assert_eq!(stack.providers_tried(), names(&["anthropic"]), "too early");
         clock.advance(1_000);
     });
     assert_served(&reply, "bedrock");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
 
-    set_scenario(&stack, &all_answer("no_answer"));
+    replay(&stack, &all_answer("no_answer"));
     let reply = advance_until(
         &clock,
         5_000,
@@ -903,9 +724,9 @@ async fn timeouts_fail_over_and_the_last_is_provider_timeout() {
         stack.chat(INITECH, chat_body(CLAUDE)),
     )
     .await;
-    assert_openai_error(&reply, 504, "provider_timeout", "api_error");
+    reply.openai_error(504, "provider_timeout", "api_error");
     assert_eq!(reply.header(PROVIDER_HEADER), Some("bedrock"));
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
     let reply = advance_until(
         &clock,
         5_000,
@@ -913,17 +734,17 @@ async fn timeouts_fail_over_and_the_last_is_provider_timeout() {
         stack.messages(INITECH, messages_body(CLAUDE)),
     )
     .await;
-    assert_anthropic_error(&reply, 504, "api_error");
+    reply.anthropic_error(504, "api_error");
 
     // A stream whose first event is late (the sim would wait ten real
     // minutes; the proxy gives up on its clock).
-    set_scenario(&stack, &scenario(&[("anthropic", &["first_token=10m"])]));
+    replay(&stack, &scenario(&[("anthropic", &["first_token=10m"])]));
     let reply = advance_until(&clock, 5_000, 300_000, chat_stream(&stack, INITECH, CLAUDE)).await;
     assert_served(&reply, "bedrock");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
-    set_scenario(&stack, &all_answer("first_token=10m"));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
+    replay(&stack, &all_answer("first_token=10m"));
     let reply = advance_until(&clock, 5_000, 300_000, chat_stream(&stack, INITECH, CLAUDE)).await;
-    assert_openai_error(&reply, 504, "provider_timeout", "api_error");
+    reply.openai_error(504, "provider_timeout", "api_error");
     stack.stop().await;
 }
 
@@ -937,15 +758,15 @@ async fn a_stream_that_fails_before_its_first_byte_fails_over_transparently() {
     // Refused, dropped before its headers, and dropped after its headers but
     // before any event.
     for step in ["503", "reset", "cut_after=0"] {
-        set_scenario(&stack, &scenario(&[("anthropic", &[step])]));
+        replay(&stack, &scenario(&[("anthropic", &[step])]));
         let reply = chat_stream(&stack, INITECH, CLAUDE).await;
         assert_served(&reply, "bedrock");
-        assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+        assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
 
         stack.sim.clear();
         let reply = messages_stream(&stack, INITECH, CLAUDE).await;
         assert_served(&reply, "bedrock");
-        assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+        assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
     }
     stack.stop().await;
 }
@@ -959,19 +780,19 @@ async fn a_stream_is_committed_to_its_provider_after_the_first_byte() {
     let stack = Stack::shipped("ai-setu", HEALTHY, &[], clock.clone()).await;
 
     for step in ["cut_after=2", "malformed_chunk=3"] {
-        set_scenario(&stack, &scenario(&[("anthropic", &[step])]));
+        replay(&stack, &scenario(&[("anthropic", &[step])]));
         let reply = chat_stream(&stack, INITECH, CLAUDE).await;
         assert_broken_stream(&reply, "anthropic");
-        assert_eq!(stack.providers_tried(), owned(&["anthropic"]), "{step}");
+        assert_eq!(stack.providers_tried(), names(&["anthropic"]), "{step}");
 
         stack.sim.clear();
         let reply = messages_stream(&stack, INITECH, CLAUDE).await;
         assert_broken_stream(&reply, "anthropic");
-        assert_eq!(stack.providers_tried(), owned(&["anthropic"]), "{step}");
+        assert_eq!(stack.providers_tried(), names(&["anthropic"]), "{step}");
     }
 
     // A stall: the idle timeout on the proxy's clock ends it.
-    set_scenario(&stack, &scenario(&[("anthropic", &["stall_after=2"])]));
+    replay(&stack, &scenario(&[("anthropic", &["stall_after=2"])]));
     let reply = advance_until(
         &clock,
         5_000,
@@ -980,7 +801,7 @@ async fn a_stream_is_committed_to_its_provider_after_the_first_byte() {
     )
     .await;
     assert_broken_stream(&reply, "anthropic");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic"]));
     stack.stop().await;
 }
 
@@ -1006,7 +827,7 @@ async fn at_most_three_attempts_per_request() {
         chat_ordered(&stack, GLOBEX, CLAUDE, "openai,bedrock,vertex,anthropic"),
     )
     .await;
-    assert_eq!(tried, owned(&["openai", "bedrock", "vertex"]));
+    assert_eq!(tried, names(&["openai", "bedrock", "vertex"]));
     assert_eq!(reply.status, 503);
     assert_eq!(reply.header(PROVIDER_HEADER), Some("vertex"));
 
@@ -1018,7 +839,7 @@ async fn at_most_three_attempts_per_request() {
     }
     // Two candidates: both tried, nothing more.
     let (_, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(GPT))).await;
-    assert_eq!(tried, owned(&["azure", "openai"]));
+    assert_eq!(tried, names(&["azure", "openai"]));
     stack.stop().await;
 }
 
@@ -1030,13 +851,13 @@ async fn other_client_errors_are_returned_as_is_without_failover() {
 
     for status in [400, 401, 403, 404, 409, 413, 422] {
         let step = format!("{status} message=\"refused by anthropic\" code=refused_{status}");
-        set_scenario(&stack, &scenario(&[("anthropic", &[&step])]));
+        replay(&stack, &scenario(&[("anthropic", &[&step])]));
         let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
         assert_eq!(reply.status, status, "{}", reply.text);
         assert_eq!(reply.json["error"]["message"], "refused by anthropic");
         assert_eq!(reply.json["error"]["code"], format!("refused_{status}"));
         assert_eq!(reply.header(PROVIDER_HEADER), Some("anthropic"));
-        assert_eq!(stack.providers_tried(), owned(&["anthropic"]), "{status}");
+        assert_eq!(stack.providers_tried(), names(&["anthropic"]), "{status}");
 
         stack.sim.clear();
         let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
@@ -1044,7 +865,7 @@ async fn other_client_errors_are_returned_as_is_without_failover() {
         assert_eq!(reply.json["type"], "error");
         assert_eq!(reply.json["error"]["type"], format!("refused_{status}"));
         assert_eq!(reply.json["error"]["message"], "refused by anthropic");
-        assert_eq!(stack.providers_tried(), owned(&["anthropic"]), "{status}");
+        assert_eq!(stack.providers_tried(), names(&["anthropic"]), "{status}");
     }
     stack.stop().await;
 }
@@ -1057,28 +878,28 @@ async fn malformed_answers_and_redirects_fail_over() {
     let stack = Stack::shipped("ai-setu", HEALTHY, &[], clock.clone()).await;
 
     for step in ["malformed", "301", "302", "307"] {
-        set_scenario(&stack, &scenario(&[("anthropic", &[step])]));
+        replay(&stack, &scenario(&[("anthropic", &[step])]));
         let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
         assert_served(&reply, "bedrock");
         assert_eq!(
             stack.providers_tried(),
-            owned(&["anthropic", "bedrock"]),
+            names(&["anthropic", "bedrock"]),
             "{step}"
         );
     }
     // A stream whose first event is malformed.
-    set_scenario(&stack, &scenario(&[("anthropic", &["malformed"])]));
+    replay(&stack, &scenario(&[("anthropic", &["malformed"])]));
     let reply = chat_stream(&stack, INITECH, CLAUDE).await;
     assert_served(&reply, "bedrock");
 
-    set_scenario(&stack, &all_answer("malformed"));
+    replay(&stack, &all_answer("malformed"));
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
-    assert_openai_error(&reply, 502, "provider_unreachable", "api_error");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
-    set_scenario(&stack, &all_answer("302"));
+    reply.openai_error(502, "provider_unreachable", "api_error");
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
+    replay(&stack, &all_answer("302"));
     let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
-    assert_anthropic_error(&reply, 502, "api_error");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    reply.anthropic_error(502, "api_error");
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
     stack.stop().await;
 }
 
@@ -1117,7 +938,7 @@ async fn the_provider_header_names_whoever_served() {
         );
     }
 
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let (reply, tried) = tried_by(&stack, stack.chat(INITECH, chat_body(CLAUDE))).await;
     assert_eq!(reply.status, 503);
     assert_eq!(tried.last().map(String::as_str), Some("bedrock"));
@@ -1145,7 +966,7 @@ async fn the_failover_kill_switch_is_on_by_default_and_off_means_one_attempt() {
     stack.sim.clear();
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
     assert_served(&reply, "bedrock");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic", "bedrock"]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic", "bedrock"]));
 
     // Off: the first candidate's failure is the answer.
     reconfigure(
@@ -1158,11 +979,11 @@ async fn the_failover_kill_switch_is_on_by_default_and_off_means_one_attempt() {
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
     assert_eq!(reply.status, 503, "{}", reply.text);
     assert_eq!(reply.header(PROVIDER_HEADER), Some("anthropic"));
-    assert_eq!(stack.providers_tried(), owned(&["anthropic"]));
-    set_scenario(&stack, &scenario(&[("anthropic", &["reset"])]));
+    assert_eq!(stack.providers_tried(), names(&["anthropic"]));
+    replay(&stack, &scenario(&[("anthropic", &["reset"])]));
     let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
-    assert_anthropic_error(&reply, 502, "api_error");
-    assert_eq!(stack.providers_tried(), owned(&["anthropic"]));
+    reply.anthropic_error(502, "api_error");
+    assert_eq!(stack.providers_tried(), names(&["anthropic"]));
     stack.stop().await;
 }
 
@@ -1177,7 +998,7 @@ async fn balancing_reorders_the_available_candidates_without_adding_or_dropping(
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ai-setu", &all_answer("503"), &[], clock.clone()).await;
 
-    let everyone: BTreeSet<String> = owned(&GLOBEX_CLAUDE).into_iter().collect();
+    let everyone: BTreeSet<String> = names(&GLOBEX_CLAUDE).into_iter().collect();
     let mut orders = BTreeSet::new();
     let mut leaders = BTreeSet::new();
     for _ in 0..60 {
@@ -1198,7 +1019,7 @@ async fn balancing_reorders_the_available_candidates_without_adding_or_dropping(
         let (_, tried) = tried_by(&stack, stack.chat(GLOBEX, chat_body(CLAUDE))).await;
         let mut sorted = tried.clone();
         sorted.sort();
-        assert_eq!(sorted, owned(&["anthropic", "bedrock"]));
+        assert_eq!(sorted, names(&["anthropic", "bedrock"]));
         orders.insert(tried);
     }
     assert_eq!(orders.len(), 2, "both orders: {orders:?}");
@@ -1212,7 +1033,7 @@ async fn the_load_balancing_kill_switch_is_off_by_default() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ai-setu", &all_answer("503"), &[], clock.clone()).await;
 
-    let always_precedence_order = |tried: &[String]| tried == owned(&GLOBEX_CLAUDE);
+    let always_precedence_order = |tried: &[String]| tried == names(&GLOBEX_CLAUDE);
     for edit in [
         ("  load_balance: true\n", ""),
         ("\ndeployment:\n", "\ndeployment:\n  load_balance: false\n"),
@@ -1276,12 +1097,12 @@ async fn round_robin_balancing_rotates_the_candidates() {
     assert!(is_rotation(&served, &GLOBEX_CLAUDE), "{served:?}");
 
     // Failover walks the rotated list.
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let mut rotations = BTreeSet::new();
     for _ in 0..6 {
         let (_, tried) = tried_by(&stack, stack.chat(GLOBEX_BATCH, chat_body(CLAUDE))).await;
         let by = GLOBEX_CLAUDE.iter().position(|p| *p == tried[0]).unwrap();
-        let mut expected = owned(&GLOBEX_CLAUDE);
+        let mut expected = names(&GLOBEX_CLAUDE);
         expected.rotate_left(by);
         assert_eq!(tried, expected);
         rotations.insert(by);
@@ -1325,7 +1146,7 @@ async fn least_busy_balancing_puts_busy_providers_last() {
     assert_served(&held, "anthropic");
     assert_eq!(
         stack.providers_tried(),
-        owned(&["vertex", "anthropic", "anthropic"])
+        names(&["vertex", "anthropic", "anthropic"])
     );
 
     // Nothing in flight: precedence order, every time (no rotation, no shuffle).
@@ -1464,12 +1285,12 @@ async fn successful_answers_say_provider_byok_and_connection() {
 
     // After failover, what served: initech's azure failed, the platform's
     // openai key served.
-    set_scenario(&stack, &scenario(&[("azure", &["503"])]));
+    replay(&stack, &scenario(&[("azure", &["503"])]));
     let reply = stack.chat(INITECH, chat_body(GPT)).await;
     assert_eq!(routing(&reply), expect("openai", "false", None));
 
     // An error is no successful response.
-    set_scenario(&stack, &all_answer("503"));
+    replay(&stack, &all_answer("503"));
     let reply = stack.chat(INITECH, chat_body(GPT)).await;
     assert_eq!(reply.status, 503);
     assert_eq!(routing(&reply), (Some(String::from("openai")), None, None));

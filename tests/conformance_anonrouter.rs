@@ -32,12 +32,15 @@
 
 mod common;
 
-use common::{AllBut, Reply, Stack, advance_until, compile};
+use common::{
+    HEALTHY, Reply, Stack, advance_until, chat, closed_port, data_file, finished_within, messages,
+    model_list, names, recompile, reconfigure, replay, settle, spawn_chat, streamed, tried_by,
+    until,
+};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use switchyard::sim::Scenario;
+use std::time::Duration;
 use switchyard::state::{CandidateKeys, ManualClock, ScopeKey};
 use tokio::task::JoinHandle;
 
@@ -84,56 +87,27 @@ const TICKET: &str = "x-anonrouter-ticket-provider";
 /// `timeouts`).
 const TIMEOUT_MS: u64 = 60_000;
 
+/// How long a spawned request may take, in real time: up to twenty run at
+/// once here.
+const PATIENCE: Duration = Duration::from_secs(20);
+
 // ---------------------------------------------------------------------
 // Scenarios
 
 /// A scenario with every provider of the catalog: those named with the
 /// settings given (YAML flow mappings), the others answering 200.
 fn fleet(overrides: &[(&str, String)]) -> String {
-    let mut yaml = String::from("providers:\n");
-    for provider in PROVIDERS {
-        let settings = overrides
-            .iter()
-            .find(|(name, _)| *name == provider)
-            .map_or_else(|| String::from("{}"), |(_, settings)| settings.clone());
-        yaml.push_str(&format!("  {provider}: {settings}\n"));
-    }
-    yaml
-}
-
-/// A provider's settings: these steps, the last repeating.
-fn steps(sequence: &[&str]) -> String {
-    let quoted: Vec<String> = sequence.iter().map(|step| format!("'{step}'")).collect();
-    format!("{{sequence: [{}]}}", quoted.join(", "))
+    common::fleet(&PROVIDERS, overrides)
 }
 
 /// Every provider answers 200 but those given steps.
 fn scenario(sequences: &[(&str, &[&str])]) -> String {
-    let overrides: Vec<(&str, String)> = sequences
-        .iter()
-        .map(|(provider, sequence)| (*provider, steps(sequence)))
-        .collect();
-    fleet(&overrides)
+    common::scenario(&PROVIDERS, sequences)
 }
-
-const HEALTHY: &[(&str, &[&str])] = &[];
 
 /// Every provider answers `step`.
 fn all(step: &str) -> String {
-    let overrides: Vec<(&str, String)> = PROVIDERS
-        .iter()
-        .map(|provider| (*provider, steps(&[step])))
-        .collect();
-    fleet(&overrides)
-}
-
-/// New behaviour for the sim (sequences from their first step) and an
-/// empty record; the proxy's penalties and measurements stay.
-fn replay(stack: &Stack, yaml: &str) {
-    stack
-        .sim
-        .set_scenario(Scenario::parse(yaml, "scenario").unwrap());
-    stack.sim.clear();
+    common::all_answer(&PROVIDERS, step)
 }
 
 /// A stack serving the shipped policy in front of `yaml`.
@@ -166,24 +140,6 @@ fn message(model: &str, provider: Value) -> Value {
     body
 }
 
-/// `body` asking for a stream.
-fn streamed(mut body: Value) -> Value {
-    body["stream"] = json!(true);
-    body
-}
-
-/// The providers the sim was asked since it had `before` requests.
-fn asked_since(stack: &Stack, before: usize) -> Vec<String> {
-    stack.providers_tried().split_off(before)
-}
-
-/// A chat completion and the providers it asked, in order.
-async fn chat(stack: &Stack, key: &str, body: Value) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack.chat(key, body).await;
-    (reply, asked_since(stack, before))
-}
-
 /// A chat completion with extra request headers, and the providers it asked.
 async fn chat_with(
     stack: &Stack,
@@ -191,86 +147,14 @@ async fn chat_with(
     headers: &[(&str, &str)],
     body: Value,
 ) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack
-        .post("/v1/chat/completions", Some(key), headers, &body)
-        .await;
-    (reply, asked_since(stack, before))
-}
-
-/// A `/v1/messages` call and the providers it asked, in order.
-async fn messages(stack: &Stack, key: &str, body: Value) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack.messages(key, body).await;
-    (reply, asked_since(stack, before))
-}
-
-fn names(providers: &[&str]) -> Vec<String> {
-    providers.iter().map(|p| p.to_string()).collect()
-}
-
-/// POSTs a chat completion from a task of its own.
-fn spawn_chat(stack: &Stack, key: &str, body: Value) -> JoinHandle<Reply> {
-    let request = stack
-        .client
-        .post(stack.url("/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&body);
-    tokio::spawn(async move {
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply {
-            status,
-            headers,
-            text,
-            json,
-        }
-    })
-}
-
-/// Waits for a spawned request (at most 20 s of real time).
-async fn finished<T>(task: JoinHandle<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), task)
-        .await
-        .expect("the request did not finish")
-        .unwrap()
-}
-
-/// Lets the proxy reach its next wait (real time, generously).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(100)).await;
-}
-
-/// Polls `condition` until it holds (at most 10 s of real time).
-async fn until(what: &str, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Edits the stack's copy of a data file (never the shipped one) and makes
-/// it live: settings and prices the shipped data fixes one way.
-fn reconfigure(stack: &Stack, file: &str, edits: &[(&str, &str)]) {
-    let path = stack.dir.join("anonrouter").join(file);
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    for (from, to) in edits {
-        assert!(text.contains(from), "{file} has no {from:?}");
-        text = text.replacen(from, to, 1);
-    }
-    std::fs::write(&path, text).unwrap();
-    let (snapshot, _) = compile(&stack.policy, &AllBut(Vec::new()));
-    stack.proxy.replace(Arc::new(snapshot));
+    let request = stack.post("/v1/chat/completions", Some(key), headers, &body);
+    tried_by(stack, request).await
 }
 
 /// Sets the settings of lumen's Default Workspace (it has none shipped),
 /// replacing any set before.
 fn default_workspace(stack: &Stack, settings: &str) {
-    let path = stack.dir.join("anonrouter").join("tenants.yaml");
+    let path = data_file(stack, "tenants.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let workspace = "      - id: default\n";
     let at = text.find(workspace).unwrap() + workspace.len();
@@ -281,13 +165,12 @@ fn default_workspace(stack: &Stack, settings: &str) {
     };
     let text = format!("{before}        settings: {settings}\n{rest}");
     std::fs::write(&path, text).unwrap();
-    let (snapshot, _) = compile(&stack.policy, &AllBut(Vec::new()));
-    stack.proxy.replace(Arc::new(snapshot));
+    recompile(stack, &[]);
 }
 
 /// A route's price line in the catalog, by its provider and old price.
 fn reprice(stack: &Stack, old: &str, new: &str) {
-    reconfigure(stack, "catalog.yaml", &[(old, new)]);
+    reconfigure(stack, "catalog.yaml", &[(old, new)], &[]);
 }
 
 /// near-ai-us's price for deepseek in the shipped catalog.
@@ -306,77 +189,21 @@ fn public(provider: &str) -> &str {
     }
 }
 
-/// The answer's text: a completion's or message's content, or a stream's
-/// deltas joined.
-fn answer_text(reply: &Reply) -> String {
-    if let Some(text) = reply
-        .json
-        .pointer("/choices/0/message/content")
-        .or_else(|| reply.json.pointer("/content/0/text"))
-        .and_then(Value::as_str)
-    {
-        return text.to_string();
-    }
-    reply
-        .events()
-        .iter()
-        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
-        .filter_map(|event| {
-            event
-                .pointer("/choices/0/delta/content")
-                .or_else(|| event.pointer("/delta/text"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 /// A successful answer from `provider` (a catalog id), which the provider
 /// header names by its public id.
 fn assert_served(reply: &Reply, provider: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(answer_text(reply), format!("hello from {provider}"));
+    reply.assert_served(provider);
     assert_eq!(reply.header(PROVIDER), Some(public(provider)));
-}
-
-/// The OpenAI error object: status, `code` (the policy's error name) and
-/// `type`; returns the message.
-fn openai_error(reply: &Reply, status: u16, code: &str, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    let error = &reply.json["error"];
-    assert_eq!(error["code"], code, "{}", reply.text);
-    assert_eq!(error["type"], error_type, "{}", reply.text);
-    error["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
 }
 
 /// An error of the policy whose `type` is its name (the seed's error table).
 fn policy_error(reply: &Reply, status: u16, name: &str) -> String {
-    openai_error(reply, status, name, name)
-}
-
-/// The Anthropic error object: status and `type`; returns the message.
-fn anthropic_error(reply: &Reply, status: u16, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.json["type"], "error", "{}", reply.text);
-    assert_eq!(reply.json["error"]["type"], error_type, "{}", reply.text);
-    reply.json["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
+    reply.openai_error(status, name, name)
 }
 
 /// The provider that served each of `count` requests.
 async fn first_choices(stack: &Stack, key: &str, body: &Value, count: usize) -> Vec<String> {
-    let mut served = Vec::with_capacity(count);
-    for _ in 0..count {
-        let reply = stack.chat(key, body.clone()).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        served.push(reply.header(PROVIDER).unwrap().to_string());
-    }
-    served
+    common::first_choices(stack, key, body, PROVIDER, count).await
 }
 
 fn distinct(served: &[String]) -> BTreeSet<&str> {
@@ -450,7 +277,7 @@ async fn warm(stack: &Stack, model: &str, pin: &str, count: usize, stream: bool)
         .map(|_| spawn_chat(stack, LUMEN, body.clone()))
         .collect();
     for task in tasks {
-        let reply = finished(task).await;
+        let reply = finished_within(PATIENCE, task).await;
         assert_eq!(reply.status, 200, "{}", reply.text);
     }
     let count = u32::try_from(count).unwrap();
@@ -526,7 +353,7 @@ async fn a2_a129_failover_never_changes_the_model() {
     // 1.90 output, near-ai-us 0.60 input), near-ai-eu for qwen.
     let policy = json!({"only": ["venice", "near-ai"], "max_price": {"input": 0.5, "output": 1.5}});
     let (reply, tried) = chat(&stack, LUMEN, routed(AUTO, policy.clone())).await;
-    openai_error(&reply, 500, "provider_error", "api_error");
+    reply.openai_error(500, "provider_error", "api_error");
     assert_eq!(tried, names(&["venice"]));
     assert_eq!(reply.header(ATTEMPTS), Some("1"));
     // Healthy, venice serves deepseek, the model Auto chose first.
@@ -627,16 +454,8 @@ async fn a6_each_route_has_its_own_tier_and_price() {
 /// The `provider_routes` and `auto_provider` of each model in
 /// `GET /v1/models` for `key`.
 async fn listing(stack: &Stack, key: &str, anthropic: bool) -> Vec<(String, Value, Value)> {
-    let mut request = stack.client.get(stack.url("/v1/models")).bearer_auth(key);
-    if anthropic {
-        request = request.header("anthropic-version", "2023-06-01");
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    let listed: Value = response.json().await.unwrap();
-    listed["data"]
-        .as_array()
-        .unwrap()
+    model_list(stack, key, anthropic)
+        .await
         .iter()
         .map(|entry| {
             (
@@ -758,7 +577,7 @@ async fn a9_a19_a29_a_pin_is_only_that_provider_without_fallback() {
         );
         // venice fails: no other provider is tried.
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, provider.clone())).await;
-        openai_error(&reply, 500, "provider_error", "api_error");
+        reply.openai_error(500, "provider_error", "api_error");
         assert_eq!(tried, names(&["venice"]), "{provider}");
         assert_eq!(reply.header(ATTEMPTS), Some("1"));
     }
@@ -879,7 +698,7 @@ async fn a13_a94_allow_fallbacks_false_makes_a_single_attempt() {
         routed(DEEPSEEK, json!({"allow_fallbacks": false})),
     )
     .await;
-    openai_error(&reply, 503, "provider_error", "api_error");
+    reply.openai_error(503, "provider_error", "api_error");
     assert_eq!(tried, names(&["tinfoil"]));
     assert_eq!(reply.header(ATTEMPTS), Some("1"));
     stack.stop().await;
@@ -1152,7 +971,7 @@ async fn a24_a25_a26_a120_contradictory_fields_are_a_provider_policy_conflict() 
         );
         assert!(tried.is_empty(), "{conflict}");
         let (reply, _) = messages(&stack, LUMEN, message_body_with(conflict)).await;
-        anthropic_error(&reply, 400, "provider_policy_conflict");
+        reply.anthropic_error(400, "provider_policy_conflict");
     }
     assert!(stack.sim.requests().is_empty());
 
@@ -1197,7 +1016,7 @@ async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
         json!(["venice"]),
     ] {
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, invalid.clone())).await;
-        let message = openai_error(&reply, 400, "invalid_request", "invalid_request_error");
+        let message = reply.openai_error(400, "invalid_request", "invalid_request_error");
         assert_eq!(
             message, "the request's routing fields are malformed or out of range",
             "{invalid}"
@@ -1205,7 +1024,7 @@ async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
         assert!(tried.is_empty(), "{invalid}");
     }
     let (reply, _) = messages(&stack, LUMEN, message_body_with(json!({"sort": "default"}))).await;
-    anthropic_error(&reply, 400, "invalid_request_error");
+    reply.anthropic_error(400, "invalid_request_error");
     assert!(stack.sim.requests().is_empty());
 
     // The edges of the range are accepted.
@@ -1238,7 +1057,7 @@ async fn a28_a119_an_invalid_provider_id_is_invalid_provider_policy() {
         assert!(tried.is_empty(), "{invalid}");
     }
     let (reply, _) = messages(&stack, LUMEN, message_body_with(json!("fireworks"))).await;
-    anthropic_error(&reply, 400, "invalid_provider_policy");
+    reply.anthropic_error(400, "invalid_provider_policy");
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;
 }
@@ -1284,7 +1103,7 @@ async fn a30_a32_a125_a_ticket_binds_the_provider_policy() {
             &message_body_with(json!("tinfoil")),
         )
         .await;
-    anthropic_error(&reply, 409, "ticket_provider_policy_mismatch");
+    reply.anthropic_error(409, "ticket_provider_policy_mismatch");
     assert!(stack.sim.requests().is_empty());
 
     // The same value (key order aside) is served, and neither the ticket
@@ -1452,7 +1271,7 @@ async fn a34_e2ee_routes_serve_only_e2ee_requests() {
         assert!(tried.is_empty());
     }
     let (reply, _) = chat_with(&stack, LUMEN, &[(E2EE, "yes please")], body(DEEPSEEK)).await;
-    openai_error(&reply, 400, "invalid_request", "invalid_request_error");
+    reply.openai_error(400, "invalid_request", "invalid_request_error");
     stack.stop().await;
 }
 
@@ -1912,7 +1731,7 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
         "left too early"
     );
     clock.advance(1);
-    let reply = finished(streaming).await;
+    let reply = finished_within(PATIENCE, streaming).await;
     assert_served(&reply, "near-ai-us");
     assert_eq!(stack.providers_tried(), names(&["tinfoil", "near-ai-us"]));
     stack.stop().await;
@@ -1932,7 +1751,7 @@ async fn a88_after_output_started_a_failure_is_reported_not_retried() {
         let reply = stack.chat(RESEARCH, streamed(body(DEEPSEEK))).await;
         assert_eq!(reply.status, 200);
         assert_eq!(reply.header(PROVIDER), Some("tinfoil"));
-        let text = answer_text(&reply);
+        let text = reply.answer_text();
         assert!(
             !text.is_empty() && "hello from tinfoil".starts_with(&text),
             "{}",
@@ -2069,7 +1888,7 @@ async fn a56_a_timeout_moves_on_and_penalizes_the_route() {
         "left too early"
     );
     clock.advance(1);
-    let reply = finished(waiting).await;
+    let reply = finished_within(PATIENCE, waiting).await;
     assert_served(&reply, "near-ai-us");
     assert_eq!(stack.providers_tried(), names(&["tinfoil", "near-ai-us"]));
     replay(&stack, &scenario(HEALTHY));
@@ -2084,12 +1903,6 @@ async fn a56_a_timeout_moves_on_and_penalizes_the_route() {
         assert_eq!(penalty, Penalty::Route, "{step}");
     }
     stack.stop().await;
-}
-
-/// A loopback port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// [A57] a network failure before any output (the connection dropped, or
@@ -2108,7 +1921,7 @@ async fn a57_a_network_failure_moves_on_and_penalizes_the_route() {
     // tinfoil where nothing listens.
     let tinfoil = format!("http://{}/tinfoil/v1", stack.sim.addr());
     let nowhere = format!("http://127.0.0.1:{}/tinfoil/v1", closed_port());
-    reconfigure(&stack, "catalog.yaml", &[(&tinfoil, &nowhere)]);
+    reconfigure(&stack, "catalog.yaml", &[(&tinfoil, &nowhere)], &[]);
     let (reply, tried) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
     assert_served(&reply, "near-ai-us");
     assert_eq!(tried, names(&["near-ai-us"]));
@@ -2209,7 +2022,7 @@ async fn a62_a67_a69_a93_a_400_stops_with_a_sanitized_400() {
             first_attempt_answers(&stack, &clock, secret, request).await;
         assert!(!moved_on);
         assert_eq!(penalty, Penalty::None);
-        let message = openai_error(&reply, 400, "provider_error", "invalid_request_error");
+        let message = reply.openai_error(400, "provider_error", "invalid_request_error");
         assert_eq!(message, "the provider could not serve this request");
         assert!(!reply.text.contains("internals"), "{}", reply.text);
         assert!(!reply.text.contains("invalid_parameter"), "{}", reply.text);
@@ -2219,7 +2032,7 @@ async fn a62_a67_a69_a93_a_400_stops_with_a_sanitized_400() {
     replay(&stack, &scenario(&[("tinfoil", &[secret])]));
     let (reply, tried) = messages(&stack, RESEARCH, message(DEEPSEEK, Value::Null)).await;
     assert_eq!(
-        anthropic_error(&reply, 400, "invalid_request_error"),
+        reply.anthropic_error(400, "invalid_request_error"),
         "the provider could not serve this request"
     );
     assert!(!reply.text.contains("internals"));
@@ -2249,7 +2062,7 @@ async fn a68_a_400_after_a_fallback_is_503_provider_fallback_exhausted() {
     forget_failures(&clock);
 
     let (reply, _) = messages(&stack, RESEARCH, message_body_with(Value::Null)).await;
-    anthropic_error(&reply, 503, "provider_fallback_exhausted");
+    reply.anthropic_error(503, "provider_fallback_exhausted");
     stack.stop().await;
 }
 
@@ -2302,7 +2115,7 @@ async fn a64_a65_a69_a70_a93_refusals_and_context_errors_stop_without_penalty() 
         &scenario(&[("tinfoil", &["500 code=context_length_exceeded"])]),
     );
     let (reply, tried) = messages(&stack, RESEARCH, message_body_with(Value::Null)).await;
-    anthropic_error(&reply, 500, "api_error");
+    reply.anthropic_error(500, "api_error");
     assert_eq!(tried, names(&["tinfoil"]));
 
     // After a fallback: 503 provider_fallback_exhausted, no third attempt.
@@ -2336,7 +2149,7 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
         policy_error(&reply, 503, "provider_fallback_exhausted");
         assert_eq!(tried, names(expected));
         let (reply, _) = messages(&stack, key, message_body_with(Value::Null)).await;
-        anthropic_error(&reply, 503, "provider_fallback_exhausted");
+        reply.anthropic_error(503, "provider_fallback_exhausted");
         forget_failures(&clock);
     }
     // Failures without an answer, after a fallback.
@@ -2383,11 +2196,11 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
     ] {
         replay(&stack, &all(step));
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, json!("venice"))).await;
-        openai_error(&reply, status, code, error_type);
+        reply.openai_error(status, code, error_type);
         assert!(!reply.text.contains("venice quota"), "{}", reply.text);
         assert_eq!(tried, names(&["venice"]));
         let (reply, _) = messages(&stack, LUMEN, message_body_with(json!("venice"))).await;
-        anthropic_error(&reply, status, error_type);
+        reply.anthropic_error(status, error_type);
         forget_failures(&clock);
     }
     // The only TEE route left after tinfoil: one provider tried.
@@ -2398,7 +2211,7 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
         routed(DEEPSEEK, json!({"ignore": ["near-ai"]})),
     )
     .await;
-    openai_error(&reply, 500, "provider_error", "api_error");
+    reply.openai_error(500, "provider_error", "api_error");
     assert_eq!(tried, names(&["tinfoil"]));
     // A single attempt that timed out.
     replay(&stack, &all("no_answer"));
@@ -2409,7 +2222,7 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
         stack.chat(LUMEN, routed(DEEPSEEK, json!({"max_attempts": 1}))),
     )
     .await;
-    openai_error(&reply, 502, "provider_unreachable", "api_error");
+    reply.openai_error(502, "provider_unreachable", "api_error");
     stack.stop().await;
 }
 
@@ -2734,6 +2547,7 @@ async fn a71_a77_a91_a99_fallback_never_steps_below_the_floor() {
             "provider_max_attempts: 2\n",
             "provider_max_attempts: 3\n          fallback_floor: anonymous\n",
         )],
+        &[],
     );
     let (_, tried) = chat(&stack, LEGAL, routed(DEEPSEEK, json!({"sort": "price"}))).await;
     assert_eq!(tried, names(&["venice", "tinfoil", "near-ai-us"]));
@@ -2976,6 +2790,7 @@ fn second_e2ee_route(stack: &Stack) {
             "        attributes: {tier: e2ee}\n",
             "        attributes: {tier: e2ee}\n      - provider: near-ai-eu\n        upstream: deepseek-v3.2-e2ee\n        price: {input: 1.20, output: 3.00}\n        attributes: {tier: e2ee}\n",
         )],
+        &[],
     );
 }
 
@@ -3043,7 +2858,7 @@ async fn a89_a127_an_e2ee_provider_failing_is_503_without_fallback() {
             &message(DEEPSEEK, Value::Null),
         )
         .await;
-    anthropic_error(&reply, 503, "provider_fallback_not_supported_for_e2ee");
+    reply.anthropic_error(503, "provider_fallback_not_supported_for_e2ee");
     stack.stop().await;
 }
 
@@ -3106,7 +2921,7 @@ async fn a97_a111_the_workspace_fallback_setting() {
             routed(DEEPSEEK, provider.clone())
         };
         let (reply, tried) = chat(&stack, LUMEN, request).await;
-        openai_error(&reply, 500, "provider_error", "api_error");
+        reply.openai_error(500, "provider_error", "api_error");
         assert_eq!(tried, names(&["tinfoil"]), "{provider}");
         forget_failures(&clock);
     }
@@ -3153,6 +2968,7 @@ async fn a98_a111_retries_go_to_different_providers_up_to_the_workspace_limit() 
             "        attributes: {tier: e2ee}\n",
             "        attributes: {tier: e2ee}\n      - provider: near-ai-eu\n        upstream: deepseek-ai/DeepSeek-V3.2\n        price: {input: 0.60, output: 1.80}\n        attributes: {tier: tee}\n",
         )],
+        &[],
     );
     let (_, tried) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
     assert_eq!(tried, names(&["tinfoil", "near-ai-us", "venice"]));
@@ -3173,7 +2989,7 @@ async fn a98_a111_retries_go_to_different_providers_up_to_the_workspace_limit() 
         routed(DEEPSEEK, json!({"only": ["near-ai"]})),
     )
     .await;
-    openai_error(&reply, 500, "provider_error", "api_error");
+    reply.openai_error(500, "provider_error", "api_error");
     assert_eq!(tried, names(&["near-ai-us"]));
     stack.stop().await;
 }
@@ -3590,7 +3406,7 @@ async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
         let reply = stack
             .post("/v1/messages", Some(key), &with_version, &anthropic)
             .await;
-        assert_eq!(anthropic_error(&reply, status, name), message, "{request}");
+        assert_eq!(reply.anthropic_error(status, name), message, "{request}");
         assert!(reply.json["error"].get("code").is_none());
     }
     assert!(stack.sim.requests().is_empty());

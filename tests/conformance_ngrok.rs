@@ -20,13 +20,16 @@
 
 mod common;
 
-use common::{AllBut, Reply, Stack, sha256_hex};
+use common::{
+    Reply, Stack, chat_body, closed_port, data_file, messages_body, recompile, replay, sha256_hex,
+    streamed,
+};
 use serde_json::{Value, json};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use switchyard::sim::{RecordedRequest, Scenario};
+use switchyard::sim::RecordedRequest;
 use switchyard::state::{Clock, ManualClock};
 
 const TUNNELCO: &str = "sk-ngrok-tunnelco";
@@ -45,47 +48,19 @@ const CREDENTIALS: &[(&str, &str)] = &[
 // ---------------------------------------------------------------------------
 // Requests and scenarios
 
-/// An OpenAI chat completion asking for `model`.
-fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
-}
-
-/// An Anthropic message asking for `model`.
-fn message(model: &str) -> Value {
-    json!({"model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]})
-}
-
 /// `body` with `field` set to `value`.
 fn with(mut body: Value, field: &str, value: Value) -> Value {
     body[field] = value;
     body
 }
 
-/// `body` asking for a stream.
-fn streamed(body: Value) -> Value {
-    with(body, "stream", json!(true))
-}
+/// The providers of the catalog, by their sim paths.
+const PROVIDERS: [&str; 4] = ["openai", "anthropic", "openrouter", "groq"];
 
 /// A scenario with every provider of the catalog: the ones named with the
 /// settings given (YAML flow style), the others answering 200 to everything.
 fn fleet(overrides: &[(&str, &str)]) -> String {
-    let mut yaml = String::from("providers:\n");
-    for provider in ["openai", "anthropic", "openrouter", "groq"] {
-        let settings = overrides
-            .iter()
-            .find(|(name, _)| *name == provider)
-            .map_or("{}", |(_, settings)| settings);
-        yaml.push_str(&format!("  {provider}: {settings}\n"));
-    }
-    yaml
-}
-
-/// Replaces the sim's scenario and forgets what it received so far.
-fn rescript(stack: &Stack, overrides: &[(&str, &str)]) {
-    stack
-        .sim
-        .set_scenario(Scenario::parse(&fleet(overrides), "rescript").unwrap());
-    stack.sim.clear();
+    common::fleet(&PROVIDERS, overrides)
 }
 
 /// Every provider fails every request with 500.
@@ -111,17 +86,7 @@ async fn post_text(stack: &Stack, wire: Wire, key: &str, body: &str) -> Reply {
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Reply {
-        status,
-        headers,
-        text,
-        json,
-    }
+    Reply::of(request).await
 }
 
 /// Runs a request that must not wait on the proxy's clock (which nobody
@@ -302,45 +267,19 @@ fn assert_passthrough(reply: &Reply, wire: Wire, status: u16, provider: &str) {
     }
 }
 
-/// A successful answer from `provider`, whose content the sim writes.
+/// A successful whole answer (not a stream) from `provider`, whose
+/// content the sim writes.
 fn assert_served_by(reply: &Reply, provider: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    let greeting = format!("hello from {provider}");
-    let content = reply.json["choices"][0]["message"]["content"]
-        .as_str()
-        .or_else(|| reply.json["content"][0]["text"].as_str())
-        .unwrap_or_default();
-    assert_eq!(content, greeting, "{}", reply.text);
-}
-
-/// The text of a streamed answer's content events, joined.
-fn streamed_text(reply: &Reply) -> String {
-    reply
-        .events()
-        .iter()
-        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
-        .filter_map(|event| {
-            event["choices"][0]["delta"]["content"]
-                .as_str()
-                .or_else(|| event["delta"]["text"].as_str())
-                .map(str::to_string)
-        })
-        .collect()
+    assert!(!reply.is_stream(), "a whole answer: {}", reply.text);
+    reply.assert_served(provider);
 }
 
 // ---------------------------------------------------------------------------
 // Changing the stack's copy of the data (never the shipped files)
 
-/// Recompiles the stack's copy of the policy and data and serves it.
-fn recompile(stack: &Stack, missing: &[&str]) {
-    let secrets = AllBut(missing.iter().map(ToString::to_string).collect());
-    let (snapshot, _) = common::compile(&stack.policy, &secrets);
-    stack.proxy.replace(Arc::new(snapshot));
-}
-
 /// Points `provider` at `base_url` instead of the sim.
 fn repoint(stack: &Stack, missing: &[&str], provider: &str, base_url: &str) {
-    let path = stack.dir.join("ngrok").join("catalog.yaml");
+    let path = data_file(stack, "catalog.yaml");
     let catalog = std::fs::read_to_string(&path).unwrap();
     let current = catalog
         .lines()
@@ -358,7 +297,7 @@ fn repoint(stack: &Stack, missing: &[&str], provider: &str, base_url: &str) {
 
 /// Adds an account (YAML of one `tenants:` item) to the stack's tenants.
 fn add_tenant(stack: &Stack, missing: &[&str], tenant: &str) {
-    let path = stack.dir.join("ngrok").join("tenants.yaml");
+    let path = data_file(stack, "tenants.yaml");
     let mut tenants = std::fs::read_to_string(&path).unwrap();
     tenants.push('\n');
     tenants.push_str(tenant);
@@ -369,11 +308,12 @@ fn add_tenant(stack: &Stack, missing: &[&str], tenant: &str) {
 /// Base URLs for `provider` that no connection reaches: a port where
 /// nothing listens, a host no DNS knows, and TLS to the sim's plain HTTP.
 fn unreachable(stack: &Stack, provider: &str) -> [(&'static str, String); 3] {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed = listener.local_addr().unwrap();
-    drop(listener);
+    let closed = closed_port();
     [
-        ("refused", format!("http://{closed}/{provider}/v1")),
+        (
+            "refused",
+            format!("http://127.0.0.1:{closed}/{provider}/v1"),
+        ),
         ("dns", format!("http://no-such-host.invalid/{provider}/v1")),
         ("tls", format!("https://{}/{provider}/v1", stack.sim.addr())),
     ]
@@ -515,12 +455,15 @@ async fn an_unparseable_body_is_err_ngrok_3801_before_any_attempt() {
     // either.
     let reply = at_once(stack.chat(
         TUNNELCO,
-        with(chat("gpt-4o"), "models", json!("gpt-4o-mini")),
+        with(chat_body("gpt-4o"), "models", json!("gpt-4o-mini")),
     ))
     .await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3801);
-    let reply =
-        at_once(stack.messages(TUNNELCO, with(message("gpt-4o"), "models", json!([1])))).await;
+    let reply = at_once(stack.messages(
+        TUNNELCO,
+        with(messages_body("gpt-4o"), "models", json!([1])),
+    ))
+    .await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3801);
 }
 
@@ -531,17 +474,20 @@ async fn an_unknown_model_or_malformed_address_is_err_ngrok_3802() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
 
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-9"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
-    let reply = at_once(stack.messages(TUNNELCO, message("gpt-9"))).await;
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("gpt-9"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3802);
     // In the models array.
-    let reply =
-        at_once(stack.chat(TUNNELCO, with(chat("gpt-4o"), "models", json!(["gpt-9"])))).await;
+    let reply = at_once(stack.chat(
+        TUNNELCO,
+        with(chat_body("gpt-4o"), "models", json!(["gpt-9"])),
+    ))
+    .await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
     // No such provider, and a provider that does not serve the model.
     for address in ["nosuch:gpt-4o", "anthropic:gpt-4o"] {
-        let reply = at_once(stack.chat(TUNNELCO, chat(address))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body(address))).await;
         assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
     }
 }
@@ -556,12 +502,12 @@ async fn the_access_scope_blocks_providers_and_models() {
     let missing = ["NGROK_ANTHROPIC_KEY"];
     let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
 
-    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat("openrouter:gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat_body("openrouter:gpt-4o"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
-    let reply = at_once(stack.messages(TUNNELCO_SCOPED, message("openrouter:gpt-4o"))).await;
+    let reply = at_once(stack.messages(TUNNELCO_SCOPED, messages_body("openrouter:gpt-4o"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3804);
     // The unscoped key of the same account is served.
-    let reply = at_once(stack.chat(TUNNELCO, chat("openrouter:gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("openrouter:gpt-4o"))).await;
     assert_served_by(&reply, "openrouter");
 
     // A key whose scope allows one model (a copy of the data with one more
@@ -575,10 +521,10 @@ async fn the_access_scope_blocks_providers_and_models() {
         ),
     );
     stack.sim.clear();
-    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat_body("gpt-4o"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
-    rescript(&stack, ALL_FAIL);
-    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat("gpt-4o-mini"))).await;
+    replay(&stack, &fleet(ALL_FAIL));
+    let reply = at_once(stack.chat("sk-ngrok-minico-mini", chat_body("gpt-4o-mini"))).await;
     assert_passthrough(&reply, Wire::OpenAi, 500, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -594,7 +540,7 @@ async fn the_access_scope_blocks_providers_and_models() {
     // reseller: openai's two keys, then anthropic for the fallback model.
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
-    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat_body("gpt-4o"))).await;
     assert_passthrough(&reply, Wire::OpenAi, 500, "anthropic");
     assert_eq!(
         upstream(&stack),
@@ -615,9 +561,9 @@ async fn no_provider_key_is_err_ngrok_3805() {
     let clock = Arc::new(ManualClock::default());
     let missing = ["NGROK_ANTHROPIC_KEY", "NGROK_OPENROUTER_KEY"];
     let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("groq:llama-3.3-70b"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("groq:llama-3.3-70b"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3805);
-    let reply = at_once(stack.messages(TUNNELCO, message("groq:llama-3.3-70b"))).await;
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("groq:llama-3.3-70b"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3805);
 
     // Every key unset.
@@ -629,13 +575,13 @@ async fn no_provider_key_is_err_ngrok_3805() {
         "NGROK_OPENROUTER_KEY",
     ];
     let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o-mini"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3805);
 
     // With keys, llama-3.3-70b skips keyless groq for the reseller.
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("llama-3.3-70b"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("llama-3.3-70b"))).await;
     assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -650,11 +596,11 @@ async fn an_account_without_credits_is_err_ngrok_3807() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
 
-    let reply = at_once(stack.chat(BROKECO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(BROKECO, chat_body("gpt-4o"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
-    let reply = at_once(stack.messages(BROKECO, message("openai:gpt-4o"))).await;
+    let reply = at_once(stack.messages(BROKECO, messages_body("openai:gpt-4o"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3807);
-    let reply = at_once(stack.chat(BROKECO, streamed(chat("claude-sonnet-4-5")))).await;
+    let reply = at_once(stack.chat(BROKECO, streamed(chat_body("claude-sonnet-4-5")))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
 }
 
@@ -678,27 +624,27 @@ async fn every_response_carries_the_request_id() {
     let replies = [
         (
             "an answer",
-            at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await,
+            at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await,
         ),
         (
             "a stream",
-            at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await,
+            at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await,
         ),
         (
             "an error after failover",
-            at_once(stack.messages(TUNNELCO, message("anthropic:claude-sonnet-4-5"))).await,
+            at_once(stack.messages(TUNNELCO, messages_body("anthropic:claude-sonnet-4-5"))).await,
         ),
         (
             "no credits",
-            at_once(stack.chat(BROKECO, chat("gpt-4o"))).await,
+            at_once(stack.chat(BROKECO, chat_body("gpt-4o"))).await,
         ),
         (
             "an unknown model",
-            at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await,
+            at_once(stack.chat(TUNNELCO, chat_body("gpt-9"))).await,
         ),
         (
             "a malformed models field",
-            at_once(stack.chat(TUNNELCO, with(chat("gpt-4o"), "models", json!(7)))).await,
+            at_once(stack.chat(TUNNELCO, with(chat_body("gpt-4o"), "models", json!(7)))).await,
         ),
         (
             "a body that is not JSON",
@@ -738,7 +684,7 @@ async fn every_response_carries_the_request_id() {
         "/v1/chat/completions",
         Some(TUNNELCO),
         &[("x-request-id", "trace-42")],
-        &chat("gpt-9"),
+        &chat_body("gpt-9"),
     ))
     .await;
     assert_eq!(reply.header("ngrok-aig-request-id"), Some("trace-42"));
@@ -751,39 +697,42 @@ async fn responses_after_attempts_carry_the_attempt_count() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
 
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "openai");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
-    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
 
     // Served by the third candidate.
-    rescript(&stack, &[("openai", "{sequence: [\"500\"]}")]);
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    replay(&stack, &fleet(&[("openai", "{sequence: [\"500\"]}")]));
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "openrouter");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
 
     // Failed after all five.
-    rescript(&stack, ALL_FAIL);
-    let reply = at_once(stack.messages(TUNNELCO, message("gpt-4o"))).await;
+    replay(&stack, &fleet(ALL_FAIL));
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("gpt-4o"))).await;
     assert_passthrough(&reply, Wire::Anthropic, 500, "openrouter");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("5"));
 
     // A stream served by the second candidate.
-    rescript(&stack, &[("openai", "{sequence: [\"500\", \"200\"]}")]);
-    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
-    assert_eq!(streamed_text(&reply), "hello from openai");
+    replay(
+        &stack,
+        &fleet(&[("openai", "{sequence: [\"500\", \"200\"]}")]),
+    );
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await;
+    assert_eq!(reply.streamed_text(), "hello from openai");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("2"));
 
     // A same-backend retry is no further candidate.
-    rescript(
+    replay(
         &stack,
-        &[("openai", "{sequence: [\"429 retry_after=1s\", \"200\"]}")],
+        &fleet(&[("openai", "{sequence: [\"429 retry_after=1s\", \"200\"]}")]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 1).await;
             t.advance_to(1_000);
         })
@@ -793,7 +742,7 @@ async fn responses_after_attempts_carry_the_attempt_count() {
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
 
     // Refused before any attempt: no header.
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-9"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-9"))).await;
     assert_eq!(reply.status, 404);
     assert_eq!(reply.header("ngrok-aig-attempts"), None);
 }
@@ -813,14 +762,14 @@ async fn a_rejected_key_fails_over_to_the_next_key() {
         "403 code=permission_denied",
         "401 code=authentication_error",
     ] {
-        rescript(
+        replay(
             &stack,
-            &[(
+            &fleet(&[(
                 "openai",
                 &format!("{{sequence: [\"{rejection}\", \"200\"]}}"),
-            )],
+            )]),
         );
-        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
         assert_served_by(&reply, "openai");
         assert_eq!(
             upstream(&stack),
@@ -833,8 +782,8 @@ async fn a_rejected_key_fails_over_to_the_next_key() {
     }
 
     // Anthropic says why in the error's type: authentication_error.
-    rescript(&stack, &[("anthropic", "{sequence: [\"401\"]}")]);
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    replay(&stack, &fleet(&[("anthropic", "{sequence: [\"401\"]}")]));
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -845,14 +794,14 @@ async fn a_rejected_key_fails_over_to_the_next_key() {
     );
 
     // An exhausted credential fails over instead of failing the request.
-    rescript(
+    replay(
         &stack,
-        &[(
+        &fleet(&[(
             "openai",
             "{sequence: [\"429 code=insufficient_quota\", \"200\"]}",
-        )],
+        )]),
     );
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o-mini"))).await;
     assert_served_by(&reply, "openai");
     assert_eq!(
         upstream(&stack),
@@ -874,19 +823,19 @@ async fn a_401_or_403_for_another_reason_stops() {
         (401, "401 code=ip_not_authorized"),
         (403, "403 code=unsupported_country_region_territory"),
     ] {
-        rescript(
+        replay(
             &stack,
-            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+            &fleet(&[("openai", &format!("{{sequence: [\"{step}\"]}}"))]),
         );
-        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
         assert_passthrough(&reply, Wire::OpenAi, status, "openai");
         assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"], "{step}");
         assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"));
     }
 
     // Anthropic's 403 permission_error.
-    rescript(&stack, &[("anthropic", "{sequence: [\"403\"]}")]);
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    replay(&stack, &fleet(&[("anthropic", "{sequence: [\"403\"]}")]));
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_passthrough(&reply, Wire::Anthropic, 403, "anthropic");
     assert_eq!(reply.json["error"]["type"], "permission_error");
     assert_eq!(
@@ -915,7 +864,7 @@ async fn rate_limits_server_errors_and_408_fail_over() {
         clock.clone(),
     )
     .await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -929,23 +878,23 @@ async fn rate_limits_server_errors_and_408_fail_over() {
     );
 
     // Every one fails: the last provider's own answer, as it sent it.
-    rescript(
+    replay(
         &stack,
-        &[
+        &fleet(&[
             ("openai", "{sequence: [\"500\", \"502\"]}"),
             (
                 "openrouter",
                 "{models: {\"openai/gpt-4o\": {sequence: [\"504\"]}, \"anthropic/claude-sonnet-4.5\": {sequence: [\"503\"]}}}",
             ),
             ("anthropic", "{sequence: [\"599\"]}"),
-        ],
+        ]),
     );
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_passthrough(&reply, Wire::OpenAi, 503, "openrouter");
     assert_eq!(upstream(&stack).len(), 5);
     // In Anthropic's format on /v1/messages.
     stack.sim.clear();
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_passthrough(&reply, Wire::Anthropic, 503, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -970,16 +919,16 @@ async fn any_other_4xx_stops_at_once() {
         (413, "413"),
         (422, "422"),
     ] {
-        rescript(
+        replay(
             &stack,
-            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+            &fleet(&[("openai", &format!("{{sequence: [\"{step}\"]}}"))]),
         );
-        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
         assert_passthrough(&reply, Wire::OpenAi, status, "openai");
         assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"], "{step}");
     }
-    rescript(&stack, &[("anthropic", "{sequence: [\"400\"]}")]);
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    replay(&stack, &fleet(&[("anthropic", "{sequence: [\"400\"]}")]));
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_passthrough(&reply, Wire::Anthropic, 400, "anthropic");
     assert_eq!(reply.json["error"]["type"], "invalid_request_error");
     assert_eq!(
@@ -1004,7 +953,7 @@ async fn an_attempt_over_the_per_request_timeout_fails_over() {
     // No response headers in time.
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);
@@ -1021,13 +970,13 @@ async fn an_attempt_over_the_per_request_timeout_fails_over() {
     );
 
     // A stream whose first event does not come in time.
-    rescript(
+    replay(
         &stack,
-        &[("openai", "{sequence: [\"stall_after=0\", \"200\"]}")],
+        &fleet(&[("openai", "{sequence: [\"stall_after=0\", \"200\"]}")]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, streamed(chat("gpt-4o"))), async {
+        .run(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o"))), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);
@@ -1035,7 +984,7 @@ async fn an_attempt_over_the_per_request_timeout_fails_over() {
         })
         .await;
     assert_eq!(reply.status, 200);
-    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.streamed_text(), "hello from openai");
     assert_eq!(reply.events().last().unwrap().1, "[DONE]");
     assert_eq!(
         upstream(&stack),
@@ -1057,7 +1006,7 @@ async fn an_attempt_over_the_per_request_timeout_fails_over() {
     let t = Timeline::new(&stack, &clock);
     let reply = t
         .run(
-            stack.messages(TUNNELCO, message("anthropic:claude-sonnet-4-5")),
+            stack.messages(TUNNELCO, messages_body("anthropic:claude-sonnet-4-5")),
             async {
                 t.reached(1, 0).await;
                 t.quiet_until(7_999).await;
@@ -1084,7 +1033,7 @@ async fn network_failures_fail_over() {
     .await;
 
     // The connection drops before the response.
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
@@ -1098,8 +1047,8 @@ async fn network_failures_fail_over() {
     // No connection at all: openai's two keys fail without reaching it.
     for (what, base_url) in unreachable(&stack, "openai") {
         repoint(&stack, &[], "openai", &base_url);
-        rescript(&stack, &[]);
-        let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+        replay(&stack, &fleet(&[]));
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
         assert_served_by(&reply, "openrouter");
         assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"), "{what}");
         assert_eq!(
@@ -1119,12 +1068,12 @@ async fn network_failures_fail_over() {
         clock.clone(),
     )
     .await;
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_error(&reply, Wire::Anthropic, &ERR_3809);
     assert_eq!(upstream(&stack).len(), 1);
     for (what, base_url) in unreachable(&stack, "anthropic") {
         repoint(&stack, &missing, "anthropic", &base_url);
-        let reply = at_once(stack.chat(TUNNELCO, chat("claude-sonnet-4-5"))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("claude-sonnet-4-5"))).await;
         assert_error(&reply, Wire::OpenAi, &ERR_3809);
         assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"), "{what}");
     }
@@ -1143,9 +1092,9 @@ async fn a_connection_dropped_before_the_first_byte_fails_over() {
     )
     .await;
     // A stream cut before its first event.
-    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.streamed_text(), "hello from openai");
     assert_eq!(
         upstream(&stack),
         [
@@ -1154,11 +1103,11 @@ async fn a_connection_dropped_before_the_first_byte_fails_over() {
         ]
     );
     // A whole answer cut halfway.
-    rescript(
+    replay(
         &stack,
-        &[("openai", "{sequence: [\"cut_after=1\", \"200\"]}")],
+        &fleet(&[("openai", "{sequence: [\"cut_after=1\", \"200\"]}")]),
     );
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "openai");
     assert_eq!(
         upstream(&stack),
@@ -1187,7 +1136,7 @@ async fn where_the_gateway_goes_next_depends_on_the_failure() {
     .await;
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 1).await;
             t.quiet_until(999).await;
             t.advance_to(1_000);
@@ -1216,7 +1165,7 @@ async fn candidates_come_from_the_model_field_then_the_models_array() {
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
 
     let body = with(
-        chat("gpt-4o-mini"),
+        chat_body("gpt-4o-mini"),
         "models",
         json!(["llama-3.3-70b", "gpt-4o"]),
     );
@@ -1260,17 +1209,17 @@ async fn candidates_come_from_the_model_field_then_the_models_array() {
     );
 
     // gpt-4o-mini fails everywhere; the listed gpt-4o serves.
-    rescript(
+    replay(
         &stack,
-        &[
+        &fleet(&[
             ("openai", "{models: {gpt-4o-mini: {sequence: [\"500\"]}}}"),
             (
                 "openrouter",
                 "{models: {\"openai/gpt-4o-mini\": {sequence: [\"500\"]}}}",
             ),
-        ],
+        ]),
     );
-    let body = with(chat("gpt-4o-mini"), "models", json!(["gpt-4o"]));
+    let body = with(chat_body("gpt-4o-mini"), "models", json!(["gpt-4o"]));
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_served_by(&reply, "openai");
     assert_eq!(reply.json["model"], "gpt-4o");
@@ -1299,7 +1248,7 @@ async fn fallback_models_come_after_the_requested_ones() {
         clock.clone(),
     )
     .await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o-mini"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o-mini"))).await;
     assert_served_by(&reply, "anthropic");
     assert_eq!(reply.json["model"], "claude-sonnet-4-5");
     assert_eq!(
@@ -1314,7 +1263,11 @@ async fn fallback_models_come_after_the_requested_ones() {
 
     // After the models array too.
     stack.sim.clear();
-    let body = with(message("gpt-4o-mini"), "models", json!(["llama-3.3-70b"]));
+    let body = with(
+        messages_body("gpt-4o-mini"),
+        "models",
+        json!(["llama-3.3-70b"]),
+    );
     let reply = at_once(stack.messages(TUNNELCO, body)).await;
     assert_served_by(&reply, "anthropic");
     assert_eq!(
@@ -1337,7 +1290,7 @@ async fn a_bare_id_goes_to_the_author_first_then_resellers() {
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
 
     // The catalog lists openrouter first for gpt-4o.
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_eq!(reply.status, 500);
     assert_eq!(
         upstream(&stack),
@@ -1351,7 +1304,7 @@ async fn a_bare_id_goes_to_the_author_first_then_resellers() {
     );
 
     stack.sim.clear();
-    let reply = at_once(stack.messages(TUNNELCO, message("claude-sonnet-4-5"))).await;
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_eq!(reply.status, 500);
     assert_eq!(
         upstream(&stack),
@@ -1393,7 +1346,7 @@ async fn a_provider_model_id_reaches_only_that_provider() {
         ),
     ] {
         stack.sim.clear();
-        let reply = at_once(stack.chat(TUNNELCO, chat(address))).await;
+        let reply = at_once(stack.chat(TUNNELCO, chat_body(address))).await;
         assert_eq!(reply.status, 500, "{address}");
         // Then the account's fallback model.
         let expected: Vec<&str> = expected.into_iter().chain(fallback).collect();
@@ -1416,7 +1369,11 @@ async fn each_model_and_key_is_tried_once() {
     )
     .await;
 
-    let body = with(chat("gpt-4o"), "models", json!(["openai:gpt-4o", "gpt-4o"]));
+    let body = with(
+        chat_body("gpt-4o"),
+        "models",
+        json!(["openai:gpt-4o", "gpt-4o"]),
+    );
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("4"));
@@ -1432,7 +1389,11 @@ async fn each_model_and_key_is_tried_once() {
 
     // The fallback model requested by the client keeps the client's place.
     stack.sim.clear();
-    let body = with(chat("claude-sonnet-4-5"), "models", json!(["gpt-4o-mini"]));
+    let body = with(
+        chat_body("claude-sonnet-4-5"),
+        "models",
+        json!(["gpt-4o-mini"]),
+    );
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
     assert_eq!(
@@ -1466,7 +1427,7 @@ async fn a_short_retry_after_retries_the_same_backend() {
     .await;
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 1).await;
             t.quiet_until(2_999).await;
             t.advance_to(3_000);
@@ -1487,14 +1448,14 @@ async fn a_short_retry_after_retries_the_same_backend() {
     );
 
     // The same on /v1/messages.
-    rescript(
+    replay(
         &stack,
-        &[("anthropic", "{sequence: [\"429 retry_after=2s\", \"200\"]}")],
+        &fleet(&[("anthropic", "{sequence: [\"429 retry_after=2s\", \"200\"]}")]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
         .run(
-            stack.messages(TUNNELCO, message("claude-sonnet-4-5")),
+            stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5")),
             async {
                 t.reached(1, 1).await;
                 t.quiet_until(1_999).await;
@@ -1529,7 +1490,7 @@ async fn same_backend_retries_at_most_twice_per_request() {
     .await;
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 1).await;
             t.advance_to(1_000);
             t.reached(2, 2).await;
@@ -1550,16 +1511,16 @@ async fn same_backend_retries_at_most_twice_per_request() {
     );
 
     // Two retries on the first key leave none for the second.
-    rescript(
+    replay(
         &stack,
-        &[(
+        &fleet(&[(
             "openai",
             "{sequence: [\"429 retry_after=1s\", \"503 retry_after=1s\", \"500\", \"429 retry_after=1s\"]}",
-        )],
+        )]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 1).await;
             t.advance_to(1_000);
             t.reached(2, 2).await;
@@ -1601,7 +1562,7 @@ async fn a_long_retry_after_or_another_status_moves_on_at_once() {
         clock.clone(),
     )
     .await;
-    let reply = at_once(stack.chat(TUNNELCO, chat("gpt-4o"))).await;
+    let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_served_by(&reply, "anthropic");
     assert_eq!(
         upstream(&stack),
@@ -1636,7 +1597,7 @@ async fn a_retry_only_when_the_wait_fits_the_total_timeout() {
     .await;
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.advance_to(8_000);
             t.reached(2, 1).await;
@@ -1656,19 +1617,19 @@ async fn a_retry_only_when_the_wait_fits_the_total_timeout() {
     );
 
     // A 3 s wait fits (16 s + 3 s < 20 s): the same backend at 19 s.
-    rescript(
+    replay(
         &stack,
-        &[
+        &fleet(&[
             ("openai", "{sequence: [no_answer]}"),
             (
                 "openrouter",
                 "{sequence: [\"429 retry_after=3s\", \"200\"]}",
             ),
-        ],
+        ]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.advance_to(8_000);
             t.reached(2, 1).await;
@@ -1718,7 +1679,7 @@ async fn account_timeouts_and_their_defaults() {
 
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, chat("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);
@@ -1733,7 +1694,7 @@ async fn account_timeouts_and_their_defaults() {
     stack.sim.clear();
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat("sk-ngrok-plainco", chat("gpt-4o")), async {
+        .run(stack.chat("sk-ngrok-plainco", chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.quiet_until(29_999).await;
             t.advance_to(30_000);
@@ -1764,24 +1725,24 @@ async fn two_timeouts_and_an_attempt_cap_bound_every_request() {
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
 
     // The cap: five of the nine candidates.
-    let body = with(chat("gpt-4o-mini"), "models", json!(["gpt-4o"]));
+    let body = with(chat_body("gpt-4o-mini"), "models", json!(["gpt-4o"]));
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("5"));
     assert_eq!(upstream(&stack).len(), 5);
 
     // The timeouts: each attempt ends at 8 s, the request at 20 s.
-    rescript(
+    replay(
         &stack,
-        &[
+        &fleet(&[
             ("openai", "{sequence: [no_answer]}"),
             ("openrouter", "{sequence: [no_answer]}"),
             ("anthropic", "{sequence: [no_answer]}"),
-        ],
+        ]),
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.messages(TUNNELCO, message("gpt-4o")), async {
+        .run(stack.messages(TUNNELCO, messages_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);
@@ -1829,7 +1790,7 @@ async fn streams_commit_at_the_first_byte() {
     .await;
 
     // OpenAI: two content chunks, then the error event, no [DONE].
-    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("content-type"), Some("text/event-stream"));
     let events = reply.events();
@@ -1842,12 +1803,13 @@ async fn streams_commit_at_the_first_byte() {
         &reply.text,
     );
     assert!(!reply.text.contains("[DONE]"));
-    assert!(!streamed_text(&reply).is_empty());
+    assert!(!reply.streamed_text().is_empty());
     assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"]);
 
     // Anthropic: a malformed event after the first one: `event: error`.
     stack.sim.clear();
-    let reply = at_once(stack.messages(TUNNELCO, streamed(message("claude-sonnet-4-5")))).await;
+    let reply =
+        at_once(stack.messages(TUNNELCO, streamed(messages_body("claude-sonnet-4-5")))).await;
     assert_eq!(reply.status, 200);
     let events = reply.events();
     let (name, last) = events.last().unwrap();
@@ -1866,14 +1828,14 @@ async fn streams_commit_at_the_first_byte() {
 
     // A malformed answer, a malformed first event, a redirect: stop.
     for (step, stream) in [("malformed", false), ("malformed", true), ("302", false)] {
-        rescript(
+        replay(
             &stack,
-            &[("openai", &format!("{{sequence: [\"{step}\"]}}"))],
+            &fleet(&[("openai", &format!("{{sequence: [\"{step}\"]}}"))]),
         );
         let body = if stream {
-            streamed(chat("gpt-4o"))
+            streamed(chat_body("gpt-4o"))
         } else {
-            chat("gpt-4o")
+            chat_body("gpt-4o")
         };
         let reply = at_once(stack.chat(TUNNELCO, body)).await;
         assert_error(&reply, Wire::OpenAi, &ERR_3811);
@@ -1881,10 +1843,13 @@ async fn streams_commit_at_the_first_byte() {
     }
 
     // Before the first byte a stream still fails over.
-    rescript(&stack, &[("openai", "{sequence: [\"500\", \"200\"]}")]);
-    let reply = at_once(stack.chat(TUNNELCO, streamed(chat("gpt-4o")))).await;
+    replay(
+        &stack,
+        &fleet(&[("openai", "{sequence: [\"500\", \"200\"]}")]),
+    );
+    let reply = at_once(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o")))).await;
     assert_eq!(reply.status, 200);
-    assert_eq!(streamed_text(&reply), "hello from openai");
+    assert_eq!(reply.streamed_text(), "hello from openai");
     assert_eq!(reply.events().last().unwrap().1, "[DONE]");
     assert_eq!(
         upstream(&stack),
@@ -1910,7 +1875,7 @@ async fn the_per_request_timeout_bounds_a_committed_stream() {
     .await;
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.chat(TUNNELCO, streamed(chat("gpt-4o"))), async {
+        .run(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o"))), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);

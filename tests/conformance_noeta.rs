@@ -21,12 +21,14 @@
 
 mod common;
 
-use common::{AllBut, Reply, Stack, advance_until, compile};
+use common::{
+    AllBut, HEALTHY, Reply, Stack, advance_until, assert_nothing_sent, closed_port, edit,
+    event_text, events, finished, get, healthz, names, reconfigure, replay, settle, until_asked,
+};
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchyard::reload::{Outcome, Reloader};
-use switchyard::sim::Scenario;
 use switchyard::state::{Clock, ManualClock};
 use tokio::task::JoinHandle;
 
@@ -115,31 +117,7 @@ impl Api {
 /// A scenario in which every provider answers 200 but those given a
 /// sequence of steps (the last repeating).
 fn scenario(sequences: &[(&str, &[&str])]) -> String {
-    let mut yaml = String::from("providers:\n");
-    for provider in PROVIDERS {
-        match sequences.iter().find(|(name, _)| *name == provider) {
-            Some((_, steps)) => {
-                let steps: Vec<String> = steps.iter().map(|step| format!("'{step}'")).collect();
-                yaml.push_str(&format!(
-                    "  {provider}:\n    sequence: [{}]\n",
-                    steps.join(", ")
-                ));
-            }
-            None => yaml.push_str(&format!("  {provider}: {{}}\n")),
-        }
-    }
-    yaml
-}
-
-const HEALTHY: &[(&str, &[&str])] = &[];
-
-/// Gives the simulated providers new sequences (from their first step)
-/// and forgets what they were asked.
-fn replay(stack: &Stack, sequences: &[(&str, &[&str])]) {
-    stack
-        .sim
-        .set_scenario(Scenario::parse(&scenario(sequences), "scenario").unwrap());
-    stack.sim.clear();
+    common::scenario(&PROVIDERS, sequences)
 }
 
 /// A call on `api` with `body`.
@@ -172,27 +150,7 @@ fn request(stack: &Stack, api: Api, body: &Json) -> reqwest::RequestBuilder {
 
 /// Sends a call from a task of its own and reads the whole answer.
 fn spawn_call(stack: &Stack, api: Api, body: Json) -> JoinHandle<Reply> {
-    let request = request(stack, api, &body);
-    tokio::spawn(async move {
-        let response = request.send().await.unwrap();
-        read_reply(response, String::new()).await
-    })
-}
-
-/// The rest of `response`, after `text` was read of it.
-async fn read_reply(mut response: reqwest::Response, mut text: String) -> Reply {
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    while let Some(chunk) = response.chunk().await.unwrap() {
-        text.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
-    let json = serde_json::from_str(&text).unwrap_or(Json::Null);
-    Reply {
-        status,
-        headers,
-        text,
-        json,
-    }
+    tokio::spawn(Reply::of(request(stack, api, &body)))
 }
 
 /// Reads a streamed answer until `count` events with answer text reached
@@ -206,126 +164,11 @@ async fn read_until_content(response: &mut reqwest::Response, count: usize) -> S
     text
 }
 
-fn as_reply(text: &str) -> Reply {
-    Reply {
-        status: 200,
-        headers: reqwest::header::HeaderMap::new(),
-        text: text.to_string(),
-        json: Json::Null,
-    }
-}
-
-/// The answer text an event carries, in any of the three formats.
-fn event_text(data: &str) -> Option<String> {
-    let event: Json = serde_json::from_str(data).ok()?;
-    event
-        .pointer("/choices/0/delta/content")
-        .or_else(|| event.pointer("/delta/text"))
-        .or_else(|| {
-            (event["type"] == "response.output_text.delta")
-                .then(|| event.get("delta"))
-                .flatten()
-        })
-        .and_then(Json::as_str)
-        .map(str::to_string)
-}
-
 fn content_events(text: &str) -> usize {
-    as_reply(text)
-        .events()
+    events(text)
         .iter()
         .filter(|(_, data)| event_text(data).is_some())
         .count()
-}
-
-/// The answer's text: a whole answer's content, or a stream's pieces
-/// joined.
-fn answer_text(reply: &Reply) -> String {
-    if let Some(text) = reply
-        .json
-        .pointer("/choices/0/message/content")
-        .or_else(|| reply.json.pointer("/content/0/text"))
-        .or_else(|| reply.json.pointer("/output/0/content/0/text"))
-        .and_then(Json::as_str)
-    {
-        return text.to_string();
-    }
-    reply
-        .events()
-        .iter()
-        .filter_map(|(_, data)| event_text(data))
-        .collect()
-}
-
-fn is_stream(reply: &Reply) -> bool {
-    reply
-        .header("content-type")
-        .is_some_and(|t| t.starts_with("text/event-stream"))
-}
-
-/// Whether an event ends a stream as complete: `[DONE]`, `message_stop`
-/// or `response.completed`.
-fn is_sentinel((name, data): &(Option<String>, String)) -> bool {
-    data == "[DONE]"
-        || matches!(
-            name.as_deref(),
-            Some("message_stop") | Some("response.completed")
-        )
-}
-
-/// An error event: Anthropic's `event: error`, or an OpenAI event with an
-/// `error` object.
-fn is_error_event((name, data): &(Option<String>, String)) -> bool {
-    name.as_deref() == Some("error")
-        || serde_json::from_str::<Json>(data).is_ok_and(|event| event["error"].is_object())
-}
-
-/// A successful answer from `provider` (the sim's answers name it); a
-/// stream must also have ended properly.
-fn assert_served(reply: &Reply, provider: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(
-        answer_text(reply),
-        format!("hello from {provider}"),
-        "{}",
-        reply.text
-    );
-    if is_stream(reply) {
-        let events = reply.events();
-        assert!(
-            events.last().is_some_and(is_sentinel),
-            "the stream ends with its sentinel: {}",
-            reply.text
-        );
-        assert!(
-            !events.iter().any(is_error_event),
-            "a clean stream: {}",
-            reply.text
-        );
-    }
-}
-
-/// The OpenAI error object: status, `code` and `type`; returns the message.
-fn openai_error(reply: &Reply, status: u16, code: &str, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    let error = &reply.json["error"];
-    assert_eq!(error["code"], code, "{}", reply.text);
-    assert_eq!(error["type"], error_type, "{}", reply.text);
-    error["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
-}
-
-/// The Anthropic error object: status and `type`; returns the message.
-fn anthropic_error(reply: &Reply, status: u16, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.json["type"], "error", "{}", reply.text);
-    assert_eq!(reply.json["error"]["type"], error_type, "{}", reply.text);
-    reply.json["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
 }
 
 /// The type an error of this status has by default.
@@ -341,28 +184,15 @@ fn default_type(status: u16) -> &'static str {
 /// message.
 fn policy_error(reply: &Reply, api: Api, status: u16, code: &str) -> String {
     match api {
-        Api::Messages => anthropic_error(reply, status, default_type(status)),
-        _ => openai_error(reply, status, code, default_type(status)),
+        Api::Messages => reply.anthropic_error(status, default_type(status)),
+        _ => reply.openai_error(status, code, default_type(status)),
     }
 }
 
 /// A stream that began and then ended with the policy's `provider_failed`
 /// as an error event in its wire format, never with a sentinel.
 fn assert_stream_failed(reply: &Reply, api: Api) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert!(
-        !answer_text(reply).is_empty(),
-        "part of the answer reached the client: {}",
-        reply.text
-    );
-    let events = reply.events();
-    assert!(
-        !events.iter().any(is_sentinel),
-        "no sentinel after a failure: {}",
-        reply.text
-    );
-    let (name, data) = events.last().unwrap();
-    let error: Json = serde_json::from_str(data).unwrap();
+    let (name, error) = reply.broken_stream();
     match api {
         Api::Messages => {
             assert_eq!(name.as_deref(), Some("error"), "{}", reply.text);
@@ -377,43 +207,9 @@ fn assert_stream_failed(reply: &Reply, api: Api) {
     }
 }
 
-fn names(providers: &[&str]) -> Vec<String> {
-    providers.iter().map(|p| p.to_string()).collect()
-}
-
 /// `count` requests to `provider`.
 fn times(provider: &str, count: usize) -> Vec<String> {
     vec![provider.to_string(); count]
-}
-
-fn assert_nothing_sent(stack: &Stack) {
-    assert_eq!(stack.providers_tried(), Vec::<String>::new());
-}
-
-/// Lets the proxy act on what just happened (real time, generously).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(60)).await;
-}
-
-/// Waits, in real time, until the sim has received `count` requests.
-async fn until_asked(stack: &Stack, count: usize) {
-    let started = Instant::now();
-    while stack.sim.requests().len() < count {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the sim never received {count} requests: {:?}",
-            stack.providers_tried()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Waits for a spawned request (at most 10 s of real time).
-async fn finished<T>(task: JoinHandle<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("the request did not finish")
-        .unwrap()
 }
 
 /// Once the sim has received `asked` requests and the last one failed,
@@ -474,27 +270,6 @@ async fn expect_timeout_after(
     until_asked(stack, asked + 1).await;
 }
 
-/// Edits the stack's copy of a data file.
-fn edit(stack: &Stack, file: &str, edits: &[(&str, &str)]) {
-    let path = stack.dir.join("noeta").join(file);
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    for (from, to) in edits {
-        assert!(text.contains(from), "{file} has no {from:?}");
-        text = text.replacen(from, to, 1);
-    }
-    std::fs::write(&path, text).unwrap();
-}
-
-/// Edits the stack's copy of a data file and makes it live, with the
-/// secrets of `missing` unset: what an operator configures differently
-/// from the shipped data.
-fn reconfigure(stack: &Stack, file: &str, edits: &[(&str, &str)], missing: &[&str]) {
-    edit(stack, file, edits);
-    let secrets = AllBut(missing.iter().map(|name| name.to_string()).collect());
-    let (snapshot, _) = compile(&stack.policy, &secrets);
-    stack.proxy.replace(Arc::new(snapshot));
-}
-
 /// Edits the catalog and reloads it the way `switchyard serve` does at
 /// run time: only a policy that checks goes live.
 fn reload_catalog(stack: &Stack, edits: &[(&str, &str)]) -> Outcome {
@@ -508,30 +283,10 @@ fn reload_catalog(stack: &Stack, edits: &[(&str, &str)]) -> Outcome {
     reloader.reload()
 }
 
-async fn healthz(stack: &Stack) -> Json {
-    stack
-        .client
-        .get(stack.url("/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 /// How many attempts at `provider` ended, with `outcome` if given (the
 /// proxy's `switchyard_upstream_seconds` histogram, from `GET /metrics`).
 async fn attempts_ended(stack: &Stack, provider: &str, outcome: Option<&str>) -> u64 {
-    let text = stack
-        .client
-        .get(stack.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get(stack, "/metrics").await.text;
     text.lines()
         .filter(|line| line.starts_with("switchyard_upstream_seconds_count{"))
         .filter(|line| {
@@ -541,12 +296,6 @@ async fn attempts_ended(stack: &Stack, provider: &str, outcome: Option<&str>) ->
         .filter_map(|line| line.rsplit(' ').next())
         .map(|count| count.trim().parse::<f64>().unwrap() as u64)
         .sum()
-}
-
-/// A loopback port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 // ---------------------------------------------------------------------
@@ -591,8 +340,8 @@ async fn e6_e7_each_family_is_reached_through_its_own_endpoint_only() {
         for stream in [false, true] {
             stack.sim.clear();
             let reply = call(&stack, api, api.body_as(model, stream)).await;
-            assert_served(&reply, provider);
-            assert_eq!(is_stream(&reply), stream, "{}", reply.text);
+            reply.assert_served(provider);
+            assert_eq!(reply.is_stream(), stream, "{}", reply.text);
             let sent = stack.sim.requests();
             assert_eq!(sent.len(), 1, "{model}");
             assert_eq!(sent[0].path, path);
@@ -621,7 +370,7 @@ async fn e6_e7_each_family_is_reached_through_its_own_endpoint_only() {
         ),
     ] {
         let reply = stack.post(path, Some(TEAM), &[], &body).await;
-        let message = openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error");
+        let message = reply.openai_error(400, "wrong_endpoint", "invalid_request_error");
         assert_eq!(message, WRONG_ENDPOINT);
     }
     assert_nothing_sent(&stack);
@@ -656,7 +405,7 @@ async fn e15_providers_are_tables_with_a_base_url_and_a_key_from_the_environment
     ] {
         stack.sim.clear();
         let reply = call(&stack, api, api.body(model)).await;
-        assert_served(&reply, provider);
+        reply.assert_served(provider);
         let sent = &stack.sim.requests()[0];
         assert!(
             sent.path.starts_with(&format!("/{provider}/v1/")),
@@ -695,7 +444,7 @@ async fn e15_providers_are_tables_with_a_base_url_and_a_key_from_the_environment
     // The previous configuration keeps serving.
     stack.sim.clear();
     let reply = call(&stack, Api::Chat, Api::Chat.body("deepseek-chat")).await;
-    assert_served(&reply, "deepseek");
+    reply.assert_served("deepseek");
     assert_eq!(
         stack.sim.requests()[0].header("authorization"),
         Some("Bearer secret-of-DEEPSEEK_API_KEY")
@@ -722,7 +471,7 @@ async fn e12_the_aliases_resolve_to_claude_models() {
         for stream in [false, true] {
             let (reply, tried) =
                 call_tried(&stack, Api::Messages, Api::Messages.body_as(alias, stream)).await;
-            assert_served(&reply, "claude");
+            reply.assert_served("claude");
             assert_eq!(
                 tried,
                 vec![(String::from("claude"), Some(String::from(model)))],
@@ -751,17 +500,17 @@ async fn e14_e16_a_catalog_row_names_the_provider_and_rows_are_added_at_run_time
         (Api::Responses, "gpt-5-codex", "openai-responses"),
     ] {
         let (reply, tried) = call_tried(&stack, api, api.body(model)).await;
-        assert_served(&reply, provider);
+        reply.assert_served(provider);
         assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
     }
 
     // Before: mistral-large is openrouter's by its listing; deepseek-v4 is
     // unknown, so the default (anthropic) provider's, not for this endpoint.
     let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
-    assert_served(&reply, "openrouter");
+    reply.assert_served("openrouter");
     assert_eq!(tried[0].0, "openrouter");
     let reply = call(&stack, Api::Chat, Api::Chat.body("deepseek-v4")).await;
-    openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error");
+    reply.openai_error(400, "wrong_endpoint", "invalid_request_error");
 
     // Rows for both, naming deepseek, and a listing entry for openrouter,
     // added while the proxy runs.
@@ -786,7 +535,7 @@ async fn e14_e16_a_catalog_row_names_the_provider_and_rows_are_added_at_run_time
         ("qwen-3-coder", "openrouter"),
     ] {
         let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body(model)).await;
-        assert_served(&reply, provider);
+        reply.assert_served(provider);
         assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
     }
 
@@ -805,7 +554,7 @@ async fn e14_e16_a_catalog_row_names_the_provider_and_rows_are_added_at_run_time
     assert_eq!(failure["diagnostics"][0]["code"], "E0506", "{health}");
     for (model, provider) in [("deepseek-chat", "deepseek"), ("deepseek-v4", "deepseek")] {
         let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body(model)).await;
-        assert_served(&reply, provider);
+        reply.assert_served(provider);
         assert_eq!(tried.len(), 1);
     }
     stack.stop().await;
@@ -830,7 +579,7 @@ async fn e17_a_listed_id_goes_to_the_first_provider_listing_it_the_default_first
         for stream in [false, true] {
             let (reply, tried) =
                 call_tried(&stack, Api::Chat, Api::Chat.body_as(model, stream)).await;
-            assert_served(&reply, provider);
+            reply.assert_served(provider);
             assert_eq!(tried, vec![(provider.to_string(), Some(model.to_string()))]);
         }
     }
@@ -849,7 +598,7 @@ async fn e17_a_listed_id_goes_to_the_first_provider_listing_it_the_default_first
         &[],
     );
     let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-coder")).await;
-    assert_served(&reply, "openrouter");
+    reply.assert_served("openrouter");
     assert_eq!(
         tried,
         vec![(
@@ -859,7 +608,7 @@ async fn e17_a_listed_id_goes_to_the_first_provider_listing_it_the_default_first
     );
     // A row still beats the default's listing.
     let (reply, _) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-chat")).await;
-    assert_served(&reply, "deepseek");
+    reply.assert_served("deepseek");
     stack.stop().await;
 }
 
@@ -878,7 +627,7 @@ async fn e18_an_unknown_id_goes_to_the_default_provider() {
             Api::Messages.body_as("claude-next-preview", stream),
         )
         .await;
-        assert_served(&reply, "claude");
+        reply.assert_served("claude");
         assert_eq!(
             tried,
             vec![(
@@ -910,9 +659,9 @@ async fn e18_an_unknown_id_goes_to_the_default_provider() {
     assert_nothing_sent(&stack);
     // Rows and listings are unaffected.
     let reply = call(&stack, Api::Messages, Api::Messages.body("haiku")).await;
-    assert_served(&reply, "claude");
+    reply.assert_served("claude");
     let reply = call(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
-    assert_served(&reply, "openrouter");
+    reply.assert_served("openrouter");
     stack.stop().await;
 }
 
@@ -943,8 +692,8 @@ async fn e22_e23_every_replica_routes_a_model_alike_whatever_the_live_listings_s
         for (api, model, provider) in calls {
             let (one, one_tried) = call_tried(&first, api, api.body(model)).await;
             let (other, other_tried) = call_tried(&second, api, api.body(model)).await;
-            assert_served(&one, provider);
-            assert_served(&other, provider);
+            one.assert_served(provider);
+            other.assert_served(provider);
             assert_eq!(one_tried, other_tried, "{model}");
             assert_eq!(one_tried[0].0, provider, "{model}");
         }
@@ -985,10 +734,10 @@ async fn e25_a_model_stays_on_its_provider_through_failures() {
         call(&stack, Api::Chat, Api::Chat.body("deepseek-coder")),
     )
     .await;
-    assert_served(&reply, "deepseek");
+    reply.assert_served("deepseek");
     assert_eq!(stack.providers_tried(), times("deepseek", 3));
 
-    replay(&stack, &[("deepseek", &["503"])]);
+    replay(&stack, &scenario(&[("deepseek", &["503"])]));
     for stream in [false, true] {
         stack.sim.clear();
         let reply = advance_until(
@@ -1002,15 +751,15 @@ async fn e25_a_model_stays_on_its_provider_through_failures() {
             ),
         )
         .await;
-        let message = openai_error(&reply, 502, "provider_failed", "api_error");
+        let message = reply.openai_error(502, "provider_failed", "api_error");
         assert_eq!(message, PROVIDER_FAILED);
         assert_eq!(stack.providers_tried(), times("deepseek", 9));
     }
 
     // Nothing moved it: the next call goes to deepseek again.
-    replay(&stack, HEALTHY);
+    replay(&stack, &scenario(HEALTHY));
     let (reply, tried) = call_tried(&stack, Api::Chat, Api::Chat.body("deepseek-coder")).await;
-    assert_served(&reply, "deepseek");
+    reply.assert_served("deepseek");
     assert_eq!(tried[0].0, "deepseek");
     stack.stop().await;
 }
@@ -1032,14 +781,14 @@ async fn e18_e26_a_provider_not_configured_fails_the_call_rather_than_send_it_el
     for model in ["deepseek-chat", "deepseek-reasoner", "deepseek-coder"] {
         for stream in [false, true] {
             let reply = call(&stack, Api::Chat, Api::Chat.body_as(model, stream)).await;
-            let message = openai_error(&reply, 502, "provider_not_configured", "api_error");
+            let message = reply.openai_error(502, "provider_not_configured", "api_error");
             assert_eq!(message, NOT_CONFIGURED, "{model}");
         }
     }
     assert_nothing_sent(&stack);
     // Models of configured providers are unaffected.
     let reply = call(&stack, Api::Chat, Api::Chat.body("mistral-large")).await;
-    assert_served(&reply, "openrouter");
+    reply.assert_served("openrouter");
 
     // The default provider unset: its models and unknown ids fail on
     // /v1/messages, in Anthropic's format.
@@ -1047,7 +796,7 @@ async fn e18_e26_a_provider_not_configured_fails_the_call_rather_than_send_it_el
     stack.sim.clear();
     for model in ["opus", "claude-haiku-4-5", "claude-next-preview"] {
         let reply = call(&stack, Api::Messages, Api::Messages.body(model)).await;
-        assert_eq!(anthropic_error(&reply, 502, "api_error"), NOT_CONFIGURED);
+        assert_eq!(reply.anthropic_error(502, "api_error"), NOT_CONFIGURED);
     }
     assert_nothing_sent(&stack);
     stack.stop().await;
@@ -1075,7 +824,7 @@ async fn e27_a_client_cannot_choose_the_provider() {
             &body,
         )
         .await;
-    assert_served(&reply, "deepseek");
+    reply.assert_served("deepseek");
     assert_eq!(stack.providers_tried(), names(&["deepseek"]));
 
     stack.sim.clear();
@@ -1086,11 +835,11 @@ async fn e27_a_client_cannot_choose_the_provider() {
     ] {
         let reply = call(&stack, Api::Chat, Api::Chat.body(pinned)).await;
         assert_eq!(
-            openai_error(&reply, 400, "wrong_endpoint", "invalid_request_error"),
+            reply.openai_error(400, "wrong_endpoint", "invalid_request_error"),
             WRONG_ENDPOINT
         );
         let (reply, tried) = call_tried(&stack, Api::Messages, Api::Messages.body(pinned)).await;
-        assert_served(&reply, "claude");
+        reply.assert_served("claude");
         assert_eq!(
             tried,
             vec![(String::from("claude"), Some(pinned.to_string()))]
@@ -1120,13 +869,13 @@ async fn e3_e33_e51_every_call_is_retried_by_the_same_rules() {
         (Api::Responses, "gpt-5-codex", "openai-responses"),
     ] {
         for stream in [false, true] {
-            replay(&stack, &[(provider, &["503", "200"])]);
+            replay(&stack, &scenario(&[(provider, &["503", "200"])]));
             let mut body = api.body_as(model, stream);
             if !stream {
                 body["metadata"] = json!({"purpose": "compaction"});
             }
             let reply = advance_until(&clock, 100, 10_000, call(&stack, api, body)).await;
-            assert_served(&reply, provider);
+            reply.assert_served(provider);
             let sent = stack.sim.requests();
             assert_eq!(sent.len(), 2, "{model}");
             assert!(sent.iter().all(|r| r.provider == provider));
@@ -1160,13 +909,13 @@ async fn e4_each_failure_class_gets_its_reaction() {
         "no_answer",
         "malformed",
     ] {
-        replay(&stack, &[("deepseek", &[step, "200"])]);
+        replay(&stack, &scenario(&[("deepseek", &[step, "200"])]));
         let reply = advance_until(&clock, 1_000, 400_000, chat()).await;
-        assert_served(&reply, "deepseek");
+        reply.assert_served("deepseek");
         assert_eq!(stack.providers_tried(), times("deepseek", 2), "{step}");
     }
     // Overloaded on /v1/messages too.
-    replay(&stack, &[("claude", &["529", "200"])]);
+    replay(&stack, &scenario(&[("claude", &["529", "200"])]));
     let reply = advance_until(
         &clock,
         100,
@@ -1174,7 +923,7 @@ async fn e4_each_failure_class_gets_its_reaction() {
         call(&stack, Api::Messages, Api::Messages.body("opus")),
     )
     .await;
-    assert_served(&reply, "claude");
+    reply.assert_served("claude");
     assert_eq!(stack.providers_tried(), times("claude", 2));
 
     // Fatal: the provider's answer, at once.
@@ -1184,14 +933,14 @@ async fn e4_each_failure_class_gets_its_reaction() {
         ("401", 401),
         ("403", 403),
     ] {
-        replay(&stack, &[("deepseek", &[step, "200"])]);
+        replay(&stack, &scenario(&[("deepseek", &[step, "200"])]));
         let reply = chat().await;
         assert_eq!(reply.status, status, "{step}: {}", reply.text);
         assert_eq!(stack.providers_tried(), times("deepseek", 1), "{step}");
     }
 
     // A stream broken after it began: the call fails, nothing is retried.
-    replay(&stack, &[("deepseek", &["cut_after=2", "200"])]);
+    replay(&stack, &scenario(&[("deepseek", &["cut_after=2", "200"])]));
     let reply = call(&stack, Api::Chat, Api::Chat.stream_body("deepseek-chat")).await;
     assert_stream_failed(&reply, Api::Chat);
     assert_eq!(stack.providers_tried(), times("deepseek", 1));
@@ -1211,7 +960,7 @@ async fn e4_each_failure_class_gets_its_reaction() {
     );
     let reply = advance_until(&clock, 1_000, 200_000, chat()).await;
     assert_eq!(
-        openai_error(&reply, 502, "provider_failed", "api_error"),
+        reply.openai_error(502, "provider_failed", "api_error"),
         PROVIDER_FAILED
     );
     assert_eq!(
@@ -1246,14 +995,14 @@ async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
     // The ninth attempt failed (a 429): no tenth.
     let reply = finished(waiting).await;
     assert_eq!(
-        openai_error(&reply, 502, "provider_failed", "api_error"),
+        reply.openai_error(502, "provider_failed", "api_error"),
         PROVIDER_FAILED
     );
     assert_eq!(stack.providers_tried(), times("deepseek", 9));
     assert_eq!(clock.now_ms(), BACKOFF_STEPS_MS.iter().sum::<u64>());
 
     // The same on /v1/messages, overloaded every time, streamed.
-    replay(&stack, &[("claude", &["529"])]);
+    replay(&stack, &scenario(&[("claude", &["529"])]));
     let reply = advance_until(
         &clock,
         1_000,
@@ -1261,7 +1010,7 @@ async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
         call(&stack, Api::Messages, Api::Messages.stream_body("sonnet")),
     )
     .await;
-    assert_eq!(anthropic_error(&reply, 502, "api_error"), PROVIDER_FAILED);
+    assert_eq!(reply.anthropic_error(502, "api_error"), PROVIDER_FAILED);
     assert_eq!(stack.providers_tried(), times("claude", 9));
     stack.stop().await;
 }
@@ -1276,7 +1025,7 @@ async fn e34_half_of_each_backoff_is_random() {
 
     let mut waits = Vec::new();
     for _ in 0..6 {
-        replay(&stack, &[("deepseek", &["503", "200"])]);
+        replay(&stack, &scenario(&[("deepseek", &["503", "200"])]));
         let waiting = spawn_call(&stack, Api::Chat, Api::Chat.body("deepseek-chat"));
         until_asked(&stack, 1).await;
         settle().await;
@@ -1291,7 +1040,7 @@ async fn e34_half_of_each_backoff_is_random() {
         }
         // Past 1 s on the clock: the retry is due.
         until_asked(&stack, 2).await;
-        assert_served(&finished(waiting).await, "deepseek");
+        finished(waiting).await.assert_served("deepseek");
         waits.push(waited);
     }
     assert!(
@@ -1326,11 +1075,11 @@ async fn e34_retry_after_is_waited_exactly() {
     for (asked, exactly) in [(1, 7_000), (2, 45_000), (3, 3_000)] {
         expect_retry_within(&stack, &clock, asked, exactly, exactly).await;
     }
-    assert_served(&finished(waiting).await, "deepseek");
+    finished(waiting).await.assert_served("deepseek");
     assert_eq!(stack.providers_tried(), times("deepseek", 4));
 
     // Retries after a Retry-After count: nine attempts in all.
-    replay(&stack, &[("claude", &["429 retry_after=2s"])]);
+    replay(&stack, &scenario(&[("claude", &["429 retry_after=2s"])]));
     let reply = advance_until(
         &clock,
         500,
@@ -1338,7 +1087,7 @@ async fn e34_retry_after_is_waited_exactly() {
         call(&stack, Api::Messages, Api::Messages.body("opus")),
     )
     .await;
-    assert_eq!(anthropic_error(&reply, 502, "api_error"), PROVIDER_FAILED);
+    assert_eq!(reply.anthropic_error(502, "api_error"), PROVIDER_FAILED);
     assert_eq!(stack.providers_tried(), times("claude", 9));
     stack.stop().await;
 }
@@ -1357,7 +1106,7 @@ async fn e37_a_malformed_answer_is_asked_for_once_more() {
         (Api::Responses, "gpt-5-codex", "openai-responses"),
     ] {
         for stream in [false, true] {
-            replay(&stack, &[(provider, &["malformed", "200"])]);
+            replay(&stack, &scenario(&[(provider, &["malformed", "200"])]));
             let reply = advance_until(
                 &clock,
                 50,
@@ -1365,10 +1114,13 @@ async fn e37_a_malformed_answer_is_asked_for_once_more() {
                 call(&stack, api, api.body_as(model, stream)),
             )
             .await;
-            assert_served(&reply, provider);
+            reply.assert_served(provider);
             assert_eq!(stack.providers_tried(), times(provider, 2), "{model}");
 
-            replay(&stack, &[(provider, &["malformed", "malformed", "200"])]);
+            replay(
+                &stack,
+                &scenario(&[(provider, &["malformed", "malformed", "200"])]),
+            );
             let reply = advance_until(
                 &clock,
                 50,
@@ -1427,14 +1179,14 @@ async fn e40_a_fatal_answer_goes_back_as_it_is_without_retry() {
         ),
     ] {
         for stream in [false, true] {
-            replay(&stack, &[("deepseek", &[step, "200"])]);
+            replay(&stack, &scenario(&[("deepseek", &[step, "200"])]));
             let reply = call(
                 &stack,
                 Api::Chat,
                 Api::Chat.body_as("deepseek-chat", stream),
             )
             .await;
-            let message = openai_error(&reply, status, code, error_type);
+            let message = reply.openai_error(status, code, error_type);
             assert!(step.contains(&format!("message=\"{message}\"")), "{step}");
             assert_eq!(stack.providers_tried(), times("deepseek", 1), "{step}");
             let retry_after = (status == 413).then_some("2");
@@ -1455,9 +1207,9 @@ async fn e40_a_fatal_answer_goes_back_as_it_is_without_retry() {
             "invalid_request_error",
         ),
     ] {
-        replay(&stack, &[("claude", &[step, "200"])]);
+        replay(&stack, &scenario(&[("claude", &[step, "200"])]));
         let reply = call(&stack, Api::Messages, Api::Messages.stream_body("opus")).await;
-        let message = anthropic_error(&reply, status, error_type);
+        let message = reply.anthropic_error(status, error_type);
         assert!(step.contains(&format!("message=\"{message}\"")), "{step}");
         assert_eq!(stack.providers_tried(), times("claude", 1), "{step}");
     }
@@ -1480,16 +1232,16 @@ async fn e44_e46_600s_for_a_streams_headers_300s_for_a_one_piece_call() {
         (Api::Messages, "opus", "claude"),
     ] {
         // One piece: no headers within 300 s, then asked again.
-        replay(&stack, &[(provider, &["no_answer", "200"])]);
+        replay(&stack, &scenario(&[(provider, &["no_answer", "200"])]));
         let waiting = spawn_call(&stack, api, api.body(model));
         expect_timeout_after(&stack, &clock, 1, ONE_PIECE_MS, "timeout").await;
-        assert_served(&finished(waiting).await, provider);
+        finished(waiting).await.assert_served(provider);
 
         // One piece whose body stops halfway: 300 s for the whole call.
-        replay(&stack, &[(provider, &["stall_after=0", "200"])]);
+        replay(&stack, &scenario(&[(provider, &["stall_after=0", "200"])]));
         let waiting = spawn_call(&stack, api, api.body(model));
         expect_timeout_after(&stack, &clock, 1, ONE_PIECE_MS, "timeout").await;
-        assert_served(&finished(waiting).await, provider);
+        finished(waiting).await.assert_served(provider);
 
         // Streamed: no headers, or no first event, within 600 s (the 300 s
         // do not apply).
@@ -1497,10 +1249,10 @@ async fn e44_e46_600s_for_a_streams_headers_300s_for_a_one_piece_call() {
             ("no_answer", "timeout"),
             ("first_token=30m", "first_token_timeout"),
         ] {
-            replay(&stack, &[(provider, &[silent, "200"])]);
+            replay(&stack, &scenario(&[(provider, &[silent, "200"])]));
             let waiting = spawn_call(&stack, api, api.stream_body(model));
             expect_timeout_after(&stack, &clock, 1, HEADERS_MS, outcome).await;
-            assert_served(&finished(waiting).await, provider);
+            finished(waiting).await.assert_served(provider);
         }
     }
     stack.stop().await;
@@ -1517,13 +1269,14 @@ async fn expect_stall_ends_after(
     provider: &str,
     silence_ms: u64,
 ) {
-    replay(stack, &[(provider, &["stall_after=2", "200"])]);
+    replay(stack, &scenario(&[(provider, &["stall_after=2", "200"])]));
+    let started = Instant::now();
     let mut response = request(stack, api, &api.stream_body(model))
         .send()
         .await
         .unwrap();
     let text = read_until_content(&mut response, 2).await;
-    let rest = tokio::spawn(read_reply(response, text));
+    let rest = tokio::spawn(Reply::rest(response, text, started));
     settle().await;
     clock.advance(silence_ms - 1);
     settle().await;
@@ -1578,6 +1331,7 @@ async fn e43_e46_a_stream_that_keeps_sending_is_never_cut_for_its_length() {
             OPENAI_SILENCE_MS,
         ),
     ] {
+        let sent = Instant::now();
         let mut response = request(&stack, api, &api.stream_body(model))
             .send()
             .await
@@ -1603,8 +1357,9 @@ async fn e43_e46_a_stream_that_keeps_sending_is_never_cut_for_its_length() {
             headers,
             text,
             json: Json::Null,
+            elapsed: sent.elapsed(),
         };
-        assert_served(&reply, provider);
+        reply.assert_served(provider);
         assert!(
             moved > HEADERS_MS + step,
             "{model}: only {moved} ms passed while it streamed"

@@ -23,11 +23,14 @@
 
 mod common;
 
-use common::{Reply, Stack, advance_until};
+use common::{
+    HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished, messages,
+    messages_body, model_list, names, replay, settle, spawn_chat, spawn_post, streamed, tried_by,
+    until,
+};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use switchyard::sim::Scenario;
+use std::time::Instant;
 use switchyard::state::ManualClock;
 use tokio::task::JoinHandle;
 
@@ -75,98 +78,12 @@ const PROVIDER_ERROR: &str = "the provider returned an error";
 /// A scenario in which every provider answers 200 but those given a
 /// sequence of steps.
 fn scenario(sequences: &[(&str, &[&str])]) -> String {
-    let mut yaml = String::from("providers:\n");
-    for provider in PROVIDERS {
-        match sequences.iter().find(|(name, _)| *name == provider) {
-            Some((_, steps)) => {
-                let steps: Vec<String> = steps.iter().map(|step| format!("'{step}'")).collect();
-                yaml.push_str(&format!(
-                    "  {provider}:\n    sequence: [{}]\n",
-                    steps.join(", ")
-                ));
-            }
-            None => yaml.push_str(&format!("  {provider}: {{}}\n")),
-        }
-    }
-    yaml
-}
-
-const HEALTHY: &[(&str, &[&str])] = &[];
-
-/// Gives the simulated providers new sequences (from their first step) and
-/// forgets what they were asked; the proxy's pauses and counts stay.
-fn replay(stack: &Stack, sequences: &[(&str, &[&str])]) {
-    stack
-        .sim
-        .set_scenario(Scenario::parse(&scenario(sequences), "scenario").unwrap());
-    stack.sim.clear();
-}
-
-fn chat_body(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "Hello"}]})
-}
-
-fn stream_body(model: &str) -> Value {
-    json!({"model": model, "stream": true, "messages": [{"role": "user", "content": "Hello"}]})
-}
-
-fn messages_body(model: &str) -> Value {
-    json!({"model": model, "max_tokens": 32, "messages": [{"role": "user", "content": "Hello"}]})
-}
-
-/// The providers the sim was asked since it had `before` requests.
-fn asked_since(stack: &Stack, before: usize) -> Vec<String> {
-    stack.providers_tried().split_off(before)
-}
-
-/// A chat completion and the providers it asked, in order.
-async fn chat(stack: &Stack, key: &str, body: Value) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack.chat(key, body).await;
-    (reply, asked_since(stack, before))
-}
-
-/// A `/v1/messages` call and the providers it asked, in order.
-async fn messages(stack: &Stack, key: &str, body: Value) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack.messages(key, body).await;
-    (reply, asked_since(stack, before))
+    common::scenario(&PROVIDERS, sequences)
 }
 
 /// A POST to another OpenAI endpoint and the providers it asked.
 async fn openai_post(stack: &Stack, path: &str, key: &str, body: Value) -> (Reply, Vec<String>) {
-    let before = stack.sim.requests().len();
-    let reply = stack.post(path, Some(key), &[], &body).await;
-    (reply, asked_since(stack, before))
-}
-
-fn names(providers: &[&str]) -> Vec<String> {
-    providers.iter().map(|p| p.to_string()).collect()
-}
-
-/// The OpenAI error object: status, `code` (the policy's error name) and
-/// `type`; returns the message.
-fn openai_error(reply: &Reply, status: u16, code: &str, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    let error = &reply.json["error"];
-    assert_eq!(error["code"], code, "{}", reply.text);
-    assert_eq!(error["type"], error_type, "{}", reply.text);
-    error["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
-}
-
-/// The Anthropic error object: status and `type`; returns the message.
-fn anthropic_error(reply: &Reply, status: u16, error_type: &str) -> String {
-    assert_eq!(reply.status, status, "{}", reply.text);
-    assert_eq!(reply.json["type"], "error", "{}", reply.text);
-    assert_eq!(reply.json["error"]["type"], error_type, "{}", reply.text);
-    assert!(reply.json["error"].get("code").is_none(), "{}", reply.text);
-    reply.json["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {}", reply.text))
-        .to_string()
+    tried_by(stack, stack.post(path, Some(key), &[], &body)).await
 }
 
 /// `X-Noirdoc-Provider`.
@@ -174,12 +91,12 @@ fn provider_header(reply: &Reply) -> Option<&str> {
     reply.header("x-noirdoc-provider")
 }
 
-/// A successful chat completion from `provider`, which the header names
-/// as `name`.
+/// A successful chat completion (a whole one) from `provider`, which the
+/// header names as `name`.
 fn assert_chat_served(reply: &Reply, provider: &str, name: &str) {
-    assert_eq!(reply.status, 200, "{}", reply.text);
+    reply.assert_served(provider);
     assert_eq!(
-        reply.json["choices"][0]["message"]["content"],
+        reply.chat_text(),
         format!("hello from {provider}"),
         "{}",
         reply.text
@@ -192,50 +109,6 @@ fn last_upstream_model(stack: &Stack) -> Option<String> {
     stack.sim.requests().last().and_then(|r| r.model.clone())
 }
 
-/// Lets the proxy reach its next wait (real time, generously).
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(50)).await;
-}
-
-/// Polls `condition` until it holds (at most 10 s of real time).
-async fn until(what: &str, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Waits for a spawned request (at most 10 s of real time).
-async fn finished<T>(task: JoinHandle<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("the request did not finish")
-        .unwrap()
-}
-
-/// POSTs like `Stack::post`, from a task of its own.
-fn spawn_post(stack: &Stack, path: &str, key: &str, body: Value) -> JoinHandle<Reply> {
-    let request = stack
-        .client
-        .post(stack.url(path))
-        .bearer_auth(key)
-        .json(&body);
-    tokio::spawn(async move {
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Reply {
-            status,
-            headers,
-            text,
-            json,
-        }
-    })
-}
-
 /// Sends a chat completion from a task of its own, which ends when the
 /// response's headers arrive.
 fn spawn_open(stack: &Stack, key: &str, body: Value) -> JoinHandle<reqwest::Response> {
@@ -245,10 +118,6 @@ fn spawn_open(stack: &Stack, key: &str, body: Value) -> JoinHandle<reqwest::Resp
         .bearer_auth(key)
         .json(&body);
     tokio::spawn(async move { request.send().await.unwrap() })
-}
-
-fn spawn_chat(stack: &Stack, key: &str, body: Value) -> JoinHandle<Reply> {
-    spawn_post(stack, "/v1/chat/completions", key, body)
 }
 
 /// How many requests the sim received for `provider`.
@@ -284,38 +153,12 @@ async fn fill_aki_io(stack: &Stack) -> Vec<JoinHandle<Reply>> {
     hung
 }
 
-/// The model ids of `GET /v1/models` for `key`.
-async fn listed(stack: &Stack, key: &str, anthropic: bool) -> Vec<Value> {
-    let mut request = stack.client.get(stack.url("/v1/models")).bearer_auth(key);
-    if anthropic {
-        request = request.header("anthropic-version", "2023-06-01");
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    let body: Value = response.json().await.unwrap();
-    body["data"].as_array().unwrap().clone()
-}
-
 fn ids(entries: &[Value]) -> Vec<&str> {
     entries.iter().map(|e| e["id"].as_str().unwrap()).collect()
 }
 
 fn owned_by<'a>(entries: &'a [Value], id: &str) -> &'a Value {
     &entries.iter().find(|e| e["id"] == id).unwrap()["owned_by"]
-}
-
-/// The text of a streamed chat completion, its chunks joined.
-fn streamed_text(reply: &Reply) -> String {
-    reply
-        .events()
-        .iter()
-        .filter_map(|(_, data)| serde_json::from_str::<Value>(data).ok())
-        .filter_map(|event| {
-            event["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------
@@ -340,7 +183,7 @@ async fn n1_the_caller_chooses_the_model_never_the_provider() {
         "@ionos-platform/qwen3.8-27b",
     ] {
         let (reply, tried) = chat(&stack, ACME, chat_body(pinned)).await;
-        openai_error(&reply, 404, "model_not_available", "not_found_error");
+        reply.openai_error(404, "model_not_available", "not_found_error");
         assert!(tried.is_empty(), "{pinned} reached {tried:?}");
     }
     stack.stop().await;
@@ -361,7 +204,7 @@ async fn n2_a_model_is_available_from_several_providers() {
     .await;
 
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     // The three priced providers are paused now; the fourth serves.
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
     assert_chat_served(&reply, "together", "together");
@@ -393,16 +236,13 @@ async fn n3_an_unknown_model_is_404_model_not_available() {
     let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
 
     let (reply, tried) = chat(&stack, ACME, chat_body("gpt-9-ultra")).await;
-    let message = openai_error(&reply, 404, "model_not_available", "not_found_error");
+    let message = reply.openai_error(404, "model_not_available", "not_found_error");
     assert_eq!(message, NOT_AVAILABLE);
     assert!(tried.is_empty());
     assert_eq!(provider_header(&reply), None);
 
     let (reply, tried) = messages(&stack, ACME, messages_body("claude-unknown")).await;
-    assert_eq!(
-        anthropic_error(&reply, 404, "not_found_error"),
-        NOT_AVAILABLE
-    );
+    assert_eq!(reply.anthropic_error(404, "not_found_error"), NOT_AVAILABLE);
     assert!(tried.is_empty());
     stack.stop().await;
 }
@@ -423,7 +263,7 @@ async fn n3_a_model_only_another_organisations_key_serves_is_404() {
 
     for key in [KANZLEI, STARTUP, MANAGED_OFF] {
         let (reply, tried) = chat(&stack, key, chat_body(GPT_5)).await;
-        let message = openai_error(&reply, 404, "model_not_available", "not_found_error");
+        let message = reply.openai_error(404, "model_not_available", "not_found_error");
         assert_eq!(message, NOT_AVAILABLE);
         assert!(tried.is_empty());
     }
@@ -443,48 +283,28 @@ async fn n4_the_first_condition_that_leaves_no_provider_answers() {
     // The endpoint before the key's allowed models (startup may not call gpt-5).
     let (reply, _) = messages(&stack, STARTUP, messages_body(GPT_5)).await;
     assert_eq!(
-        anthropic_error(&reply, 400, "invalid_request_error"),
+        reply.anthropic_error(400, "invalid_request_error"),
         WRONG_ENDPOINT
     );
     // The endpoint before § 203 (kanzlei has no approved Claude provider).
     let (reply, _) = chat(&stack, KANZLEI, chat_body(CLAUDE)).await;
-    openai_error(
-        &reply,
-        400,
-        "wrong_endpoint_for_model",
-        "invalid_request_error",
-    );
+    reply.openai_error(400, "wrong_endpoint_for_model", "invalid_request_error");
     // The endpoint before the key's restrictions (anthropic is in the US).
     let (reply, _) = chat(&stack, ACME_EU, chat_body(CLAUDE)).await;
-    openai_error(
-        &reply,
-        400,
-        "wrong_endpoint_for_model",
-        "invalid_request_error",
-    );
+    reply.openai_error(400, "wrong_endpoint_for_model", "invalid_request_error");
     // The endpoint before starter credit.
     let (reply, _) = chat(&stack, STARTUP, chat_body(CLAUDE)).await;
-    openai_error(
-        &reply,
-        400,
-        "wrong_endpoint_for_model",
-        "invalid_request_error",
-    );
+    reply.openai_error(400, "wrong_endpoint_for_model", "invalid_request_error");
     // The key's allowed models before starter credit (gpt-5's openai is not
     // a starter provider either).
     let (reply, _) = chat(&stack, STARTUP, chat_body(GPT_5)).await;
-    openai_error(&reply, 403, "model_not_allowed_for_key", "permission_error");
+    reply.openai_error(403, "model_not_allowed_for_key", "permission_error");
     // § 203 (kanzlei) before managed models and the rest.
     let (reply, _) = chat(&stack, KANZLEI, chat_body(GPT_5)).await;
-    openai_error(
-        &reply,
-        403,
-        "provider_not_allowed_for_tenant",
-        "permission_error",
-    );
+    reply.openai_error(403, "provider_not_allowed_for_tenant", "permission_error");
     // Managed models last: an organisation that turned them off.
     let (reply, _) = chat(&stack, MANAGED_OFF, chat_body(QWEN)).await;
-    openai_error(&reply, 404, "model_not_available", "not_found_error");
+    reply.openai_error(404, "model_not_available", "not_found_error");
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;
 }
@@ -499,7 +319,7 @@ async fn n5_the_model_must_fit_the_endpoint_and_the_providers_format() {
     // An OpenAI-format model through /v1/messages.
     let (reply, _) = messages(&stack, ACME, messages_body(QWEN)).await;
     assert_eq!(
-        anthropic_error(&reply, 400, "invalid_request_error"),
+        reply.anthropic_error(400, "invalid_request_error"),
         WRONG_ENDPOINT
     );
     // An Anthropic-format model through the OpenAI-compatible endpoints, a
@@ -514,12 +334,7 @@ async fn n5_the_model_must_fit_the_endpoint_and_the_providers_format() {
     ] {
         let body = json!({"model": model, "input": "Hello", "prompt": "Hello", "messages": []});
         let (reply, _) = openai_post(&stack, path, ACME, body).await;
-        let message = openai_error(
-            &reply,
-            400,
-            "wrong_endpoint_for_model",
-            "invalid_request_error",
-        );
+        let message = reply.openai_error(400, "wrong_endpoint_for_model", "invalid_request_error");
         assert_eq!(message, WRONG_ENDPOINT, "{model} on {path}");
     }
     assert!(stack.sim.requests().is_empty());
@@ -557,12 +372,12 @@ async fn n6_a_key_calls_only_its_allowed_models() {
     let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
 
     let (reply, tried) = chat(&stack, STARTUP, chat_body(GPT_5)).await;
-    let message = openai_error(&reply, 403, "model_not_allowed_for_key", "permission_error");
+    let message = reply.openai_error(403, "model_not_allowed_for_key", "permission_error");
     assert_eq!(message, "the model is not one of this key's allowed models");
     assert!(tried.is_empty());
     let body = json!({"model": EMBED, "input": "Hello"});
     let (reply, _) = openai_post(&stack, "/v1/embeddings", STARTUP, body.clone()).await;
-    openai_error(&reply, 403, "model_not_allowed_for_key", "permission_error");
+    reply.openai_error(403, "model_not_allowed_for_key", "permission_error");
 
     let (reply, _) = chat(&stack, STARTUP, chat_body(QWEN)).await;
     assert_chat_served(&reply, "aki-io", "aki-io");
@@ -592,26 +407,21 @@ async fn n7_a_secrecy_bound_organisation_uses_only_approved_providers() {
     .await;
 
     let (reply, tried) = chat(&stack, KANZLEI, chat_body(QWEN)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(tried, names(&["aki-io", "ionos"]));
 
     let (reply, tried) = chat(&stack, KANZLEI, chat_body(GPT_5)).await;
-    let message = openai_error(
-        &reply,
-        403,
-        "provider_not_allowed_for_tenant",
-        "permission_error",
-    );
+    let message = reply.openai_error(403, "provider_not_allowed_for_tenant", "permission_error");
     assert_eq!(message, NOT_ALLOWED_FOR_TENANT);
     assert!(tried.is_empty());
     let (reply, _) = messages(&stack, KANZLEI, messages_body(CLAUDE)).await;
     assert_eq!(
-        anthropic_error(&reply, 403, "permission_error"),
+        reply.anthropic_error(403, "permission_error"),
         NOT_ALLOWED_FOR_TENANT
     );
 
     // The embedding model: scaleway (not approved) drops, ionos serves.
-    replay(&stack, HEALTHY);
+    replay(&stack, &scenario(HEALTHY));
     let body = json!({"model": EMBED, "input": "Hello"});
     let (reply, tried) = openai_post(&stack, "/v1/embeddings", KANZLEI, body).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
@@ -628,18 +438,13 @@ async fn n8_the_keys_restrictions_exclude_providers() {
 
     let (reply, _) = messages(&stack, ACME_EU, messages_body(CLAUDE)).await;
     assert_eq!(
-        anthropic_error(&reply, 403, "permission_error"),
+        reply.anthropic_error(403, "permission_error"),
         NOT_ALLOWED_FOR_KEY
     );
     // The CLOUD Act alone excludes acme's own openai-acme (us).
     for key in [ACME_EU, ACME_NO_CLOUD_ACT] {
         let (reply, _) = chat(&stack, key, chat_body(GPT_5)).await;
-        let message = openai_error(
-            &reply,
-            403,
-            "provider_not_allowed_for_key",
-            "permission_error",
-        );
+        let message = reply.openai_error(403, "provider_not_allowed_for_key", "permission_error");
         assert_eq!(message, NOT_ALLOWED_FOR_KEY);
     }
     assert!(stack.sim.requests().is_empty());
@@ -647,21 +452,21 @@ async fn n8_the_keys_restrictions_exclude_providers() {
     let failing: &[&str] = &["500"];
     replay(
         &stack,
-        &[
+        &scenario(&[
             ("aki-io", failing),
             ("scaleway", failing),
             ("ionos", failing),
             ("together", failing),
-        ],
+        ]),
     );
     // Allowed providers [aki-io].
     let (reply, tried) = chat(&stack, ACME_AKI_ONLY, chat_body(QWEN)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(tried, names(&["aki-io"]));
     // § 203 required, and residency [de]: aki-io and ionos.
     for key in [ACME_S203, ACME_DE] {
         let (reply, tried) = chat(&stack, key, chat_body(QWEN)).await;
-        openai_error(&reply, 502, "provider_error", "api_error");
+        reply.openai_error(502, "provider_error", "api_error");
         assert_eq!(tried, names(&["aki-io", "ionos"]));
     }
     // Without the CLOUD Act scaleway (fr) stays.
@@ -673,15 +478,15 @@ async fn n8_the_keys_restrictions_exclude_providers() {
     let busy: &[&str] = &["429 retry_after=60s"];
     replay(
         &stack,
-        &[("aki-io", busy), ("scaleway", busy), ("ionos", busy)],
+        &scenario(&[("aki-io", busy), ("scaleway", busy), ("ionos", busy)]),
     );
     let (reply, tried) = chat(&stack, ACME_EU, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
     for key in [ACME_EU, ACME_NO_CLOUD_ACT, ACME_DE] {
         let waiting = spawn_chat(&stack, key, chat_body(QWEN));
         let reply = advance_until(&clock, 1_000, 20_000, finished(waiting)).await;
-        openai_error(&reply, 503, "capacity_exhausted", "api_error");
+        reply.openai_error(503, "capacity_exhausted", "api_error");
     }
     assert_eq!(asked(&stack, "together"), 0);
     // The same request with an unrestricted key goes to together.
@@ -710,11 +515,11 @@ async fn n9_n10_starter_credit_skips_non_starter_providers() {
     assert_eq!(tried, names(&["aki-io"]));
     // aki-io fails: the non-starter providers are not failed over to.
     let (reply, tried) = chat(&stack, STARTUP, chat_body(QWEN)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(tried, names(&["aki-io"]));
 
     let (reply, tried) = messages(&stack, STARTUP, messages_body(CLAUDE)).await;
-    assert_eq!(anthropic_error(&reply, 403, "permission_error"), STARTER);
+    assert_eq!(reply.anthropic_error(403, "permission_error"), STARTER);
     assert!(tried.is_empty());
     stack.stop().await;
 }
@@ -733,7 +538,7 @@ async fn n9_n10_no_starter_provider_left_is_403_starter_model_not_allowed() {
     .await;
 
     let (reply, tried) = chat(&stack, STARTUP, chat_body(QWEN)).await;
-    let message = openai_error(&reply, 403, "starter_model_not_allowed", "permission_error");
+    let message = reply.openai_error(403, "starter_model_not_allowed", "permission_error");
     assert_eq!(message, STARTER);
     assert!(tried.is_empty());
     // Without starter credit the other providers serve.
@@ -781,12 +586,7 @@ async fn n11_n14_n32_an_own_provider_is_used_exclusively() {
     // A key that allows only the managed openai: acme's own provider is
     // the only candidate, and the key excludes it.
     let (reply, tried) = chat(&stack, ACME_MANAGED_OPENAI, chat_body(GPT_5)).await;
-    let message = openai_error(
-        &reply,
-        403,
-        "provider_not_allowed_for_key",
-        "permission_error",
-    );
+    let message = reply.openai_error(403, "provider_not_allowed_for_key", "permission_error");
     assert_eq!(message, NOT_ALLOWED_FOR_KEY);
     assert!(tried.is_empty());
     assert_eq!(asked(&stack, "openai"), 0);
@@ -794,12 +594,7 @@ async fn n11_n14_n32_an_own_provider_is_used_exclusively() {
     // For another organisation the managed openai is gpt-5's candidate
     // (refused by § 203 here, not 404).
     let (reply, _) = chat(&stack, KANZLEI, chat_body(GPT_5)).await;
-    openai_error(
-        &reply,
-        403,
-        "provider_not_allowed_for_tenant",
-        "permission_error",
-    );
+    reply.openai_error(403, "provider_not_allowed_for_tenant", "permission_error");
     stack.stop().await;
 }
 
@@ -835,14 +630,11 @@ async fn n12_managed_models_turned_off_is_404_model_not_available() {
 
     for model in [QWEN, GPT_5, GPT_OSS] {
         let (reply, _) = chat(&stack, MANAGED_OFF, chat_body(model)).await;
-        let message = openai_error(&reply, 404, "model_not_available", "not_found_error");
+        let message = reply.openai_error(404, "model_not_available", "not_found_error");
         assert_eq!(message, NOT_AVAILABLE, "{model}");
     }
     let (reply, _) = messages(&stack, MANAGED_OFF, messages_body(CLAUDE)).await;
-    assert_eq!(
-        anthropic_error(&reply, 404, "not_found_error"),
-        NOT_AVAILABLE
-    );
+    assert_eq!(reply.anthropic_error(404, "not_found_error"), NOT_AVAILABLE);
     assert!(stack.sim.requests().is_empty());
     // The same models with managed models enabled.
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
@@ -957,27 +749,27 @@ async fn n21_n22_the_model_list_shows_what_a_key_may_call() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
 
-    let acme = listed(&stack, ACME, false).await;
+    let acme = model_list(&stack, ACME, false).await;
     assert_eq!(ids(&acme), [QWEN, GPT_5, CLAUDE, EMBED, GPT_OSS]);
     assert_eq!(owned_by(&acme, GPT_5), "personal");
     for model in [QWEN, CLAUDE, EMBED, GPT_OSS] {
         assert_eq!(owned_by(&acme, model), "platform", "{model}");
     }
     // The Anthropic list format carries the same.
-    let anthropic = listed(&stack, ACME, true).await;
+    let anthropic = model_list(&stack, ACME, true).await;
     assert_eq!(ids(&anthropic), ids(&acme));
     assert_eq!(owned_by(&anthropic, GPT_5), "personal");
 
-    assert_eq!(ids(&listed(&stack, STARTUP, false).await), [QWEN]);
+    assert_eq!(ids(&model_list(&stack, STARTUP, false).await), [QWEN]);
     assert_eq!(
-        ids(&listed(&stack, KANZLEI, false).await),
+        ids(&model_list(&stack, KANZLEI, false).await),
         [QWEN, EMBED, GPT_OSS]
     );
     assert_eq!(
-        ids(&listed(&stack, ACME_EU, false).await),
+        ids(&model_list(&stack, ACME_EU, false).await),
         [QWEN, EMBED, GPT_OSS]
     );
-    assert!(listed(&stack, MANAGED_OFF, false).await.is_empty());
+    assert!(model_list(&stack, MANAGED_OFF, false).await.is_empty());
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;
 }
@@ -995,7 +787,7 @@ async fn n22_owned_by_follows_the_first_provider() {
     )
     .await;
 
-    let acme = listed(&stack, ACME, false).await;
+    let acme = model_list(&stack, ACME, false).await;
     assert_eq!(ids(&acme), [QWEN, GPT_5, CLAUDE, EMBED, GPT_OSS]);
     assert_eq!(owned_by(&acme, GPT_5), "platform");
     stack.stop().await;
@@ -1063,7 +855,7 @@ async fn n43_n44_n45_n47_a_provider_takes_120_requests_a_minute() {
     assert!(!waiting.is_finished(), "gave up before 10 s");
     clock.advance(1);
     let reply = finished(waiting).await;
-    openai_error(&reply, 503, "capacity_exhausted", "api_error");
+    reply.openai_error(503, "capacity_exhausted", "api_error");
     assert_eq!(reply.header("retry-after"), Some("50"));
     assert_eq!(provider_header(&reply), None);
     assert_eq!(asked(&stack, "aki-io"), 120);
@@ -1100,7 +892,7 @@ async fn n45_n47_n52_when_all_are_full_the_request_waits_10s_then_503() {
     assert!(!waiting.is_finished(), "gave up before 10 s");
     clock.advance(1);
     let reply = finished(waiting).await;
-    let message = openai_error(&reply, 503, "capacity_exhausted", "api_error");
+    let message = reply.openai_error(503, "capacity_exhausted", "api_error");
     assert_eq!(
         message,
         "all providers of the model were at their capacity limit or paused after a 429"
@@ -1117,7 +909,7 @@ async fn n45_n47_n52_when_all_are_full_the_request_waits_10s_then_503() {
         json!({"model": QWEN, "input": "Hello"}),
     );
     let reply = advance_until(&clock, 1_000, 20_000, finished(waiting)).await;
-    openai_error(&reply, 503, "capacity_exhausted", "api_error");
+    reply.openai_error(503, "capacity_exhausted", "api_error");
     for task in hung {
         task.abort();
     }
@@ -1169,7 +961,7 @@ async fn n28_n35_n45_n46_n47_a_paused_provider_counts_as_full() {
     .await;
 
     let (reply, tried) = chat(&stack, STARTUP, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(reply.header("retry-after"), Some("30"));
     assert_eq!(provider_header(&reply), Some("aki-io"));
     assert_eq!(tried, names(&["aki-io"]));
@@ -1178,7 +970,7 @@ async fn n28_n35_n45_n46_n47_a_paused_provider_counts_as_full() {
     until("the request waits", || capacity_waits(&stack) == 1).await;
     clock.advance(10_000);
     let reply = finished(waiting).await;
-    openai_error(&reply, 503, "capacity_exhausted", "api_error");
+    reply.openai_error(503, "capacity_exhausted", "api_error");
     assert_eq!(reply.header("retry-after"), Some("20"));
     assert_eq!(provider_header(&reply), None);
     assert_eq!(stack.sim.requests().len(), 1);
@@ -1216,11 +1008,11 @@ async fn n48_n52_after_an_attempt_the_last_providers_error_answers() {
     .await;
 
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
     // The priced providers are paused: together is tried, then none is left.
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(reply.header("retry-after"), Some("60"));
     assert_eq!(provider_header(&reply), Some("together"));
     assert_eq!(tried, names(&["together"]));
@@ -1228,7 +1020,7 @@ async fn n48_n52_after_an_attempt_the_last_providers_error_answers() {
     // error answers without a wait (the clock does not move).
     clock.advance(5_000);
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    let message = openai_error(&reply, 502, "provider_error", "api_error");
+    let message = reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(message, PROVIDER_ERROR);
     assert_eq!(provider_header(&reply), Some("aki-io"));
     assert_eq!(tried, names(&["aki-io"]));
@@ -1262,28 +1054,28 @@ async fn n23_n24_n33_failover_re_sorts_by_priority_and_stops_at_three() {
     .await;
 
     let (reply, tried) = chat(&stack, ACME, chat_body(GPT_OSS)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(provider_header(&reply), Some("ionos"));
     assert_eq!(tried, names(&["together", "scaleway", "ionos"]));
 
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
 
     // With scaleway paused, two priced providers fail and the unpriced
     // together is not tried in third place.
     replay(
         &stack,
-        &[
+        &scenario(&[
             ("aki-io", failing),
             ("scaleway", &["429 retry_after=60s"]),
             ("ionos", failing),
-        ],
+        ]),
     );
     let (_, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 502, "provider_error", "api_error");
+    reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(tried, names(&["aki-io", "ionos"]));
     stack.stop().await;
 }
@@ -1297,7 +1089,7 @@ async fn n26_switches_on_401_402_429_and_5xx() {
     for status in [
         "401", "402", "429", "500", "501", "502", "503", "504", "529", "599",
     ] {
-        replay(&stack, &[("aki-io", &[status])]);
+        replay(&stack, &scenario(&[("aki-io", &[status])]));
         let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
         assert_chat_served(&reply, "scaleway", "scaleway");
         assert_eq!(tried, names(&["aki-io", "scaleway"]), "after {status}");
@@ -1323,7 +1115,7 @@ async fn n27_n28_a_managed_429_pauses_the_provider() {
         ("429 retry_after=5s code=insufficient_quota", 60_000),
         ("429 code=insufficient_quota", 60_000),
     ] {
-        replay(&stack, &[("aki-io", &[step, "200"])]);
+        replay(&stack, &scenario(&[("aki-io", &[step, "200"])]));
         let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
         assert_chat_served(&reply, "scaleway", "scaleway");
         assert_eq!(tried, names(&["aki-io", "scaleway"]), "{step}");
@@ -1350,7 +1142,7 @@ async fn n27_n28_a_managed_429_pauses_the_provider() {
     // The second provider is paused the same way.
     replay(
         &stack,
-        &[("aki-io", &["500"]), ("scaleway", &["429 retry_after=20s"])],
+        &scenario(&[("aki-io", &["500"]), ("scaleway", &["429 retry_after=20s"])]),
     );
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
     assert_chat_served(&reply, "ionos", "ionos");
@@ -1385,9 +1177,9 @@ async fn n29_n32_n39_own_providers_keep_their_status_and_are_never_paused() {
             ""
         };
         let step = format!("{status}{retry_after} message=\"your key answered {status}\"");
-        replay(&stack, &[("acme-openai", &[&step, "200"])]);
+        replay(&stack, &scenario(&[("acme-openai", &[&step, "200"])]));
         let (reply, tried) = chat(&stack, ACME, chat_body(GPT_5)).await;
-        let message = openai_error(&reply, status, "provider_rejected_request", error_type);
+        let message = reply.openai_error(status, "provider_rejected_request", error_type);
         assert_eq!(message, format!("your key answered {status}"));
         assert_eq!(provider_header(&reply), Some("openai-acme"));
         assert_eq!(tried, names(&["acme-openai"]));
@@ -1399,10 +1191,10 @@ async fn n29_n32_n39_own_providers_keep_their_status_and_are_never_paused() {
     // Quota exhausted on an own key: still no pause.
     replay(
         &stack,
-        &[("acme-openai", &["429 code=insufficient_quota", "200"])],
+        &scenario(&[("acme-openai", &["429 code=insufficient_quota", "200"])]),
     );
     let (reply, _) = chat(&stack, ACME, chat_body(GPT_5)).await;
-    openai_error(&reply, 429, "provider_rejected_request", "rate_limit_error");
+    reply.openai_error(429, "provider_rejected_request", "rate_limit_error");
     let (reply, _) = chat(&stack, ACME, chat_body(GPT_5)).await;
     assert_chat_served(&reply, "acme-openai", "openai-acme");
     assert_eq!(asked(&stack, "openai"), 0);
@@ -1426,9 +1218,9 @@ async fn n30_n39_another_4xx_is_passed_on_and_stops() {
         (422, "invalid_request_error"),
     ] {
         let step = format!("{status} message=\"context length exceeded ({status})\"");
-        replay(&stack, &[("aki-io", &[&step])]);
+        replay(&stack, &scenario(&[("aki-io", &[&step])]));
         let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-        let message = openai_error(&reply, status, "provider_rejected_request", error_type);
+        let message = reply.openai_error(status, "provider_rejected_request", error_type);
         assert_eq!(message, format!("context length exceeded ({status})"));
         assert_eq!(provider_header(&reply), Some("aki-io"));
         assert_eq!(tried, names(&["aki-io"]));
@@ -1436,20 +1228,20 @@ async fn n30_n39_another_4xx_is_passed_on_and_stops() {
     // An own provider's 404 too.
     replay(
         &stack,
-        &[("acme-openai", &["404 message=\"no such model\""])],
+        &scenario(&[("acme-openai", &["404 message=\"no such model\""])]),
     );
     let (reply, _) = chat(&stack, ACME, chat_body(GPT_5)).await;
-    let message = openai_error(&reply, 404, "provider_rejected_request", "not_found_error");
+    let message = reply.openai_error(404, "provider_rejected_request", "not_found_error");
     assert_eq!(message, "no such model");
 
     // On /v1/messages, in Anthropic's format.
     replay(
         &stack,
-        &[("anthropic", &["413 message=\"prompt is too long\""])],
+        &scenario(&[("anthropic", &["413 message=\"prompt is too long\""])]),
     );
     let (reply, tried) = messages(&stack, ACME, messages_body(CLAUDE)).await;
     assert_eq!(
-        anthropic_error(&reply, 413, "request_too_large"),
+        reply.anthropic_error(413, "request_too_large"),
         "prompt is too long"
     );
     assert_eq!(provider_header(&reply), Some("anthropic"));
@@ -1485,11 +1277,11 @@ async fn n25_n41_a_provider_silent_for_120s_is_left() {
     let silent: &[&str] = &["no_answer"];
     replay(
         &stack,
-        &[("aki-io", silent), ("scaleway", silent), ("ionos", silent)],
+        &scenario(&[("aki-io", silent), ("scaleway", silent), ("ionos", silent)]),
     );
     let waiting = spawn_chat(&stack, ACME, chat_body(QWEN));
     let reply = advance_until(&clock, 5_000, 600_000, finished(waiting)).await;
-    let message = openai_error(&reply, 504, "provider_timeout", "api_error");
+    let message = reply.openai_error(504, "provider_timeout", "api_error");
     assert_eq!(
         message,
         "the provider did not answer within the gateway's timeout"
@@ -1523,10 +1315,10 @@ async fn n25_n40_a_dropped_connection_is_left_for_the_next_provider() {
     let reset: &[&str] = &["reset"];
     replay(
         &stack,
-        &[("aki-io", reset), ("scaleway", reset), ("ionos", reset)],
+        &scenario(&[("aki-io", reset), ("scaleway", reset), ("ionos", reset)]),
     );
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    let message = openai_error(&reply, 502, "provider_unreachable", "api_error");
+    let message = reply.openai_error(502, "provider_unreachable", "api_error");
     assert_eq!(
         message,
         "the gateway could not connect to the provider, or the connection dropped"
@@ -1546,24 +1338,15 @@ async fn n25_n40_an_unreachable_provider_is_502_provider_unreachable() {
 
     let url = stack.url("/v1/chat/completions");
     stack.sim.shutdown().await;
-    let response = stack
-        .client
-        .post(url)
-        .bearer_auth(ACME)
-        .json(&chat_body(QWEN))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    let reply = Reply {
-        status,
-        headers,
-        json: serde_json::from_str(&text).unwrap(),
-        text,
-    };
-    openai_error(&reply, 502, "provider_unreachable", "api_error");
+    let reply = Reply::of(
+        stack
+            .client
+            .post(url)
+            .bearer_auth(ACME)
+            .json(&chat_body(QWEN)),
+    )
+    .await;
+    reply.openai_error(502, "provider_unreachable", "api_error");
     // The third provider (ionos) was the last one tried.
     assert_eq!(provider_header(&reply), Some("ionos"));
     stack.running.shutdown().await;
@@ -1635,7 +1418,7 @@ async fn n35_a_capacity_problem_becomes_429_resource_exhausted() {
     .await;
 
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    let message = openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    let message = reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(message, "the provider's capacity or quota is exhausted");
     assert_eq!(reply.header("retry-after"), Some("7"));
     assert_eq!(provider_header(&reply), Some("ionos"));
@@ -1645,14 +1428,14 @@ async fn n35_a_capacity_problem_becomes_429_resource_exhausted() {
     let payment: &[&str] = &["402"];
     replay(
         &stack,
-        &[
+        &scenario(&[
             ("aki-io", payment),
             ("scaleway", payment),
             ("ionos", payment),
-        ],
+        ]),
     );
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 429, "resource_exhausted", "rate_limit_error");
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(reply.header("retry-after"), None);
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
     // No pause after a 402: the same three are asked again at once.
@@ -1681,19 +1464,19 @@ async fn n36_an_overload_is_503_on_openai_endpoints_and_529_on_messages() {
     .await;
 
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    let message = openai_error(&reply, 503, "provider_overloaded", "api_error");
+    let message = reply.openai_error(503, "provider_overloaded", "api_error");
     assert_eq!(message, OVERLOADED);
     assert_eq!(reply.header("retry-after"), Some("10"));
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(&reply, 503, "provider_overloaded", "api_error");
+    reply.openai_error(503, "provider_overloaded", "api_error");
     assert_eq!(reply.header("retry-after"), Some("20"));
 
     let (reply, _) = messages(&stack, ACME, messages_body(CLAUDE)).await;
-    assert_eq!(anthropic_error(&reply, 529, "overloaded_error"), OVERLOADED);
+    assert_eq!(reply.anthropic_error(529, "overloaded_error"), OVERLOADED);
     assert_eq!(reply.header("retry-after"), Some("10"));
     let (reply, _) = messages(&stack, ACME, messages_body(CLAUDE)).await;
-    assert_eq!(anthropic_error(&reply, 529, "overloaded_error"), OVERLOADED);
+    assert_eq!(reply.anthropic_error(529, "overloaded_error"), OVERLOADED);
     assert_eq!(reply.header("retry-after"), Some("20"));
     stack.stop().await;
 }
@@ -1708,22 +1491,22 @@ async fn n38_other_provider_errors_become_502_provider_error() {
     for last in ["401", "500", "504", "malformed", "302"] {
         replay(
             &stack,
-            &[
+            &scenario(&[
                 ("aki-io", &["503"]),
                 ("scaleway", &["429"]),
                 ("ionos", &[last]),
-            ],
+            ]),
         );
         let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-        let message = openai_error(&reply, 502, "provider_error", "api_error");
+        let message = reply.openai_error(502, "provider_error", "api_error");
         assert_eq!(message, PROVIDER_ERROR, "{last}");
         assert_eq!(reply.header("retry-after"), None, "{last}");
         assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]), "{last}");
         clock.advance(60_000);
     }
-    replay(&stack, &[("anthropic", &["504"])]);
+    replay(&stack, &scenario(&[("anthropic", &["504"])]));
     let (reply, _) = messages(&stack, ACME, messages_body(CLAUDE)).await;
-    assert_eq!(anthropic_error(&reply, 502, "api_error"), PROVIDER_ERROR);
+    assert_eq!(reply.anthropic_error(502, "api_error"), PROVIDER_ERROR);
     stack.stop().await;
 }
 
@@ -1738,19 +1521,19 @@ async fn n31_n38_a_malformed_answer_or_redirect_switches() {
     let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
 
     for step in ["malformed", "301", "302", "307"] {
-        replay(&stack, &[("aki-io", &[step])]);
+        replay(&stack, &scenario(&[("aki-io", &[step])]));
         let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
         assert_chat_served(&reply, "scaleway", "scaleway");
         assert_eq!(tried, names(&["aki-io", "scaleway"]), "{step}");
     }
     // A stream whose first event is malformed has sent nothing yet.
-    replay(&stack, &[("aki-io", &["malformed"])]);
+    replay(&stack, &scenario(&[("aki-io", &["malformed"])]));
     let before = stack.sim.requests().len();
-    let reply = stack.chat(ACME, stream_body(QWEN)).await;
+    let reply = stack.chat(ACME, streamed(chat_body(QWEN))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(provider_header(&reply), Some("scaleway"));
     assert_eq!(asked_since(&stack, before), names(&["aki-io", "scaleway"]));
-    assert_eq!(streamed_text(&reply), "hello from scaleway");
+    assert_eq!(reply.streamed_text(), "hello from scaleway");
     stack.stop().await;
 }
 
@@ -1767,13 +1550,13 @@ async fn n26_n31_a_failed_status_on_a_stream_switches() {
     )
     .await;
 
-    let reply = stack.chat(ACME, stream_body(QWEN)).await;
+    let reply = stack.chat(ACME, streamed(chat_body(QWEN))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(provider_header(&reply), Some("scaleway"));
     let events = reply.events();
     assert_eq!(events.last().unwrap().1, "[DONE]");
     assert!(events.iter().all(|(name, _)| name.is_none()), "{events:?}");
-    assert_eq!(streamed_text(&reply), "hello from scaleway");
+    assert_eq!(reply.streamed_text(), "hello from scaleway");
     assert_eq!(stack.providers_tried(), names(&["aki-io", "scaleway"]));
 
     let reply = stack
@@ -1805,7 +1588,7 @@ async fn n31_n38_a_stream_broken_after_its_first_event_never_switches() {
     )
     .await;
 
-    let reply = stack.chat(ACME, stream_body(QWEN)).await;
+    let reply = stack.chat(ACME, streamed(chat_body(QWEN))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(provider_header(&reply), Some("aki-io"));
     let events = reply.events();
@@ -1856,41 +1639,29 @@ async fn n25_n31_n38_a_stream_stalled_for_120s_ends_with_an_error_event() {
     )
     .await;
 
+    let started = Instant::now();
     let mut response = stack
         .client
         .post(stack.url("/v1/chat/completions"))
         .bearer_auth(ACME)
-        .json(&stream_body(QWEN))
+        .json(&streamed(chat_body(QWEN)))
         .send()
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let headers = response.headers().clone();
     let mut text = String::new();
     while text.matches("data: ").count() < 2 {
         let chunk = response.chunk().await.unwrap().expect("the stream ended");
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    let rest = tokio::spawn(async move {
-        let mut text = String::new();
-        while let Some(chunk) = response.chunk().await.unwrap() {
-            text.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-        text
-    });
+    let rest = tokio::spawn(Reply::rest(response, text, started));
     settle().await;
     clock.advance(119_999);
     settle().await;
     assert!(!rest.is_finished(), "ended before 120 s of silence");
     clock.advance(1);
-    text.push_str(&finished(rest).await);
 
-    let reply = Reply {
-        status: 200,
-        headers,
-        text,
-        json: Value::Null,
-    };
+    let reply = finished(rest).await;
     assert_eq!(provider_header(&reply), Some("aki-io"));
     let events = reply.events();
     assert_eq!(events.len(), 3, "{events:?}");
@@ -1935,18 +1706,13 @@ async fn n50_n51_n52_the_provider_header_names_who_answered() {
     assert_chat_served(&reply, "scaleway", "scaleway");
     assert_eq!(tried, names(&["aki-io", "scaleway"]));
     // Streams carry it when the provider answers in time.
-    let reply = stack.chat(ACME, stream_body(QWEN)).await;
+    let reply = stack.chat(ACME, streamed(chat_body(QWEN))).await;
     assert_eq!(provider_header(&reply), Some("scaleway"));
     assert!(!reply.text.contains("provider="));
 
     // An error after a provider was asked.
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
-    openai_error(
-        &reply,
-        400,
-        "provider_rejected_request",
-        "invalid_request_error",
-    );
+    reply.openai_error(400, "provider_rejected_request", "invalid_request_error");
     assert_eq!(provider_header(&reply), Some("aki-io"));
     // Refusals involve no provider.
     let (reply, _) = chat(&stack, ACME, chat_body("gpt-9-ultra")).await;
@@ -1974,7 +1740,7 @@ async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
     )
     .await;
 
-    let streaming = spawn_chat(&stack, ACME, stream_body(GPT_5));
+    let streaming = spawn_chat(&stack, ACME, streamed(chat_body(GPT_5)));
     until("acme-openai is asked", || asked(&stack, "acme-openai") == 1).await;
     clock.advance(15_000);
     let reply = finished(streaming).await;
@@ -1989,7 +1755,7 @@ async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
         ),
         "{events:?}"
     );
-    assert_eq!(streamed_text(&reply), "hello from acme-openai");
+    assert_eq!(reply.streamed_text(), "hello from acme-openai");
     assert_eq!(events.last().unwrap().1, "[DONE]");
     assert_eq!(stack.providers_tried(), names(&["acme-openai"]));
     stack.stop().await;
@@ -2010,7 +1776,8 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     )
     .await;
 
-    let opening = spawn_open(&stack, ACME, stream_body(QWEN));
+    let started = Instant::now();
+    let opening = spawn_open(&stack, ACME, streamed(chat_body(QWEN)));
     until("aki-io is asked", || asked(&stack, "aki-io") == 1).await;
     // The headers are held 15 s, then go out without the provider.
     clock.advance(14_999);
@@ -2019,9 +1786,8 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     clock.advance(1);
     let response = finished(opening).await;
     assert_eq!(response.status().as_u16(), 200);
-    let headers = response.headers().clone();
-    assert_eq!(headers.get("x-noirdoc-provider"), None);
-    let streaming = tokio::spawn(async move { response.text().await.unwrap() });
+    assert_eq!(response.headers().get("x-noirdoc-provider"), None);
+    let streaming = tokio::spawn(Reply::rest(response, String::new(), started));
 
     clock.advance(104_999);
     settle().await;
@@ -2032,13 +1798,7 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     );
     assert!(!streaming.is_finished());
     clock.advance(1);
-    let text = finished(streaming).await;
-    let reply = Reply {
-        status: 200,
-        headers,
-        text,
-        json: Value::Null,
-    };
+    let reply = finished(streaming).await;
     let events = reply.events();
     assert_eq!(
         events[0],
@@ -2048,7 +1808,7 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
         ),
         "{events:?}"
     );
-    assert_eq!(streamed_text(&reply), "hello from scaleway");
+    assert_eq!(reply.streamed_text(), "hello from scaleway");
     assert_eq!(events.last().unwrap().1, "[DONE]");
     assert_eq!(stack.providers_tried(), names(&["aki-io", "scaleway"]));
     stack.stop().await;

@@ -13,20 +13,14 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
+use common::{Files, Reply, Stack, closed_port, until};
 use reqwest::RequestBuilder;
-use reqwest::header::HeaderMap;
 use serde_json::{Value as Json, json};
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use switchyard::compile::{FixedSecrets, compile_report};
-use switchyard::diagnostics::render::{Style, human};
-use switchyard::language::check_file;
-use switchyard::proxy::{Limits, Options, Proxy, Running, serve};
-use switchyard::sim::{RecordedRequest, Scenario, SimHandle};
-use switchyard::state::{InProcess, SystemClock};
+use switchyard::proxy::{Limits, Options};
+use switchyard::sim::RecordedRequest;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -101,7 +95,7 @@ fn secret_of(provider: &str) -> String {
 fn provider(id: &str, format: &str, extra: &str) -> String {
     let variable = key_variable(id);
     let mut entry = format!(
-        "  - id: {id}\n    format: {format}\n    base_url: {{sim}}/{id}/v1\n    \
+        "  - id: {id}\n    format: {format}\n    base_url: http://{{sim}}/{id}/v1\n    \
          credentials:\n      - {{id: {id}-key, key: \"${{{variable}}}\"}}\n"
     );
     if !extra.is_empty() {
@@ -145,33 +139,17 @@ fn a_then_b() -> String {
 
 /// A secret for every `${NAME}` in the catalog, except names starting with
 /// `UNSET`, which stay unset (their credentials are not usable).
-fn secrets_for(catalog: &str) -> FixedSecrets {
-    let mut secrets = HashMap::new();
+fn secrets_for(catalog: &str) -> Vec<(String, String)> {
+    let mut secrets = Vec::new();
     for piece in catalog.split("${").skip(1) {
         if let Some((name, _)) = piece.split_once('}')
             && !name.starts_with("UNSET")
         {
-            secrets.insert(name.to_string(), format!("upstream-secret-{name}"));
+            secrets.push((name.to_string(), format!("upstream-secret-{name}")));
         }
     }
-    FixedSecrets(secrets)
+    secrets
 }
-
-/// A local port nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-async fn start_sim(scenario: &str) -> SimHandle {
-    let scenario = Scenario::parse(scenario, "test")
-        .unwrap_or_else(|error| panic!("the test scenario does not parse: {error}"));
-    switchyard::sim::start("127.0.0.1:0".parse().unwrap(), scenario)
-        .await
-        .expect("the sim starts")
-}
-
-static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
 /// What a test's proxy is made of.
 struct Setup {
@@ -204,48 +182,29 @@ impl Setup {
         self
     }
 
-    /// Writes the files, checks and compiles the policy (printing its
-    /// diagnostics if it does not check) and serves it on a free port.
-    async fn start(self, sim: &SimHandle) -> Gateway {
-        let dir = std::env::temp_dir().join(format!(
-            "switchyard-proxy-test-{}-{}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let catalog = self
-            .catalog
-            .replace("{sim}", &format!("http://{}", sim.addr()));
-        std::fs::write(dir.join("catalog.yaml"), &catalog).unwrap();
-        std::fs::write(dir.join("tenants.yaml"), &self.tenants).unwrap();
-        let policy_path = dir.join("test.policy");
-        std::fs::write(&policy_path, &self.policy).unwrap();
-        let snapshot = match compile_report(check_file(&policy_path), &secrets_for(&catalog)) {
-            Ok((snapshot, _)) => snapshot,
-            Err(report) => {
-                for diagnostic in report.diagnostics.iter() {
-                    eprintln!("{}", human(diagnostic, &report.sources, Style::Plain));
-                }
-                panic!(
-                    "the test policy does not check:\n{}\n{catalog}",
-                    self.policy
-                );
-            }
+    /// Writes the files, checks and compiles the policy (the test fails
+    /// with its diagnostics if it does not check) and serves it on a free
+    /// port, in front of simulated providers that behave as `scenario`
+    /// says.
+    async fn start(self, scenario: &str) -> Gateway {
+        let secrets = secrets_for(&self.catalog);
+        let secrets: Vec<(&str, &str)> = secrets
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let files = Files {
+            policy: &self.policy,
+            catalog: &self.catalog,
+            tenants: &self.tenants,
+            scenario,
+            secrets: &secrets,
         };
-        let state = InProcess::new(Arc::new(SystemClock::new()));
-        let proxy = Proxy::new(Arc::new(snapshot), state, self.options);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let running = serve(proxy.clone(), listener, Duration::from_secs(5)).unwrap();
+        let stack = Stack::start("proxy", &files, self.options).await;
         let api = Api {
             client: client(),
-            url: format!("http://{}", running.addr()),
+            url: stack.url(""),
         };
-        Gateway {
-            api,
-            proxy,
-            running: Some(running),
-            dir,
-        }
+        Gateway { stack, api }
     }
 }
 
@@ -259,17 +218,23 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-/// A running proxy and its files.
+/// A running proxy in front of its simulated providers, and how to reach
+/// it as the test's tenant.
 struct Gateway {
+    stack: Stack,
     api: Api,
-    proxy: Arc<Proxy>,
-    running: Option<Running>,
-    dir: PathBuf,
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+impl std::ops::Deref for Gateway {
+    type Target = Stack;
+    fn deref(&self) -> &Stack {
+        &self.stack
+    }
+}
+
+impl Gateway {
+    async fn stop(self) {
+        self.stack.stop().await;
     }
 }
 
@@ -335,72 +300,7 @@ fn messages_body(stream: bool) -> Json {
     })
 }
 
-/// A whole response as the client got it.
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    text: String,
-    /// From sending the request to the end of the body.
-    elapsed: Duration,
-}
-
-impl Reply {
-    async fn of(request: RequestBuilder) -> Reply {
-        let started = Instant::now();
-        let response = request.send().await.expect("the proxy answers");
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.expect("the body arrives whole");
-        Reply {
-            status,
-            headers,
-            text,
-            elapsed: started.elapsed(),
-        }
-    }
-
-    fn json(&self) -> Json {
-        serde_json::from_str(&self.text)
-            .unwrap_or_else(|error| panic!("the body is not JSON ({error}): {}", self.text))
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    /// The text of a non-streamed chat completion.
-    fn chat_text(&self) -> String {
-        let json = self.json();
-        json.pointer("/choices/0/message/content")
-            .and_then(Json::as_str)
-            .unwrap_or_else(|| panic!("no message content in {json}"))
-            .to_string()
-    }
-
-    /// The server-sent events of the body, each without its blank line.
-    fn events(&self) -> Vec<&str> {
-        sse_events(&self.text)
-    }
-
-    /// The text of a streamed chat completion: its deltas joined.
-    fn streamed_chat_text(&self) -> String {
-        chat_deltas(&self.text)
-    }
-
-    /// The text of a streamed Anthropic message: its text deltas joined.
-    fn streamed_message_text(&self) -> String {
-        self.events()
-            .iter()
-            .filter_map(|event| event_json(event))
-            .filter_map(|data| {
-                data.pointer("/delta/text")
-                    .and_then(Json::as_str)
-                    .map(str::to_string)
-            })
-            .collect()
-    }
-}
-
+/// The server-sent events of `text`, each without its blank line.
 fn sse_events(text: &str) -> Vec<&str> {
     text.split("\n\n")
         .filter(|event| !event.trim().is_empty())
@@ -451,15 +351,6 @@ fn gap_ms(requests: &[RecordedRequest], earlier: usize, later: usize) -> u64 {
     requests[later].at_ms - requests[earlier].at_ms
 }
 
-/// Waits (polling) until `condition` holds; fails the test after 10 s.
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Waits (polling `/metrics`) until the counter `name` reaches `value`.
 async fn wait_for_metric(api: &Api, name: &str, value: usize) {
     let url = format!("{}/metrics", api.url);
@@ -485,7 +376,7 @@ async fn wait_for_metric(api: &Api, name: &str, value: usize) {
 
 /// The OpenAI error object of a reply: (code, type, message).
 fn openai_error(reply: &Reply) -> (String, String, String) {
-    let json = reply.json();
+    let json = &reply.json;
     let field = |name: &str| {
         json.pointer(&format!("/error/{name}"))
             .and_then(Json::as_str)
@@ -497,7 +388,7 @@ fn openai_error(reply: &Reply) -> (String, String, String) {
 
 /// The Anthropic error object of a reply: (type, message).
 fn anthropic_error(reply: &Reply) -> (String, String) {
-    let json = reply.json();
+    let json = &reply.json;
     assert_eq!(
         json["type"], "error",
         "not an Anthropic error object: {json}"
@@ -555,15 +446,14 @@ async fn failover_case(
     stream: bool,
     edit: impl FnOnce(String) -> String,
 ) -> (Reply, Vec<RecordedRequest>) {
-    let sim = start_sim(&format!(
-        "providers:\n  a: {{sequence: [\"{a_step}\"]}}\n  b: {{}}\n"
-    ))
-    .await;
+    let scenario = format!("providers:\n  a: {{sequence: [\"{a_step}\"]}}\n  b: {{}}\n");
     let gateway = Setup::new(policy, errors, edit(a_then_b()))
-        .start(&sim)
+        .start(&scenario)
         .await;
     let reply = gateway.api.chat(&chat_body(stream)).await;
-    (reply, sim.requests())
+    let requests = gateway.sim.requests();
+    gateway.stop().await;
+    (reply, requests)
 }
 
 /// `a`'s attempt ends with `outcome`, the policy's rule for it fails over,
@@ -590,9 +480,9 @@ async fn outcome_case(
 fn assert_b_answered(reply: &Reply, stream: bool) {
     assert_eq!(reply.status, 200, "{}", reply.text);
     if stream {
-        assert_eq!(reply.streamed_chat_text(), "hello from b", "{}", reply.text);
+        assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
         assert_eq!(
-            reply.events().last(),
+            sse_events(&reply.text).last(),
             Some(&"data: [DONE]"),
             "{}",
             reply.text
@@ -614,7 +504,7 @@ async fn failover_on_a_5xx_status_tries_the_next_provider() -> TestResult {
 async fn failover_on_a_connect_error_tries_the_next_provider() -> TestResult {
     let closed = format!("http://127.0.0.1:{}/a/v1", closed_port());
     let (_, requests) = outcome_case("connect_error", "200", false, |c| {
-        c.replace("{sim}/a/v1", &closed)
+        c.replace("http://{sim}/a/v1", &closed)
     })
     .await;
     // `a` lives on a port nobody listens on: the sim only ever sees `b`.
@@ -696,11 +586,7 @@ const STOP_ERRORS: &str = r#"
 
 /// OpenAI providers `a`, `b` for `m`; Anthropic providers `anth`, `anth2`
 /// for `claude`. The first of each answers `steps` in turn.
-async fn stop_case(steps: &str) -> (SimHandle, Gateway) {
-    let sim = start_sim(&format!(
-        "providers:\n  a: {{sequence: {steps}}}\n  b: {{}}\n  anth: {{sequence: {steps}}}\n  anth2: {{}}\n"
-    ))
-    .await;
+async fn stop_case(steps: &str) -> Gateway {
     let catalog = catalog(
         &[
             provider("a", "openai", ""),
@@ -710,13 +596,18 @@ async fn stop_case(steps: &str) -> (SimHandle, Gateway) {
         ],
         &[model("m", &["a", "b"]), model("claude", &["anth", "anth2"])],
     );
-    let gateway = Setup::new(STOP, STOP_ERRORS, catalog).start(&sim).await;
-    (sim, gateway)
+    let scenario = format!(
+        "providers:\n  a: {{sequence: {steps}}}\n  b: {{}}\n  anth: {{sequence: {steps}}}\n  anth2: {{}}\n"
+    );
+    Setup::new(STOP, STOP_ERRORS, catalog)
+        .start(&scenario)
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_rule_answers_with_the_policy_error_in_the_openai_format() -> TestResult {
-    let (sim, gateway) = stop_case(r#"["429", "503"]"#).await;
+    let gateway = stop_case(r#"["429", "503"]"#).await;
+    let sim = &gateway.sim;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 429, "{}", reply.text);
@@ -741,12 +632,14 @@ async fn a_stop_rule_answers_with_the_policy_error_in_the_openai_format() -> Tes
 
     // `stop`: `b` is never asked.
     assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_rule_answers_with_the_policy_error_in_the_anthropic_format() -> TestResult {
-    let (sim, gateway) = stop_case(r#"["429", "503"]"#).await;
+    let gateway = stop_case(r#"["429", "503"]"#).await;
+    let sim = &gateway.sim;
 
     let reply = gateway.api.messages(&messages_body(false)).await;
     assert_eq!(reply.status, 429, "{}", reply.text);
@@ -771,20 +664,22 @@ async fn a_stop_rule_answers_with_the_policy_error_in_the_anthropic_format() -> 
     assert_eq!(reply.header("retry-after"), None);
 
     assert_eq!(providers_seen(&sim.requests()), ["anth", "anth"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestResult {
-    let (sim, gateway) = stop_case(
+    let gateway = stop_case(
         r#"["400 code=bad_thing message=\"no such parameter\"", "409 retry_after=2s code=conflict message=\"try later\""]"#,
     )
     .await;
+    let sim = &gateway.sim;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
     assert_eq!(
-        reply.json(),
+        reply.json,
         json!({"error": {"message": "no such parameter", "type": "invalid_request_error", "param": null, "code": "bad_thing"}})
     );
     let reply = gateway.api.chat(&chat_body(false)).await;
@@ -796,11 +691,12 @@ async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestRe
     let reply = gateway.api.messages(&messages_body(false)).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
     assert_eq!(
-        reply.json(),
+        reply.json,
         json!({"type": "error", "error": {"type": "bad_thing", "message": "no such parameter"}})
     );
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "a", "anth"]);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -808,12 +704,6 @@ async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestRe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured_and_bounded_by_the_policy() -> TestResult {
-    let sim = start_sim(
-        "providers:\n  a:\n    models:\n      \
-         limited: {sequence: [\"429 retry_after=5s\", \"200\"]}\n      \
-         flaky: {sequence: [\"503\", \"200\"]}\n",
-    )
-    .await;
     let gateway = Setup::new(
         r#"
 failover {
@@ -829,8 +719,11 @@ failover {
             &[model("limited", &["a"]), model("flaky", &["a"])],
         ),
     )
-    .start(&sim)
+    .start("providers:\n  a:\n    models:\n      \
+         limited: {sequence: [\"429 retry_after=5s\", \"200\"]}\n      \
+         flaky: {sequence: [\"503\", \"200\"]}\n",)
     .await;
+    let sim = &gateway.sim;
 
     let reply = gateway
         .api
@@ -849,12 +742,12 @@ failover {
         waited < 2_500,
         "retried after {waited} ms: the upstream 5 s was not bounded"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_without_after_backs_off() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [\"503\", \"200\"]}\n").await;
     let gateway = Setup::new(
         r#"
 failover {
@@ -866,8 +759,9 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"503\", \"200\"]}\n")
     .await;
+    let sim = &gateway.sim;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
@@ -876,12 +770,12 @@ failover {
     // The default backoff starts at 250 ms with jitter: never a tight loop.
     let waited = gap_ms(&requests, 0, 1);
     assert!(waited >= 100, "retried after only {waited} ms");
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_pending_retry() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [\"503\", \"200\"]}\n").await;
     let gateway = Setup::new(
         r#"
 failover {
@@ -893,13 +787,14 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"503\", \"200\"]}\n")
     .await;
+    let sim = &gateway.sim;
 
     // The client gives up while the proxy waits to retry.
     let api = gateway.api.clone();
     let client = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    wait_until("the sim sees the first attempt", || {
+    until("the sim sees the first attempt", || {
         sim.requests().len() == 1
     })
     .await;
@@ -911,6 +806,7 @@ failover {
         ["a"],
         "the retry went upstream for a client that had left"
     );
+    gateway.stop().await;
     Ok(())
 }
 
@@ -918,7 +814,6 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_provider_is_skipped_until_the_pause_expires() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [\"429\", \"200\"]}\n  b: {}\n").await;
     let gateway = Setup::new(
         r#"
 failover {
@@ -930,8 +825,9 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         a_then_b(),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n  b: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     // The pause starts after this instant, when `a` answers 429.
     let before_pause = Instant::now();
@@ -959,12 +855,12 @@ failover {
         "traffic returns after the pause"
     );
     assert_eq!(providers_seen(&sim.requests()), ["a", "b", "b", "a"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_finding_every_candidate_paused_waits_for_the_pause_to_end() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [\"429\", \"200\"]}\n").await;
     let gateway = Setup::new(
         r#"
 capacity {
@@ -980,8 +876,9 @@ failover {
         CAPACITY_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n")
     .await;
+    let sim = &gateway.sim;
 
     let first = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(first.status, 502, "{}", first.text);
@@ -995,6 +892,7 @@ failover {
         waited >= 300,
         "`a` was asked again {waited} ms into its 300 ms pause"
     );
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1029,19 +927,18 @@ fn one_slot_catalog() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResult {
-    let sim =
-        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=1500ms\", \"200\"]}\n").await;
     let gateway = Setup::new(
         &capacity_policy("150ms"),
         CAPACITY_ERRORS,
         one_slot_catalog(),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"200 slow_headers=1500ms\", \"200\"]}\n")
     .await;
+    let sim = &gateway.sim;
 
     let api = gateway.api.clone();
     let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    wait_until("the sim sees the first request", || {
+    until("the sim sees the first request", || {
         sim.requests().len() == 1
     })
     .await;
@@ -1067,20 +964,20 @@ async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResu
         1,
         "the refused request never went upstream"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResult {
-    let sim =
-        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n").await;
     let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start(&sim)
+        .start("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n")
         .await;
+    let sim = &gateway.sim;
 
     let api = gateway.api.clone();
     let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    wait_until("the sim sees the first request", || {
+    until("the sim sees the first request", || {
         sim.requests().len() == 1
     })
     .await;
@@ -1096,16 +993,17 @@ async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResul
         waited >= 600,
         "the second request went upstream after {waited} ms"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult {
     // A stream of 50 chunks 100 ms apart holds the only slot for 5 s.
-    let sim = start_sim("providers:\n  a: {chunks: 50, chunk_interval: 100ms}\n").await;
     let gateway = Setup::new(&capacity_policy("1s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start(&sim)
+        .start("providers:\n  a: {chunks: 50, chunk_interval: 100ms}\n")
         .await;
+    let sim = &gateway.sim;
 
     let mut stream = gateway.api.chat_request(&chat_body(true)).send().await?;
     assert_eq!(stream.status(), 200);
@@ -1119,15 +1017,16 @@ async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult
         reply.text
     );
     assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_waiting_for_capacity_are_served_in_arrival_order() -> TestResult {
-    let sim = start_sim("providers:\n  a: {latency: 200ms}\n").await;
     let gateway = Setup::new(&capacity_policy("5s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start(&sim)
+        .start("providers:\n  a: {latency: 200ms}\n")
         .await;
+    let sim = &gateway.sim;
 
     let mut waiting = Vec::new();
     for (number, name) in ["r1", "r2", "r3", "r4"].into_iter().enumerate() {
@@ -1137,7 +1036,7 @@ async fn requests_waiting_for_capacity_are_served_in_arrival_order() -> TestResu
         // `r1` takes the slot; each of the others joins the queue (and is
         // counted as waiting) before the next one is sent.
         if number == 0 {
-            wait_until("r1 goes upstream", || sim.requests().len() == 1).await;
+            until("r1 goes upstream", || sim.requests().len() == 1).await;
         } else {
             wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", number).await;
         }
@@ -1152,20 +1051,20 @@ async fn requests_waiting_for_capacity_are_served_in_arrival_order() -> TestResu
         .map(|request| request.body["messages"][0]["content"].to_string())
         .collect();
     assert_eq!(order, ["\"r1\"", "\"r2\"", "\"r3\"", "\"r4\""]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_client_that_goes_away_leaves_the_queue() -> TestResult {
-    let sim =
-        start_sim("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n").await;
     let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start(&sim)
+        .start("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n")
         .await;
+    let sim = &gateway.sim;
 
     let api = gateway.api.clone();
     let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    wait_until("the sim sees the first request", || {
+    until("the sim sees the first request", || {
         sim.requests().len() == 1
     })
     .await;
@@ -1181,12 +1080,12 @@ async fn a_waiting_client_that_goes_away_leaves_the_queue() -> TestResult {
     assert_eq!(next.status, 200, "{}", next.text);
     assert_eq!(slow.await?.status, 200);
     assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_capacity_error_can_say_when_a_window_frees() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         &capacity_policy("100ms"),
         r#"
@@ -1202,8 +1101,9 @@ async fn the_capacity_error_can_say_when_a_window_frees() -> TestResult {
             &[model("m", &["a"])],
         ),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     let first = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(first.status, 200, "{}", first.text);
@@ -1217,6 +1117,7 @@ async fn the_capacity_error_can_say_when_a_window_frees() -> TestResult {
         "Retry-After: {retry_after}"
     );
     assert_eq!(sim.requests().len(), 1);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1263,7 +1164,7 @@ fn assert_ends_with_broken_stream_error(reply: &Reply) {
         "the stream was committed: {}",
         reply.text
     );
-    let events = reply.events();
+    let events = sse_events(&reply.text);
     let last = events.last().copied().unwrap_or_default();
     let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
     assert_eq!(error["error"]["code"], "broken_stream", "{}", reply.text);
@@ -1276,8 +1177,8 @@ async fn a_stream_cut_after_commit_ends_with_an_error_event_and_no_done() -> Tes
     let (reply, requests) = stream_case("cut_after=2").await;
     assert_ends_with_broken_stream_error(&reply);
     // Two chunks of "hello from a" reached the client before the cut.
-    assert!(!reply.streamed_chat_text().is_empty(), "{}", reply.text);
-    assert!("hello from a".starts_with(&reply.streamed_chat_text()));
+    assert!(!reply.streamed_text().is_empty(), "{}", reply.text);
+    assert!("hello from a".starts_with(&reply.streamed_text()));
     // Nothing fails over once bytes reached the client.
     assert_eq!(providers_seen(&requests), ["a"]);
     Ok(())
@@ -1308,7 +1209,6 @@ async fn a_stream_malformed_after_commit_ends_with_an_error_event_and_no_done() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_committed_stream_outliving_the_attempt_timeout_ends_with_an_error_event() -> TestResult {
     // 20 chunks 100 ms apart: about 2 s, four times the attempt's limit.
-    let sim = start_sim("providers:\n  a: {chunks: 20, chunk_interval: 100ms}\n").await;
     let gateway = Setup::new(
         r#"
 timeouts {
@@ -1323,22 +1223,22 @@ failover {
         STREAM_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {chunks: 20, chunk_interval: 100ms}\n")
     .await;
 
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_ends_with_broken_stream_error(&reply);
     assert_ne!(
-        reply.streamed_chat_text(),
+        reply.streamed_text(),
         "hello from a",
         "the whole answer was streamed"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_without_done_is_finished_promptly_with_done() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [no_done]}\n").await;
     let gateway = Setup::new(
         r#"
 timeouts {
@@ -1352,14 +1252,14 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [no_done]}\n")
     .await;
 
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.streamed_chat_text(), "hello from a");
+    assert_eq!(reply.streamed_text(), "hello from a");
     assert_eq!(
-        reply.events().last(),
+        sse_events(&reply.text).last(),
         Some(&"data: [DONE]"),
         "{}",
         reply.text
@@ -1371,12 +1271,12 @@ failover {
         "{:?}",
         reply.elapsed
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResult {
-    let sim = start_sim("providers:\n  anth: {sequence: [\"200\", no_done, cut_after=2]}\n").await;
     let gateway = Setup::new(
         STREAMS,
         STREAM_ERRORS,
@@ -1385,14 +1285,14 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
             &[model("claude", &["anth"])],
         ),
     )
-    .start(&sim)
+    .start("providers:\n  anth: {sequence: [\"200\", no_done, cut_after=2]}\n")
     .await;
 
     for case in ["complete", "without message_stop"] {
         let reply = gateway.api.messages(&messages_body(true)).await;
         assert_eq!(reply.status, 200, "{case}: {}", reply.text);
-        assert_eq!(reply.streamed_message_text(), "hello from anth", "{case}");
-        let events = reply.events();
+        assert_eq!(reply.streamed_text(), "hello from anth", "{case}");
+        let events = sse_events(&reply.text);
         let last = events.last().copied().unwrap_or_default();
         assert_eq!(
             event_name(last),
@@ -1410,7 +1310,7 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
 
     let reply = gateway.api.messages(&messages_body(true)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    let events = reply.events();
+    let events = sse_events(&reply.text);
     let last = events.last().copied().unwrap_or_default();
     assert_eq!(event_name(last), Some("error"), "{}", reply.text);
     assert_eq!(
@@ -1420,6 +1320,7 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
         )
     );
     assert!(!reply.text.contains("message_stop"), "{}", reply.text);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1427,7 +1328,6 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
 async fn held_headers_go_out_after_hold_headers_and_the_late_comment_precedes_the_events()
 -> TestResult {
     // `a` sends headers at once but its first event only after 5 s.
-    let sim = start_sim("providers:\n  a: {sequence: [\"first_token=5s\"]}\n  b: {}\n").await;
     let gateway = Setup::new(
         r#"
 timeouts {
@@ -1446,8 +1346,9 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         a_then_b(),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"first_token=5s\"]}\n  b: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     let started = Instant::now();
     let response = gateway.api.chat_request(&chat_body(true)).send().await?;
@@ -1471,13 +1372,13 @@ failover {
     assert_eq!(chat_deltas(&text), "hello from b");
     assert_eq!(events.last(), Some(&"data: [DONE]"));
     assert_eq!(providers_seen(&sim.requests()), ["a", "b"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_headers_go_out_after_hold_headers_even_before_the_provider_answers() -> TestResult {
     // `a` sends nothing, not even headers, for 1 s.
-    let sim = start_sim("providers:\n  a: {sequence: [\"slow_headers=1s\"]}\n").await;
     let gateway = Setup::new(
         r#"
 timeouts {
@@ -1495,7 +1396,7 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"slow_headers=1s\"]}\n")
     .await;
 
     let started = Instant::now();
@@ -1507,6 +1408,7 @@ failover {
         "the headers waited {headers_after:?}, for the provider's headers"
     );
     assert_eq!(sse_events(&text).first(), Some(&": provider=a"), "{text}");
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1525,8 +1427,7 @@ failover {
 }
 "#;
 
-async fn headers_case(scenario: &str) -> (SimHandle, Gateway) {
-    let sim = start_sim(scenario).await;
+async fn headers_case(scenario: &str) -> Gateway {
     let catalog = catalog(
         &[
             provider("a", "openai", ""),
@@ -1535,21 +1436,20 @@ async fn headers_case(scenario: &str) -> (SimHandle, Gateway) {
         ],
         &[model("m", &["a", "b"]), model("solo", &["c"])],
     );
-    let gateway = Setup::new(
+    Setup::new(
         HEADERS,
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog,
     )
-    .start(&sim)
-    .await;
-    (sim, gateway)
+    .start(scenario)
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() -> TestResult {
-    let (sim, gateway) =
-        headers_case("providers:\n  a: {sequence: [\"503\", \"503\"]}\n  b: {sequence: [\"200\", \"503\"]}\n  c: {}\n")
+    let gateway = headers_case("providers:\n  a: {sequence: [\"503\", \"503\"]}\n  b: {sequence: [\"200\", \"503\"]}\n  c: {}\n")
             .await;
+    let sim = &gateway.sim;
 
     let served = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(served.status, 200, "{}", served.text);
@@ -1575,29 +1475,31 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
     assert_eq!(refused.header("x-served-by"), None);
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "b", "a", "b"]);
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_count_the_attempts_of_a_stream_after_failover() -> TestResult {
-    let (_sim, gateway) =
-        headers_case("providers:\n  a: {sequence: [\"503\"]}\n  b: {}\n  c: {}\n").await;
+    let gateway = headers_case("providers:\n  a: {sequence: [\"503\"]}\n  b: {}\n  c: {}\n").await;
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.streamed_chat_text(), "hello from b");
+    assert_eq!(reply.streamed_text(), "hello from b");
     assert_eq!(reply.header("x-served-by"), Some("b"));
     assert_eq!(
         reply.header("x-attempts"),
         Some("2"),
         "two candidates were tried"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_do_not_count_retries_as_attempts() -> TestResult {
-    let (sim, gateway) =
+    let gateway =
         headers_case("providers:\n  a: {}\n  b: {}\n  c: {sequence: [\"503\", \"200\"]}\n").await;
+    let sim = &gateway.sim;
     let reply = gateway
         .api
         .chat(&json!({"model": "solo", "messages": []}))
@@ -1610,18 +1512,18 @@ async fn policy_headers_do_not_count_retries_as_attempts() -> TestResult {
     );
     // `attempts` counts candidates tried; retries of one do not count.
     assert_eq!(reply.header("x-attempts"), Some("1"));
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_can_tell_a_successful_answer_from_an_error() -> TestResult {
-    let sim = start_sim("providers:\n  a: {sequence: [\"200\", \"503\"]}\n").await;
     let gateway = Setup::new(
         &format!("headers {{\n  \"x-succeeded\" = succeeded\n}}\n{SIMPLE}"),
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {sequence: [\"200\", \"503\"]}\n")
     .await;
 
     let served = gateway.api.chat(&chat_body(false)).await;
@@ -1630,18 +1532,18 @@ async fn policy_headers_can_tell_a_successful_answer_from_an_error() -> TestResu
     assert_eq!(failed.status, 502, "{}", failed.text);
     assert_eq!(failed.header("x-succeeded"), Some("false"));
     assert_eq!(served.header("x-succeeded"), Some("true"));
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_read_the_time_elapsed() -> TestResult {
-    let sim = start_sim("providers:\n  a: {latency: 300ms}\n").await;
     let gateway = Setup::new(
         &format!("headers {{\n  \"x-elapsed-ms\" = seconds(elapsed) * 1000\n}}\n{SIMPLE}"),
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {latency: 300ms}\n")
     .await;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
@@ -1652,6 +1554,7 @@ async fn policy_headers_read_the_time_elapsed() -> TestResult {
         .parse()?;
     // The provider took 300 ms to answer.
     assert!(elapsed >= 300.0, "x-elapsed-ms: {elapsed}");
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1680,10 +1583,10 @@ fn openai_and_anthropic() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_unknown_keys_get_401_in_the_callers_wire_format() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
     let gateway = Setup::new(SIMPLE, SIMPLE_ERRORS, openai_and_anthropic())
-        .start(&sim)
+        .start("providers:\n  a: {}\n  anth: {}\n")
         .await;
+    let sim = &gateway.sim;
     let api = &gateway.api;
 
     let missing = Reply::of(api.post("/v1/chat/completions", &chat_body(false))).await;
@@ -1721,15 +1624,16 @@ async fn missing_and_unknown_keys_get_401_in_the_callers_wire_format() -> TestRe
     assert_eq!(anthropic_error(&unknown).0, "authentication_error");
 
     assert!(sim.requests().is_empty(), "nothing went upstream");
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_accepted_from_bearer_and_x_api_key() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
     let gateway = Setup::new(SIMPLE, SIMPLE_ERRORS, openai_and_anthropic())
-        .start(&sim)
+        .start("providers:\n  a: {}\n  anth: {}\n")
         .await;
+    let sim = &gateway.sim;
     let api = &gateway.api;
 
     let bearer = api.chat(&chat_body(false)).await;
@@ -1750,6 +1654,7 @@ async fn keys_are_accepted_from_bearer_and_x_api_key() -> TestResult {
     .await;
     assert_eq!(anthropic_bearer.status, 200, "{}", anthropic_bearer.text);
     assert_eq!(providers_seen(&sim.requests()), ["a", "a", "anth", "anth"]);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1757,7 +1662,6 @@ async fn keys_are_accepted_from_bearer_and_x_api_key() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_gets_the_provider_credential_and_model_without_routing_inputs() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
     let gateway = Setup::new(
         &format!(
             r#"
@@ -1780,8 +1684,9 @@ input region from header "x-route-region" : string malformed error bad_input
             ],
         ),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n  anth: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     let mut body = chat_body(false);
     body["route_hint"] = json!("eu");
@@ -1852,19 +1757,20 @@ input region from header "x-route-region" : string malformed error bad_input
             );
         }
     }
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     let given = Reply::of(
         gateway
@@ -1901,6 +1807,7 @@ async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
     assert_eq!(requests[0].header("x-request-id"), Some("client-req-42"));
     assert_eq!(requests[1].header("x-request-id"), Some(id.as_str()));
     assert_eq!(requests[2].header("x-request-id"), Some(replaced.as_str()));
+    gateway.stop().await;
     Ok(())
 }
 
@@ -1908,15 +1815,15 @@ async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
     .max_body_bytes(1024)
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
+    let sim = &gateway.sim;
 
     let mut body = chat_body(false);
     body["messages"][0]["content"] = json!("x".repeat(2048));
@@ -1931,12 +1838,12 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
         1,
         "the large body never went upstream"
     );
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let one = || catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]);
     let with_rule = Setup::new(
         &format!("validate {{\n  malformed body error bad_body\n}}\n{SIMPLE}"),
@@ -1946,9 +1853,11 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
 "#,
         one(),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
-    let built_in = Setup::new(SIMPLE, SIMPLE_ERRORS, one()).start(&sim).await;
+    let built_in = Setup::new(SIMPLE, SIMPLE_ERRORS, one())
+        .start("providers:\n  a: {}\n")
+        .await;
 
     let not_json = |api: &Api| {
         api.client
@@ -1973,20 +1882,23 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
     let reply = Reply::of(built_in.api.chat_request(&json!(["m"]))).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
 
-    assert!(sim.requests().is_empty());
+    assert!(with_rule.sim.requests().is_empty());
+    assert!(built_in.sim.requests().is_empty());
+    with_rule.stop().await;
+    built_in.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
+    let sim = &gateway.sim;
     let api = &gateway.api;
 
     let reply = Reply::of(
@@ -2020,18 +1932,18 @@ async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
     assert_eq!(reply.status, 405, "{}", reply.text);
 
     assert!(sim.requests().is_empty());
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_reports_the_policy_and_its_version() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
 
     let reply = Reply::of(
@@ -2042,23 +1954,23 @@ async fn healthz_reports_the_policy_and_its_version() -> TestResult {
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    let health = reply.json();
+    let health = reply.json;
     assert_eq!(health["policy"], "proxytest");
     let version = gateway.proxy.snapshot().version.clone();
     assert!(!version.is_empty());
     assert_eq!(health["version"], json!(version));
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_requests() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n").await;
     let gateway = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(&sim)
+    .start("providers:\n  a: {}\n")
     .await;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
@@ -2087,12 +1999,12 @@ async fn metrics_count_requests() -> TestResult {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    gateway.stop().await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_lists_what_the_key_may_call() -> TestResult {
-    let sim = start_sim("providers:\n  a: {}\n  anth: {}\n").await;
     let providers = [
         provider("a", "openai", ""),
         provider("anth", "anthropic", ""),
@@ -2118,12 +2030,12 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
         ),
     )
     .tenants(LIMITED_TENANTS)
-    .start(&sim)
+    .start("providers:\n  a: {}\n  anth: {}\n")
     .await;
 
     let ids = |reply: &Reply| -> Vec<String> {
         assert_eq!(reply.status, 200, "{}", reply.text);
-        reply.json()["data"]
+        reply.json["data"]
             .as_array()
             .unwrap_or_else(|| panic!("no data list in {}", reply.text))
             .iter()
@@ -2135,7 +2047,7 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
 
     let all = Reply::of(client.get(&models_url).bearer_auth(KEY)).await;
     assert_eq!(ids(&all), ["m", "claude"]);
-    assert_eq!(all.json()["object"], "list");
+    assert_eq!(all.json["object"], "list");
 
     let limited = Reply::of(client.get(&models_url).bearer_auth(LIMITED_KEY)).await;
     assert_eq!(ids(&limited), ["m"]);
@@ -2148,7 +2060,7 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
     )
     .await;
     assert_eq!(ids(&anthropic), ["m"]);
-    assert_eq!(anthropic.json()["has_more"], false);
+    assert_eq!(anthropic.json["has_more"], false);
 
     let anonymous = Reply::of(client.get(&models_url)).await;
     assert_eq!(anonymous.status, 401, "{}", anonymous.text);
@@ -2163,6 +2075,7 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
     )
     .await;
     assert_eq!(refused.status, 403, "{}", refused.text);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -2171,10 +2084,7 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> TestResult {
     // A whole answer after 500 ms; a stream of 5 chunks 100 ms apart.
-    let sim =
-        start_sim("providers:\n  a: {latency: 500ms}\n  b: {chunks: 5, chunk_interval: 100ms}\n")
-            .await;
-    let mut gateway = Setup::new(
+    let Gateway { stack, api } = Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(
@@ -2182,29 +2092,37 @@ async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> T
             &[model("m", &["a"]), model("streamed", &["b"])],
         ),
     )
-    .start(&sim)
+    .start("providers:\n  a: {latency: 500ms}\n  b: {chunks: 5, chunk_interval: 100ms}\n")
     .await;
 
-    let api = gateway.api.clone();
-    let whole = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    let api = gateway.api.clone();
-    let mut body = chat_body(true);
-    body["model"] = json!("streamed");
-    let stream = tokio::spawn(async move { api.chat(&body).await });
-    wait_until("the sim sees both requests", || sim.requests().len() == 2).await;
+    let whole = {
+        let api = api.clone();
+        tokio::spawn(async move { api.chat(&chat_body(false)).await })
+    };
+    let stream = {
+        let api = api.clone();
+        let mut body = chat_body(true);
+        body["model"] = json!("streamed");
+        tokio::spawn(async move { api.chat(&body).await })
+    };
+    until("the sim sees both requests", || {
+        stack.sim.requests().len() == 2
+    })
+    .await;
 
-    gateway.running.take().expect("running").shutdown().await;
+    // Only the proxy stops: the simulated providers keep answering.
+    stack.running.shutdown().await;
     let reply = whole.await?;
     assert_eq!(reply.status, 200, "{}", reply.text);
     assert_eq!(reply.chat_text(), "hello from a");
     let reply = stream.await?;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(reply.streamed_chat_text(), "hello from b");
-    assert_eq!(reply.events().last(), Some(&"data: [DONE]"));
+    assert_eq!(reply.streamed_text(), "hello from b");
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
 
     // A new client, so no pooled connection can be reused.
     let refused = client()
-        .post(format!("{}/v1/chat/completions", gateway.api.url))
+        .post(format!("{}/v1/chat/completions", api.url))
         .bearer_auth(KEY)
         .body(chat_body(false).to_string())
         .send()
@@ -2213,5 +2131,7 @@ async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> T
         Ok(response) => panic!("served after shutdown: {}", response.status()),
         Err(error) => assert!(error.is_connect(), "{error}"),
     }
+    stack.sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&stack.dir);
     Ok(())
 }

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{Files, Stack, sha256_hex};
+use common::{Files, Stack, healthz, one_key_tenants, until};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -91,10 +91,7 @@ impl std::ops::Deref for Setup {
 
 impl Setup {
     async fn start(name: &str, scenario: &str) -> Setup {
-        let tenants = format!(
-            "tenants:\n  - id: t\n    keys:\n      - id: k\n        sha256: {}\n",
-            sha256_hex(KEY)
-        );
+        let tenants = one_key_tenants(KEY);
         let policy = policy_text("g0");
         let files = Files {
             policy: &policy,
@@ -126,17 +123,6 @@ impl Setup {
         ask(&self.client, &self.url("/v1/chat/completions")).await
     }
 
-    async fn healthz(&self) -> serde_json::Value {
-        self.client
-            .get(self.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
     fn failures(&self) -> u64 {
         self.proxy.reload_status.lock().unwrap().failures
     }
@@ -158,14 +144,7 @@ impl Setup {
 
     /// Waits until the failed-reload count is above `before`.
     async fn until_failed(&self, before: u64) {
-        let started = Instant::now();
-        while self.failures() <= before {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the bad edit was never looked at"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until("the bad edit is looked at", || self.failures() > before).await;
     }
 
     async fn stop(self) {
@@ -205,7 +184,7 @@ fn rename_over(path: &Path, text: &str) {
 async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
     let setup = Setup::start("garbage", HEALTHY).await;
     assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
-    let version = setup.healthz().await["version"].clone();
+    let version = healthz(&setup).await["version"].clone();
 
     let before = setup.failures();
     let mut text = policy_text("g0");
@@ -214,7 +193,7 @@ async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
     setup.until_failed(before).await;
 
     assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
-    let health = setup.healthz().await;
+    let health = healthz(&setup).await;
     assert_eq!(
         health["version"], version,
         "the live version did not change"
@@ -235,11 +214,11 @@ async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_edit_takes_effect_and_shows_its_version() {
     let setup = Setup::start("valid", HEALTHY).await;
-    let old_version = setup.healthz().await["version"].clone();
+    let old_version = healthz(&setup).await["version"].clone();
     std::fs::write(&setup.policy, policy_text("g1")).unwrap();
     let took = setup.until_serving("g1").await;
     assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
-    let health = setup.healthz().await;
+    let health = healthz(&setup).await;
     assert_ne!(health["version"], old_version);
     assert_eq!(
         health["reload"]["last_success"]["version"],

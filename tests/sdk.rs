@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{Files, Stack, sha256_hex};
+use common::{Files, Stack, one_key_tenants};
 use std::path::Path;
 use switchyard::proxy::Options;
 
@@ -108,10 +108,7 @@ async fn the_official_sdks_work_through_the_proxy() {
         "SWITCHYARD_SDK_PYTHON must name a Python with tests/sdk/requirements.txt installed \
          (scripts/test sets it)",
     );
-    let tenants = format!(
-        "tenants:\n  - id: t\n    keys:\n      - id: k\n        sha256: {}\n",
-        sha256_hex(KEY)
-    );
+    let tenants = one_key_tenants(KEY);
     let files = Files {
         policy: POLICY,
         catalog: CATALOG,
