@@ -13,25 +13,76 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The shipped files the demo serves, by path inside its policy directory.
-const FILES: &[(&str, &str)] = &[
-    (
-        "noirdoc.policy",
-        include_str!("../../policies/noirdoc.policy"),
-    ),
-    (
-        "noirdoc/catalog.yaml",
-        include_str!("../../policies/noirdoc/catalog.yaml"),
-    ),
-    (
-        "noirdoc/tenants.yaml",
-        include_str!("../../policies/noirdoc/tenants.yaml"),
-    ),
-];
-const POLICY: &str = "noirdoc.policy";
+/// Every file under policies/, by path inside it (bundled by build.rs).
+const SHIPPED: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/shipped_policies.rs"));
+/// What the demo serves and suggests: policies/demo.yaml.
+const TOUR: &str = "demo.yaml";
 const SCENARIO: &str = include_str!("../../scenarios/demo.yaml");
-/// Where the shipped catalog expects its providers.
+/// Where the shipped catalogs expect their providers.
 const SIM_ADDR: &str = "127.0.0.1:9100";
+
+/// policies/demo.yaml: the shipped policy the demo serves, and the
+/// requests it suggests.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tour {
+    /// A policy file directly under policies/; its data directory (the
+    /// file's name without `.policy`) is served with it.
+    pub policy: String,
+    /// The response header that names the provider that answered.
+    pub provider_header: String,
+    pub requests: Vec<Suggestion>,
+}
+
+/// A request the demo prints as a ready-to-paste curl command.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Suggestion {
+    /// What the request shows.
+    pub say: String,
+    /// The API key (in clear; the tenants file holds its hash).
+    pub key: String,
+    pub model: String,
+    /// What happens, as tests/demo.rs checks.
+    pub shows: Shows,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shows {
+    /// The first provider asked answers.
+    Answer,
+    /// The first provider asked fails and another answers.
+    Failover,
+    /// The policy refuses the request before any provider is asked.
+    Refusal,
+}
+
+impl Tour {
+    /// The tour built into this binary.
+    pub fn shipped() -> Result<Tour, String> {
+        let text = shipped_file(TOUR).ok_or("the binary was built without policies/demo.yaml")?;
+        serde_saphyr::from_str(text).map_err(|error| format!("policies/{TOUR}: {error}"))
+    }
+
+    /// The files to serve, by path inside the policy directory: the policy
+    /// and everything in its data directory.
+    pub fn files(&self) -> Vec<(&'static str, &'static str)> {
+        let data_dir = format!("{}/", self.policy.trim_end_matches(".policy"));
+        SHIPPED
+            .iter()
+            .filter(|(path, _)| *path == self.policy || path.starts_with(&data_dir))
+            .copied()
+            .collect()
+    }
+}
+
+fn shipped_file(path: &str) -> Option<&'static str> {
+    SHIPPED
+        .iter()
+        .find(|(shipped, _)| *shipped == path)
+        .map(|(_, text)| *text)
+}
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -54,12 +105,12 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Copies the shipped policy into `dir` unless it already holds files.
-fn prepare(dir: &Path) -> std::io::Result<bool> {
+fn prepare(dir: &Path, tour: &Tour) -> std::io::Result<bool> {
     std::fs::create_dir_all(dir)?;
     if std::fs::read_dir(dir)?.next().is_some() {
         return Ok(false);
     }
-    for (path, text) in FILES {
+    for (path, text) in tour.files() {
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)?;
@@ -71,18 +122,23 @@ fn prepare(dir: &Path) -> std::io::Result<bool> {
 
 pub fn run(args: &DemoArgs) -> ExitCode {
     init_logging(args.log_format);
+    let tour = match Tour::shipped() {
+        Ok(tour) => tour,
+        Err(message) => return fail(message),
+    };
     let dir = args.policy_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("switchyard-demo-{}", std::process::id()))
     });
-    let copied = match prepare(&dir) {
+    let copied = match prepare(&dir, &tour) {
         Ok(copied) => copied,
         Err(error) => return fail(format!("cannot prepare {}: {error}", dir.display())),
     };
-    let policy = dir.join(POLICY);
+    let policy = dir.join(&tour.policy);
     if !policy.is_file() {
         return fail(format!(
-            "{} holds no {POLICY}; give an empty directory to start from the shipped policy",
-            dir.display()
+            "{} holds no {}; give an empty directory to start from the shipped policy",
+            dir.display(),
+            tour.policy
         ));
     }
     let scenario = match Scenario::parse(SCENARIO, "scenarios/demo.yaml") {
@@ -125,7 +181,8 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             Ok(started) => started,
             Err(message) => return fail(message),
         };
-        print_welcome(&policy, copied || args.policy_dir.is_none(), &running, simulated.providers());
+        let shipped = copied || args.policy_dir.is_none();
+        print_welcome(&tour, &policy, shipped, &running, simulated.providers());
         Service::run_until_stopped(running, reloader, Duration::from_secs(5)).await;
         simulated.shutdown().await;
         ExitCode::from(exit::OK)
@@ -137,37 +194,33 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     code
 }
 
-fn print_welcome(policy: &Path, shipped: bool, running: &Running, providers: Vec<String>) {
+fn print_welcome(
+    tour: &Tour,
+    policy: &Path,
+    shipped: bool,
+    running: &Running,
+    providers: Vec<String>,
+) {
     let url = format!("http://{}", running.addr());
     let origin = if shipped {
-        " (a copy of the shipped Noirdoc policy)"
+        format!(" (a copy of the shipped {})", tour.policy)
     } else {
-        ""
-    };
-    let curl = |key: &str, model: &str| {
-        format!(
-            "curl -s {url}/v1/chat/completions -H 'Authorization: Bearer {key}' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
-        )
+        String::new()
     };
     println!(
         "Switchyard demo: the proxy on {url}, simulated providers ({}) on http://{SIM_ADDR}.
-Serving {}{origin}; edit it and the proxy reloads it (a broken edit keeps the last good one).
-
-A normal request (acme's own OpenAI key serves gpt-5):
-  {}
-
-One that fails over (aki-io, first in line for qwen3.8-27b, answers 503 to every other
-request, and scaleway takes over; run it twice to see aki-io answer again):
-  {}
-
-One the policy refuses (this key may only use EU providers without the CLOUD Act; gpt-5 has none):
-  {}
-
-Add -i to see the x-noirdoc-provider header. Stop with Ctrl-C.",
+Serving {}{origin}; edit it and the proxy reloads it (a broken edit keeps the last good one).",
         providers.join(", "),
         policy.display(),
-        curl("sk-noirdoc-acme", "gpt-5"),
-        curl("sk-noirdoc-acme", "qwen3.8-27b"),
-        curl("sk-noirdoc-acme-eu", "gpt-5"),
+    );
+    for suggestion in &tour.requests {
+        println!(
+            "\n{}\n  curl -s {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\\n    -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
+            suggestion.say, suggestion.key, suggestion.model
+        );
+    }
+    println!(
+        "\nAdd -i to see the {} header. Stop with Ctrl-C.",
+        tour.provider_header
     );
 }

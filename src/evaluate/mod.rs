@@ -680,5 +680,3 @@ pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests;

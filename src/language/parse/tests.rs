@@ -43,14 +43,14 @@ fn bin(op: BinaryOp, lhs: Expr, rhs: Expr) -> ExprKind {
 #[test]
 fn policy_header_names_its_data_files() {
     let Item::Policy(policy) = only_item(
-        "policy noirdoc {\n  catalog \"noirdoc/catalog.yaml\"\n  tenants \"noirdoc/tenants.yaml\"\n}\n",
+        "policy acme {\n  catalog \"acme/catalog.yaml\"\n  tenants \"acme/tenants.yaml\"\n}\n",
     ) else {
         panic!("not a policy header")
     };
-    assert_eq!(policy.name.name, "noirdoc");
+    assert_eq!(policy.name.name, "acme");
     assert_eq!(policy.settings.len(), 2);
     assert_eq!(policy.settings[0].kind, DataFileKind::Catalog);
-    assert_eq!(policy.settings[1].path.value, "noirdoc/tenants.yaml");
+    assert_eq!(policy.settings[1].path.value, "acme/tenants.yaml");
 }
 
 #[test]

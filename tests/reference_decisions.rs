@@ -1,9 +1,17 @@
-//! Decisions for the reference policies, end to end from their files.
+//! Decisions for the reference policies, end to end from their files,
+//! through the library's `evaluate` (no proxy).
 
-use super::*;
-use crate::compile::{AllSecrets, Snapshot, compile_file};
-use health::Healthy;
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::path::Path;
+use switchyard::compile::{AllSecrets, Snapshot, compile_file};
+use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::*;
 
 fn snapshot(name: &str) -> Snapshot {
     let path = format!("{}/policies/{name}.policy", env!("CARGO_MANIFEST_DIR"));
