@@ -7,7 +7,8 @@
 //! Inputs that crashed or stalled the parsers of untrusted input while
 //! fuzzing (see fuzz/README.md). Each test runs the same code path as its fuzz
 //! target (`fuzz/fuzz_targets/*.rs`): parse or load, check, then render every
-//! diagnostic as text and as JSON.
+//! diagnostic as text and as JSON; for provider streams, read and classify
+//! every event.
 //!
 //! A stack overflow aborts the whole process rather than panicking, so every
 //! test runs its input in a child process (this test binary, filtered to the
@@ -32,8 +33,10 @@ use std::time::{Duration, Instant};
 use switchyard::data::{Data, load_texts};
 use switchyard::diagnostics::Diagnostic;
 use switchyard::diagnostics::render::{self, Style};
+use switchyard::evaluate::Endpoint;
 use switchyard::language::check_text_with_data;
 use switchyard::language::parse::parse_expression;
+use switchyard::proxy::wire::{EventReader, usage_of};
 use switchyard::source::SourceMap;
 
 // ---------------------------------------------------------------- the fuzz targets' code paths
@@ -83,6 +86,42 @@ fn expression_target(bytes: &[u8]) {
     let id = sources.add("fuzz.expr", text.as_ref());
     let (_expr, diagnostics) = parse_expression(id, &text);
     render_all(&diagnostics, &sources);
+}
+
+/// Where the first blank line in `bytes` ends, by a plain search.
+fn first_blank_line_end(bytes: &[u8]) -> Option<usize> {
+    (0..bytes.len()).find_map(|at| {
+        [&b"\n\n"[..], b"\r\n\r\n", b"\n\r\n"]
+            .into_iter()
+            .find(|blank| bytes[at..].starts_with(blank))
+            .map(|blank| at + blank.len())
+    })
+}
+
+/// fuzz_targets/sse.rs: a provider's stream, given to the reader in the
+/// chunks `chunks` yields, each event classified for `endpoint`; no byte is
+/// lost or reordered, and events end at their first blank line.
+fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>) {
+    let mut reader = EventReader::default();
+    let mut pushed = 0;
+    let mut received = 0;
+    for chunk in chunks {
+        pushed += chunk.len();
+        let Ok(events) = reader.push(chunk) else {
+            return;
+        };
+        for event in events {
+            assert_eq!(first_blank_line_end(&event.raw), Some(event.raw.len()));
+            received += event.raw.len();
+            let _ = event.kind(endpoint);
+            let _ = event.usage();
+            if let Ok(data) = serde_json::from_str::<serde_json::Value>(&event.data) {
+                let _ = usage_of(&data);
+            }
+        }
+    }
+    assert_eq!(first_blank_line_end(reader.pending()), None);
+    assert_eq!(received + reader.pending().len(), pushed);
 }
 
 fn data_pair(catalog: &str, tenants: &str) -> Vec<u8> {
@@ -387,6 +426,42 @@ fn data_many_unknown_models_load_in_reasonable_time() {
                 unknown.join(", ")
             );
             data_target(&data_pair(&catalog, &tenants));
+        },
+    );
+}
+
+/// One event of almost 4 MiB (the reader's limit) arriving in 1 KiB chunks,
+/// as a provider streaming a large event over a slow connection sends it:
+/// `EventReader::push` searched the whole buffer for a blank line on every
+/// chunk, so reading it was quadratic: 150 s in the fuzz build (4 000
+/// chunks, 8 GB of bytes compared). Found by probing the `sse` target by
+/// hand (inputs of `-max_len` never get near the limit).
+#[test]
+fn sse_long_event_in_small_chunks_reads_in_reasonable_time() {
+    isolated(
+        "sse_long_event_in_small_chunks_reads_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let mut stream = b"data: ".to_vec();
+            stream.extend(std::iter::repeat_n(b'x', 4_000 * 1024));
+            stream.extend_from_slice(b"\n\n");
+            sse_target(Endpoint::ChatCompletions, stream.chunks(1024));
+        },
+    );
+}
+
+/// 4 MiB of blank lines (2 million empty events) in one chunk: `push`
+/// drained each event from the front of its buffer, moving the rest of the
+/// chunk once per event, quadratic in the chunk's size: 140 s in the fuzz
+/// build (1 MiB: 5.5 s; 4 MiB in 256 KiB chunks: 6.8 s).
+#[test]
+fn sse_many_events_in_one_chunk_read_in_reasonable_time() {
+    isolated(
+        "sse_many_events_in_one_chunk_read_in_reasonable_time",
+        STALL_DEADLINE,
+        || {
+            let stream = b"\n\n".repeat(2 * 1024 * 1024);
+            sse_target(Endpoint::ChatCompletions, [stream.as_slice()]);
         },
     );
 }

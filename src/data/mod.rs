@@ -11,4 +11,6 @@ mod yaml;
 pub use load::{load, load_texts, read_source};
 pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;
+// For the sim's scenario files; unused (a warning) in a build without the sim.
+#[cfg(feature = "server")]
 pub(crate) use yaml::{SpannedMap, YamlError};

@@ -169,6 +169,10 @@ pub fn usage_of(body: &Json) -> Option<(u64, u64)> {
 #[derive(Default)]
 pub struct EventReader {
     buffer: Vec<u8>,
+    /// Where the search for the end of the pending event resumes: no blank
+    /// line ends before it, so bytes already searched are not searched again
+    /// when an event arrives in many chunks.
+    searched: usize,
 }
 
 /// Longest event kept while waiting for its end; a provider sending more
@@ -184,10 +188,20 @@ impl EventReader {
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, EventTooLong> {
         self.buffer.extend_from_slice(chunk);
         let mut events = Vec::new();
-        while let Some(end) = event_end(&self.buffer) {
-            let raw: Vec<u8> = self.buffer.drain(..end).collect();
-            events.push(parse_event(Bytes::from(raw)));
+        // Events are cut from `start` on and the buffer is drained once at
+        // the end: draining each event would move the rest of the buffer
+        // once per event.
+        let mut start = 0;
+        let mut from = self.searched;
+        while let Some(end) = event_end(&self.buffer, from) {
+            let raw = self.buffer.get(start..end).unwrap_or_default();
+            events.push(parse_event(Bytes::copy_from_slice(raw)));
+            start = end;
+            from = end;
         }
+        self.buffer.drain(..start);
+        // A blank line is at most 4 bytes: one may begin in the last 3.
+        self.searched = self.buffer.len().saturating_sub(3);
         if self.buffer.len() > MAX_EVENT_BYTES {
             return Err(EventTooLong);
         }
@@ -200,10 +214,10 @@ impl EventReader {
     }
 }
 
-/// The end (exclusive) of the first complete event: after a blank line,
-/// with `\n` or `\r\n` line ends.
-fn event_end(buffer: &[u8]) -> Option<usize> {
-    let mut index = 0;
+/// The end (exclusive) of the first complete event whose blank line starts
+/// at `from` or later: after a blank line, with `\n` or `\r\n` line ends.
+fn event_end(buffer: &[u8], from: usize) -> Option<usize> {
+    let mut index = from;
     while index < buffer.len() {
         let rest = buffer.get(index..)?;
         if rest.starts_with(b"\n\n") {
