@@ -13,6 +13,9 @@ const SECONDS_BUCKETS: &[f64] = &[
 ];
 const ATTEMPTS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 13.0];
 
+/// How often `serve` folds raw histogram observations into their buckets.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
@@ -199,6 +202,14 @@ impl Metrics {
         self.recorder
             .register_gauge(&key(name, labels), &METADATA)
             .set(value);
+    }
+
+    /// Folds the observations recorded since the last upkeep into the
+    /// histograms. Until then the recorder keeps every raw observation, so
+    /// a proxy nobody scrapes must still run this now and then (`serve`
+    /// does, every [`UPKEEP_INTERVAL`]).
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
     }
 
     pub fn render(&self) -> String {

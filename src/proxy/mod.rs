@@ -171,9 +171,11 @@ pub fn serve(
     let (shutdown, mut stop) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut connections = JoinSet::new();
+        let mut upkeep = tokio::time::interval(metrics::UPKEEP_INTERVAL);
         loop {
             tokio::select! {
                 _ = stop.changed() => break,
+                _ = upkeep.tick() => proxy.metrics.upkeep(),
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else {
                         // Out of file descriptors and the like: keep going.
