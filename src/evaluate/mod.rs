@@ -679,4 +679,3 @@ pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
         candidate.upstream_model
     )
 }
-
