@@ -1349,6 +1349,39 @@ async fn failing_order(stack: &Stack, provider: Value) -> Vec<String> {
     tried
 }
 
+/// A sort by measurements (`provider` names it), over deepseek's routes
+/// whose measured order is near-ai-us, tinfoil, venice and whose price
+/// order is the reverse: with 19 measurements each, price decides (venice
+/// serves); with twenty each (venice got its twentieth), the measurements
+/// do; a day later they are gone and price decides again. `stream`: the
+/// measurements come from streams that report usage.
+async fn measured_sort(stack: &Stack, clock: &ManualClock, provider: Value, stream: bool) {
+    for pin in ["near-ai", "tinfoil", "venice"] {
+        warm(stack, DEEPSEEK, pin, 19, stream).await;
+    }
+    let mut request = routed(DEEPSEEK, provider.clone());
+    if stream {
+        request = streamed(request);
+        request["stream_options"] = json!({"include_usage": true});
+    }
+    let (reply, _) = chat(stack, RESEARCH, request).await;
+    assert_served(&reply, "venice");
+    recorded(stack, DEEPSEEK, "venice", 20);
+    warm(stack, DEEPSEEK, "near-ai", 1, stream).await;
+    warm(stack, DEEPSEEK, "tinfoil", 1, stream).await;
+    assert_eq!(
+        failing_order(stack, provider.clone()).await,
+        names(&["near-ai-us", "tinfoil", "venice"]),
+        "measured: {provider}"
+    );
+    clock.advance(24 * 3_600_000 + 1_000);
+    assert_eq!(
+        failing_order(stack, provider.clone()).await,
+        names(&["venice", "tinfoil", "near-ai-us"]),
+        "a day later: {provider}"
+    );
+}
+
 /// [A39] [A41] `latency`: the lowest measured time to first token over the
 /// last 24 hours; with fewer than 20 measurements (decided: per route) a
 /// route falls back to price
@@ -1363,26 +1396,7 @@ async fn a39_a41_latency_sorts_by_measured_time_to_first_token() {
     let stack = shipped(&latencies, &clock).await;
     let latency = json!({"sort": "latency"});
 
-    for pin in ["near-ai", "tinfoil", "venice"] {
-        warm(&stack, DEEPSEEK, pin, 19, false).await;
-    }
-    // 19 measurements each: by price, venice first.
-    let (reply, _) = chat(&stack, RESEARCH, routed(DEEPSEEK, latency.clone())).await;
-    assert_served(&reply, "venice");
-    recorded(&stack, DEEPSEEK, "venice", 20);
-    // Twenty each (venice got its twentieth above): fastest first.
-    warm(&stack, DEEPSEEK, "near-ai", 1, false).await;
-    warm(&stack, DEEPSEEK, "tinfoil", 1, false).await;
-    assert_eq!(
-        failing_order(&stack, latency.clone()).await,
-        names(&["near-ai-us", "tinfoil", "venice"])
-    );
-    // A day later the measurements are gone: price again.
-    clock.advance(24 * 3_600_000 + 1_000);
-    assert_eq!(
-        failing_order(&stack, latency).await,
-        names(&["venice", "tinfoil", "near-ai-us"])
-    );
+    measured_sort(&stack, &clock, latency, false).await;
     stack.stop().await;
 }
 
@@ -1402,25 +1416,7 @@ async fn a40_a41_throughput_sorts_by_measured_tokens_per_second() {
     let stack = shipped(&rates, &clock).await;
     let throughput = json!({"sort": "throughput"});
 
-    for pin in ["near-ai", "tinfoil", "venice"] {
-        warm(&stack, DEEPSEEK, pin, 19, true).await;
-    }
-    let mut request = streamed(routed(DEEPSEEK, throughput.clone()));
-    request["stream_options"] = json!({"include_usage": true});
-    let (reply, _) = chat(&stack, RESEARCH, request).await;
-    assert_served(&reply, "venice");
-    recorded(&stack, DEEPSEEK, "venice", 20);
-    warm(&stack, DEEPSEEK, "near-ai", 1, true).await;
-    warm(&stack, DEEPSEEK, "tinfoil", 1, true).await;
-    assert_eq!(
-        failing_order(&stack, throughput.clone()).await,
-        names(&["near-ai-us", "tinfoil", "venice"])
-    );
-    clock.advance(24 * 3_600_000 + 1_000);
-    assert_eq!(
-        failing_order(&stack, throughput).await,
-        names(&["venice", "tinfoil", "near-ai-us"])
-    );
+    measured_sort(&stack, &clock, throughput, true).await;
     stack.stop().await;
 }
 
