@@ -44,19 +44,17 @@ pub fn list(
             seed: 0,
             rotation: 0,
         };
-        let Some(endpoint) = endpoints(model.kind).iter().copied().find(|endpoint| {
-            evaluate(snapshot, &context(*endpoint), &Healthy)
+        let Some((endpoint, healthy_plan)) = endpoints(model.kind).iter().find_map(|endpoint| {
+            let plan = evaluate(snapshot, &context(*endpoint), &Healthy)
                 .result
-                .is_ok()
+                .ok()?;
+            Some((*endpoint, plan))
         }) else {
             continue;
         };
-        let Ok(plan) = evaluate(snapshot, &context(endpoint), health)
+        let plan = evaluate(snapshot, &context(endpoint), health)
             .result
-            .or_else(|_| evaluate(snapshot, &context(endpoint), &Healthy).result)
-        else {
-            continue;
-        };
+            .unwrap_or(healthy_plan);
         let mut entry = Map::new();
         entry.insert(String::from("id"), json!(model.id));
         match wire {
