@@ -925,23 +925,29 @@ fn one_slot_catalog() -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResult {
-    let gateway = Setup::new(
-        &capacity_policy("150ms"),
-        CAPACITY_ERRORS,
-        one_slot_catalog(),
-    )
-    .start("providers:\n  a: {sequence: [\"200 slow_headers=1500ms\", \"200\"]}\n")
-    .await;
-    let sim = &gateway.sim;
-
+/// A gateway whose provider `a` has one slot (a capacity wait of `wait`),
+/// and a first request holding that slot until its headers come, `hold`
+/// later: the gateway, and that request once the sim has it.
+async fn one_slot_taken(wait: &str, hold: &str) -> (Gateway, tokio::task::JoinHandle<Reply>) {
+    let scenario =
+        format!("providers:\n  a: {{sequence: [\"200 slow_headers={hold}\", \"200\"]}}\n");
+    let gateway = Setup::new(&capacity_policy(wait), CAPACITY_ERRORS, one_slot_catalog())
+        .start(&scenario)
+        .await;
     let api = gateway.api.clone();
     let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
+    let sim = &gateway.sim;
     until("the sim sees the first request", || {
         sim.requests().len() == 1
     })
     .await;
+    (gateway, slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResult {
+    let (gateway, slow) = one_slot_taken("150ms", "1500ms").await;
+    let sim = &gateway.sim;
 
     let refused = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(refused.status, 503, "{}", refused.text);
@@ -970,17 +976,8 @@ async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResult {
-    let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n")
-        .await;
+    let (gateway, slow) = one_slot_taken("3s", "600ms").await;
     let sim = &gateway.sim;
-
-    let api = gateway.api.clone();
-    let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    until("the sim sees the first request", || {
-        sim.requests().len() == 1
-    })
-    .await;
 
     let waiting = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(waiting.status, 200, "{}", waiting.text);
@@ -1057,17 +1054,8 @@ async fn requests_waiting_for_capacity_are_served_in_arrival_order() -> TestResu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_client_that_goes_away_leaves_the_queue() -> TestResult {
-    let gateway = Setup::new(&capacity_policy("3s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start("providers:\n  a: {sequence: [\"200 slow_headers=600ms\", \"200\"]}\n")
-        .await;
+    let (gateway, slow) = one_slot_taken("3s", "600ms").await;
     let sim = &gateway.sim;
-
-    let api = gateway.api.clone();
-    let slow = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    until("the sim sees the first request", || {
-        sim.requests().len() == 1
-    })
-    .await;
     let api = gateway.api.clone();
     let gone = tokio::spawn(async move { api.chat(&chat_body(false)).await });
     wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
