@@ -51,29 +51,37 @@ pub struct SourceId(usize);
 pub struct SourceFile {
     pub name: String,
     pub text: String,
-    line_starts: Vec<usize>,
+    /// Computed on first use: only diagnostics need them, and a large data
+    /// file that checks clean never does.
+    line_starts: std::sync::OnceLock<Vec<usize>>,
 }
 
 impl SourceFile {
     fn new(name: String, text: String) -> SourceFile {
-        let line_starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(at, _)| at + 1))
-            .collect();
         SourceFile {
             name,
             text,
-            line_starts,
+            line_starts: std::sync::OnceLock::new(),
         }
+    }
+
+    fn line_starts(&self) -> &[usize] {
+        self.line_starts.get_or_init(|| {
+            std::iter::once(0)
+                .chain(self.text.match_indices('\n').map(|(at, _)| at + 1))
+                .collect()
+        })
     }
 
     /// 1-based line and column (in characters) of a byte offset.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
         let offset = self.clamp_to_char_boundary(offset);
-        let line_index = match self.line_starts.binary_search(&offset) {
+        let line_starts = self.line_starts();
+        let line_index = match line_starts.binary_search(&offset) {
             Ok(index) => index,
             Err(index) => index.saturating_sub(1),
         };
-        let line_start = self.line_starts.get(line_index).copied().unwrap_or(0);
+        let line_start = line_starts.get(line_index).copied().unwrap_or(0);
         let column = self
             .text
             .get(line_start..offset)
@@ -83,7 +91,7 @@ impl SourceFile {
 
     /// Byte offset of a 1-based line and character column; clamped to the text.
     pub fn offset_of(&self, line: usize, column: usize) -> usize {
-        let Some(&line_start) = self.line_starts.get(line.saturating_sub(1)) else {
+        let Some(&line_start) = self.line_starts().get(line.saturating_sub(1)) else {
             return self.text.len();
         };
         let line_text = self.text.get(line_start..).unwrap_or("");

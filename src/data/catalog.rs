@@ -48,7 +48,7 @@ pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog
         source,
         Subject::Deployment,
         &raw.deployment,
-        ("deployment", Span::default()),
+        (&"deployment", Span::default()),
     );
 
     Catalog {
@@ -361,7 +361,7 @@ fn validate_route(
         Subject::Route,
         &r.attributes,
         (
-            &format!("{model_id} via {}", r.provider.value),
+            &format_args!("{model_id} via {}", r.provider.value),
             v.span(source, &r.provider),
         ),
     );

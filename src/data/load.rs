@@ -99,11 +99,32 @@ fn span_at(sources: &SourceMap, source: SourceId, location: &Location) -> Span {
     Span::new(start, end.max(start))
 }
 
-fn parse_yaml<T: serde::de::DeserializeOwned>(
+/// How the data files are read. A position for every value is what makes
+/// YAML slow to read (about 12 MB/s), and positions matter only when
+/// something is reported; a file written as JSON (a subset of YAML, and what
+/// tools that generate large catalogs write) is read about 20× faster by a
+/// JSON reader, without positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// JSON text through the JSON reader; anything else as YAML.
+    JsonFast,
+    /// Every file through the YAML reader, with positions.
+    WithPositions,
+}
+
+/// A data file read into its raw form, and whether its values know where
+/// they were written.
+struct Parsed<T> {
+    raw: T,
+    located: bool,
+}
+
+fn parse_data<T: serde::de::DeserializeOwned>(
     sources: &SourceMap,
     source: SourceId,
     diagnostics: &mut Vec<Diagnostic>,
-) -> Option<T> {
+    reading: Reading,
+) -> Option<Parsed<T>> {
     let text = sources.file(source).map_or("", |file| file.text.as_str());
     if text.len() > MAX_DATA_BYTES {
         diagnostics.push(
@@ -113,10 +134,23 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
         );
         return None;
     }
-    if let Some((index, _)) = text
-        .lines()
-        .enumerate()
-        .find(|(_, line)| line.len() > MAX_LINE_BYTES)
+    // Only a file that is JSON from its first character: JSON that does not
+    // fit the schema is read again as YAML, whose errors have positions.
+    if reading == Reading::JsonFast
+        && text.trim_start().starts_with('{')
+        && let Ok(raw) = serde_json::from_str::<T>(text)
+    {
+        return Some(Parsed {
+            raw,
+            located: false,
+        });
+    }
+    // The YAML reader slows down on very long lines; the JSON reader does
+    // not. One pass over the bytes.
+    if let Some(index) = text
+        .as_bytes()
+        .split(|byte| *byte == b'\n')
+        .position(|line| line.len() > MAX_LINE_BYTES)
     {
         let file = sources.file(source);
         let start = file.map_or(0, |f| f.offset_of(index + 1, 1));
@@ -128,7 +162,7 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(
         return None;
     }
     match serde_saphyr::from_str_with_options::<T>(text, yaml_options()) {
-        Ok(value) => Some(value),
+        Ok(raw) => Some(Parsed { raw, located: true }),
         Err(error) => {
             let read = YamlError::of(&error);
             let span = error.location().map_or_else(Span::default, |location| {
@@ -186,7 +220,7 @@ pub(super) struct Validator<'a> {
     model_ids: Vec<String>,
     /// Attributes whose declaration was refused, so entries setting them
     /// are not reported again.
-    refused_attributes: HashSet<(Subject, String)>,
+    refused_attributes: Vec<(Subject, String)>,
 }
 
 impl<'a> Validator<'a> {
@@ -331,8 +365,7 @@ impl<'a> Validator<'a> {
                     "unknown type",
                     Some(help),
                 );
-                self.refused_attributes
-                    .insert((subject, name.value.clone()));
+                self.refused_attributes.push((subject, name.value.clone()));
                 continue;
             };
             let default = spec
@@ -340,7 +373,7 @@ impl<'a> Validator<'a> {
                 .default
                 .as_ref()
                 .and_then(|raw| self.convert(source, raw, &ty, &name.value));
-            self.schema.table_mut(subject).entries.push(AttrDecl {
+            Arc::make_mut(&mut self.schema.table_mut(subject).entries).push(AttrDecl {
                 name: name.value.clone(),
                 ty,
                 default,
@@ -352,6 +385,13 @@ impl<'a> Validator<'a> {
 
     // ---------------------------------------------------------- values
 
+    /// Whether an attribute's declaration was refused.
+    fn refused(&self, subject: Subject, name: &str) -> bool {
+        self.refused_attributes
+            .iter()
+            .any(|(refused_subject, refused)| *refused_subject == subject && refused == name)
+    }
+
     /// Converts a raw value to its declared type, reporting a mismatch.
     fn convert(
         &mut self,
@@ -361,9 +401,8 @@ impl<'a> Validator<'a> {
         attribute: &str,
     ) -> Option<Value> {
         let span = self.span(source, raw);
-        let describe = ty.describe(&self.schema.enums);
-        let expected_help = format!("write {} here", example_of(ty));
         let mismatch = |this: &mut Self, help: Option<String>| {
+            let describe = ty.describe(&this.schema.enums);
             this.report(
                 codes::ATTRIBUTE_TYPE,
                 source,
@@ -373,7 +412,7 @@ impl<'a> Validator<'a> {
                     raw.value.kind()
                 ),
                 "wrong type",
-                help.or_else(|| Some(expected_help.clone())),
+                help.or_else(|| Some(format!("write {} here", example_of(ty)))),
             );
             None
         };
@@ -475,17 +514,14 @@ impl<'a> Validator<'a> {
         source: SourceId,
         subject: Subject,
         values: &AttrValues,
-        owner: (&str, Span),
+        owner: (&dyn std::fmt::Display, Span),
     ) -> Attributes {
         let table = self.schema.table(subject).clone();
         let mut out: Vec<Option<Value>> = table.entries.iter().map(AttrDecl::fallback).collect();
-        let mut seen = HashSet::new();
+        let mut seen = vec![false; table.entries.len()];
         for (name, raw) in &values.0 {
             let span = self.span(source, name);
-            if self
-                .refused_attributes
-                .contains(&(subject, name.value.clone()))
-            {
+            if self.refused(subject, &name.value) {
                 continue;
             }
             let Some(index) = table.index_of(&name.value) else {
@@ -511,8 +547,9 @@ impl<'a> Validator<'a> {
                 );
                 continue;
             };
-            if !seen.insert(index) {
-                continue;
+            match seen.get_mut(index) {
+                Some(seen) if !*seen => *seen = true,
+                _ => continue,
             }
             let Some(decl) = table.entries.get(index) else {
                 continue;
@@ -523,9 +560,9 @@ impl<'a> Validator<'a> {
                 *slot = Some(value);
             }
         }
-        for (index, (decl, value)) in table.entries.iter().zip(&out).enumerate() {
+        for ((decl, value), seen) in table.entries.iter().zip(&out).zip(&seen) {
             // An attribute set to a refused value was reported already.
-            if decl.required && value.is_none() && !seen.contains(&index) {
+            if decl.required && value.is_none() && !seen {
                 let (owner_name, owner_span) = owner;
                 self.report(
                     codes::UNDECLARED_ATTRIBUTE,
@@ -551,10 +588,7 @@ impl<'a> Validator<'a> {
         let mut out: Vec<Option<Value>> = vec![None; table.entries.len()];
         for (name, raw) in &values.0 {
             let span = self.span(source, name);
-            if self
-                .refused_attributes
-                .contains(&(Subject::Setting, name.value.clone()))
-            {
+            if self.refused(Subject::Setting, &name.value) {
                 continue;
             }
             let Some(index) = table.index_of(&name.value) else {
@@ -662,10 +696,10 @@ pub(super) fn unique<'v>(
     what: &str,
     ids: impl IntoIterator<Item = &'v Spanned<String>>,
 ) {
-    let mut seen: HashMap<String, Span> = HashMap::new();
+    let mut seen: HashMap<&str, Span> = HashMap::new();
     for id in ids {
         let span = validator.span(source, id);
-        if let Some(first) = seen.get(&id.value) {
+        if let Some(first) = seen.get(id.value.as_str()) {
             let first = *first;
             validator.diagnostics.push(
                 Diagnostic::new(
@@ -677,7 +711,7 @@ pub(super) fn unique<'v>(
                 .help(format!("{what} ids must be unique; rename or remove one")),
             );
         } else {
-            seen.insert(id.value.clone(), span);
+            seen.insert(&id.value, span);
         }
     }
 }
@@ -723,17 +757,51 @@ pub fn load_texts(
 /// whenever both files are well-formed YAML of the right shape, even if some
 /// entries were refused, so the policy can still be checked against the
 /// schema; the diagnostics say what was wrong.
+///
+/// A file written as JSON is read without positions ([`Reading::JsonFast`]);
+/// when that read has something to report, both files are read again with
+/// positions, so every diagnostic points at its line.
 pub fn load(
     catalog_source: SourceId,
     tenants_source: SourceId,
     sources: &SourceMap,
 ) -> (Option<Data>, Vec<Diagnostic>) {
+    let (data, diagnostics) =
+        load_reading(catalog_source, tenants_source, sources, Reading::JsonFast);
+    let unlocated = data.as_ref().is_some_and(|data| !data.located);
+    if unlocated && !diagnostics.is_empty() {
+        let located = load_reading(
+            catalog_source,
+            tenants_source,
+            sources,
+            Reading::WithPositions,
+        );
+        // A JSON file the YAML reader refuses (a line too long for it) keeps
+        // its diagnostics without positions.
+        if located.0.is_some() {
+            return located;
+        }
+    }
+    (data, diagnostics)
+}
+
+/// Loads the data files as [`load`] does, read the given way.
+pub fn load_reading(
+    catalog_source: SourceId,
+    tenants_source: SourceId,
+    sources: &SourceMap,
+    reading: Reading,
+) -> (Option<Data>, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
-    let raw_catalog: Option<RawCatalog> = parse_yaml(sources, catalog_source, &mut diagnostics);
-    let raw_tenants: Option<RawTenants> = parse_yaml(sources, tenants_source, &mut diagnostics);
-    let (Some(raw_catalog), Some(raw_tenants)) = (raw_catalog, raw_tenants) else {
+    let catalog: Option<Parsed<RawCatalog>> =
+        parse_data(sources, catalog_source, &mut diagnostics, reading);
+    let tenants: Option<Parsed<RawTenants>> =
+        parse_data(sources, tenants_source, &mut diagnostics, reading);
+    let (Some(catalog), Some(tenants)) = (catalog, tenants) else {
         return (None, diagnostics);
     };
+    let located = catalog.located && tenants.located;
+    let (raw_catalog, raw_tenants) = (catalog.raw, tenants.raw);
 
     let mut validator = Validator {
         sources,
@@ -741,7 +809,7 @@ pub fn load(
         schema: Schema::default(),
         provider_names: HashMap::new(),
         model_ids: Vec::new(),
-        refused_attributes: HashSet::new(),
+        refused_attributes: Vec::new(),
     };
     let v = &mut validator;
 
@@ -809,7 +877,100 @@ pub fn load(
             schema,
             catalog,
             tenants,
+            located,
         }),
         diagnostics,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A YAML data file written again as JSON, the way a generator would.
+    fn as_json(yaml: &str) -> String {
+        let value: serde_json::Value =
+            serde_saphyr::from_str_with_options(yaml, yaml_options()).expect("shipped YAML");
+        serde_json::to_string_pretty(&value).expect("JSON")
+    }
+
+    /// Debug text of loaded data without the parts that say where values
+    /// were written.
+    fn without_positions(data: &Data) -> String {
+        let text = format!("{data:?}");
+        let mut kept = String::with_capacity(text.len());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("span: Span {") {
+            kept.push_str(&rest[..at]);
+            rest = rest[at..].split_once('}').map_or("", |(_, after)| after);
+        }
+        kept.push_str(rest);
+        kept.replace("located: false", "located: true")
+    }
+
+    fn load_both(
+        catalog: &str,
+        tenants: &str,
+        reading: Reading,
+    ) -> (Option<Data>, Vec<Diagnostic>) {
+        let mut sources = SourceMap::new();
+        let catalog = sources.add("catalog", catalog);
+        let tenants = sources.add("tenants", tenants);
+        load_reading(catalog, tenants, &sources, reading)
+    }
+
+    #[test]
+    fn json_data_reads_fast_into_the_same_data_as_yaml() {
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        let mut compared = 0;
+        for entry in std::fs::read_dir(&policies).expect("policies/") {
+            let dir = entry.expect("entry").path();
+            let (Ok(catalog), Ok(tenants)) = (
+                std::fs::read_to_string(dir.join("catalog.yaml")),
+                std::fs::read_to_string(dir.join("tenants.yaml")),
+            ) else {
+                continue;
+            };
+            // The same text through both readers (the conversion sorts keys,
+            // and the order of declarations is kept).
+            let (catalog, tenants) = (as_json(&catalog), as_json(&tenants));
+            let (from_yaml, yaml_diagnostics) =
+                load_both(&catalog, &tenants, Reading::WithPositions);
+            let (from_json, json_diagnostics) = load_both(&catalog, &tenants, Reading::JsonFast);
+            let (from_yaml, from_json) =
+                (from_yaml.expect("YAML data"), from_json.expect("JSON data"));
+            assert!(yaml_diagnostics.is_empty() && json_diagnostics.is_empty());
+            assert!(from_yaml.located);
+            assert!(!from_json.located, "{} was not read as JSON", dir.display());
+            assert_eq!(without_positions(&from_yaml), without_positions(&from_json));
+            compared += 1;
+        }
+        assert_eq!(compared, 5, "one data directory per reference policy");
+    }
+
+    #[test]
+    fn json_with_a_mistake_is_read_again_with_positions() {
+        let catalog = "{\n  \"providers\": [\n    {\"id\": \"a\", \"format\": \"openai\", \"base_url\": \"http://127.0.0.1:1/v1\", \"priority\": \"high\"}\n  ]\n}\n";
+        let mut sources = SourceMap::new();
+        let catalog = sources.add("catalog", catalog);
+        let tenants = sources.add("tenants", "{}");
+        let (_, diagnostics) = load(catalog, tenants, &sources);
+        let label = diagnostics
+            .first()
+            .and_then(|diagnostic| diagnostic.primary.as_ref())
+            .expect("a located diagnostic");
+        let file = sources.file(catalog).expect("catalog");
+        assert_eq!(file.line_col(label.span.start).0, 3);
+    }
+
+    #[test]
+    fn yaml_flow_style_that_is_not_json_is_read_as_yaml() {
+        let (data, diagnostics) = load_both(
+            "{providers: [], models: []}",
+            "{tenants: []}",
+            Reading::JsonFast,
+        );
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        assert!(data.expect("data").located);
+    }
 }

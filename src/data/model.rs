@@ -242,4 +242,8 @@ pub struct Data {
     pub schema: Schema,
     pub catalog: Catalog,
     pub tenants: Tenants,
+    /// Whether every [`DataSpan`] points where its value was written; false
+    /// when a file was read as JSON without positions (see
+    /// [`Reading`](super::load::Reading)).
+    pub located: bool,
 }

@@ -144,7 +144,9 @@ impl AttrDecl {
 /// The attributes declared for one kind of entry.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct AttrTable {
-    pub entries: Vec<AttrDecl>,
+    /// Shared: validation holds a table while it reports through the
+    /// validator, once per entry of a catalog that may have 10,000.
+    pub entries: Arc<Vec<AttrDecl>>,
 }
 
 impl AttrTable {

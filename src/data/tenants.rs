@@ -77,7 +77,7 @@ pub(super) fn validate(
                     source,
                     Subject::Workspace,
                     &SpannedMap::default(),
-                    (DEFAULT_WORKSPACE, tenant_at.span),
+                    (&DEFAULT_WORKSPACE, tenant_at.span),
                 ),
                 settings: SettingsLayer::default(),
                 at: tenant_at,

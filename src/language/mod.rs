@@ -199,14 +199,40 @@ fn check_source_cached(
                     data
                 }
             };
-            if let Some(data) = data {
-                let (check_diagnostics, program) = check::Checker::run(
-                    source,
-                    &parsed.file,
-                    &parsed.broken_names,
-                    syntax_errors,
-                    &data,
-                );
+            if let Some(mut data) = data {
+                let check = |data: &Data| {
+                    check::Checker::run(
+                        source,
+                        &parsed.file,
+                        &parsed.broken_names,
+                        syntax_errors,
+                        data,
+                    )
+                };
+                let (mut check_diagnostics, mut program) = check(&data);
+                // Data read without positions is read again with them when
+                // a diagnostic points into it.
+                let points_into_data = |diagnostic: &Diagnostic| {
+                    diagnostic
+                        .primary
+                        .iter()
+                        .chain(&diagnostic.secondary)
+                        .any(|label| {
+                            label.source == catalog_source || label.source == tenants_source
+                        })
+                };
+                if !data.located
+                    && check_diagnostics.iter().any(points_into_data)
+                    && let (Some(located), _) = data::load_reading(
+                        catalog_source,
+                        tenants_source,
+                        &sources,
+                        data::Reading::WithPositions,
+                    )
+                {
+                    data = Arc::new(located);
+                    (check_diagnostics, program) = check(&data);
+                }
                 diagnostics.extend(check_diagnostics);
                 checked = Some((data, program));
             }
