@@ -491,18 +491,16 @@ pub fn compile_report(
     }
 }
 
-/// A stable content hash of files, for snapshot versions: FNV-1a, 64 bits,
-/// printed as 16 hex digits. It identifies a version; it is not a security
-/// measure.
+/// A stable content hash of files, for snapshot versions: XXH3, 64 bits,
+/// over each part followed by its length, printed as 16 hex digits. It
+/// identifies a version; it is not a security measure.
 pub fn content_version<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for part in parts {
-        for byte in part.bytes().chain(std::iter::once(0xff)) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
+        hasher.update(part.as_bytes());
+        hasher.update(&(part.len() as u64).to_le_bytes());
     }
-    format!("{hash:016x}")
+    format!("{:016x}", hasher.digest())
 }
 
 #[cfg(test)]
