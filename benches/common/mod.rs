@@ -13,11 +13,6 @@ use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The benches run on the allocator the `switchyard` binary runs on
-/// (src/main.rs), so they measure what the binary does.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Copies a policy's catalog until it has at least `routes` routes: copy `k`
 /// suffixes every provider, credential and model id with `-k` (copy 0 keeps
 /// the original ids, so the policy's tenants and requests still fit). The
