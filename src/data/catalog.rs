@@ -7,8 +7,8 @@ use super::schema::Subject;
 use super::yaml::*;
 use crate::diagnostics::{Diagnostic, codes, suggest};
 use crate::source::{SourceId, Span};
+use foldhash::HashMap;
 use serde_saphyr::Spanned;
-use std::collections::HashMap;
 
 pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) -> Catalog {
     unique(
@@ -411,7 +411,7 @@ fn validate_aliases(
     raw: &RawCatalog,
     models: &[Model],
 ) -> Vec<Alias> {
-    let mut taken: HashMap<String, Span> = HashMap::new();
+    let mut taken: HashMap<String, Span> = HashMap::default();
     for model in &raw.models {
         taken.insert(
             model.value.id.value.clone(),

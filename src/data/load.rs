@@ -9,8 +9,8 @@ use super::yaml::*;
 use crate::diagnostics::{Code, Diagnostic, codes, suggest};
 use crate::source::{SourceId, SourceMap, Span};
 use crate::value::{EnumMember, Value};
+use foldhash::{HashMap, HashSet};
 use serde_saphyr::{Location, Spanned};
-use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -264,7 +264,7 @@ impl<'a> Validator<'a> {
                 );
                 continue;
             }
-            let mut seen = HashSet::new();
+            let mut seen = HashSet::default();
             let mut list = Vec::new();
             for member in members {
                 if !seen.insert(member.value.clone()) {
@@ -696,7 +696,7 @@ pub(super) fn unique<'v>(
     what: &str,
     ids: impl IntoIterator<Item = &'v Spanned<String>>,
 ) {
-    let mut seen: HashMap<&str, Span> = HashMap::new();
+    let mut seen: HashMap<&str, Span> = HashMap::default();
     for id in ids {
         let span = validator.span(source, id);
         if let Some(first) = seen.get(id.value.as_str()) {
@@ -807,7 +807,7 @@ pub fn load_reading(
         sources,
         diagnostics,
         schema: Schema::default(),
-        provider_names: HashMap::new(),
+        provider_names: HashMap::default(),
         model_ids: Vec::new(),
         refused_attributes: Vec::new(),
     };

@@ -7,8 +7,8 @@ use super::schema::Subject;
 use super::yaml::*;
 use crate::diagnostics::{Diagnostic, codes, suggest};
 use crate::source::SourceId;
+use foldhash::HashMap;
 use serde_saphyr::Spanned;
-use std::collections::HashMap;
 
 /// The workspace a tenant without declared workspaces gets.
 pub const DEFAULT_WORKSPACE: &str = "default";
@@ -32,7 +32,7 @@ pub(super) fn validate(
 
     let mut tenants = Vec::new();
     let mut keys = Vec::new();
-    let mut hashes: HashMap<[u8; 32], crate::source::Span> = HashMap::new();
+    let mut hashes: HashMap<[u8; 32], crate::source::Span> = HashMap::default();
     for (tenant_index, raw_tenant) in raw.tenants.iter().enumerate() {
         let t = &raw_tenant.value;
         unique(
