@@ -467,9 +467,12 @@ impl Snapshot {
 
     /// Providers a pin's or input's provider reference means (ignoring case).
     pub fn providers_named(&self, text: &str) -> &[usize] {
-        self.provider_names
-            .get(&text.to_ascii_lowercase())
-            .map_or(&[], Vec::as_slice)
+        let found = if text.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.provider_names.get(&text.to_ascii_lowercase())
+        } else {
+            self.provider_names.get(text)
+        };
+        found.map_or(&[], Vec::as_slice)
     }
 
     pub fn credential_with_id(&self, id: &str) -> Option<(usize, usize)> {

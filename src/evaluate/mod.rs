@@ -639,8 +639,8 @@ fn decide(
         }
     }
     drop(machine);
-    // The candidates move into the plan in attempt order: each one's rank,
-    // then the unranked dropped.
+    // The candidates move into the plan in attempt order, in place: the
+    // unplanned dropped, then each moved to its position.
     let mut rank = kept;
     rank.clear();
     rank.resize(candidates.len(), usize::MAX);
@@ -649,13 +649,23 @@ fn decide(
             *slot = position;
         }
     }
-    let mut planned: Vec<(usize, Candidate)> = rank.into_iter().zip(candidates).collect();
-    planned.retain(|(position, _)| *position != usize::MAX);
-    planned.sort_unstable_by_key(|(position, _)| *position);
-    let planned = planned
-        .into_iter()
-        .map(|(_, candidate)| candidate)
-        .collect();
+    let mut planned = candidates;
+    let mut index = 0;
+    planned.retain(|_| {
+        let keep = rank.get(index).is_some_and(|r| *r != usize::MAX);
+        index += 1;
+        keep
+    });
+    rank.retain(|r| *r != usize::MAX);
+    for slot in 0..rank.len() {
+        while let Some(&target) = rank.get(slot).filter(|target| **target != slot) {
+            if target >= rank.len() {
+                break;
+            }
+            planned.swap(slot, target);
+            rank.swap(slot, target);
+        }
+    }
     Ok(Plan {
         request: Arc::new(request),
         candidates: planned,

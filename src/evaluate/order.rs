@@ -111,7 +111,7 @@ impl AsRef<SortKeySpec> for OrderKey<'_> {
 
 /// The sort keys `order` applies for this request.
 pub fn order_keys<'p>(machine: &mut Machine<'_>, parts: &'p [OrderPart]) -> Vec<OrderKey<'p>> {
-    let mut keys = Vec::new();
+    let mut keys = Vec::with_capacity(parts.len());
     for part in parts {
         match part {
             OrderPart::By(spec) => keys.push(OrderKey { spec, sort: None }),
