@@ -517,6 +517,8 @@ fn decide(
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
     let mut kept: Vec<usize> = Vec::with_capacity(candidates.len());
     for (step_index, step) in program.steps.iter().enumerate() {
+        // The set as the step found it, also for the error a refusal reads.
+        machine.set_candidates(&remaining);
         kept.clear();
         // A condition the request alone settles is not asked per candidate
         // (for a single candidate, asking is no dearer than settling).
@@ -529,7 +531,6 @@ fn decide(
             Some(true) => kept.extend_from_slice(&remaining),
             Some(false) => {}
             None => {
-                machine.set_candidates(&remaining);
                 kept.extend(
                     remaining
                         .iter()
