@@ -8,6 +8,8 @@
 
 mod stage;
 
+pub use stage::Guard;
+
 use crate::data::{Credential, Data, Provider};
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
@@ -101,6 +103,8 @@ pub struct Interned {
     pub model_aliases: Vec<Value>,
     /// Per model, per route.
     pub route_capabilities: Vec<Vec<Value>>,
+    /// Per model, per route: the name the provider knows the model by.
+    pub route_upstream: Vec<Vec<Arc<str>>>,
     /// Per provider, per credential.
     pub credential_id: Vec<Vec<Value>>,
 }
@@ -147,6 +151,16 @@ impl Interned {
                 .iter()
                 .map(|m| m.routes.iter().map(|r| strings(&r.capabilities)).collect())
                 .collect(),
+            route_upstream: catalog
+                .models
+                .iter()
+                .map(|m| {
+                    m.routes
+                        .iter()
+                        .map(|r| Arc::from(r.upstream_model.as_str()))
+                        .collect()
+                })
+                .collect(),
             credential_id: catalog
                 .providers
                 .iter()
@@ -156,49 +170,69 @@ impl Interned {
     }
 }
 
-/// Members of the built-in enumerations (endpoints, wire formats, model
-/// kinds, resolutions), shared: they compare by name.
+/// The members of the built-in enumerations (endpoints, wire formats, model
+/// kinds, resolutions).
+const BUILTIN_MEMBERS: [&str; 14] = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "responses",
+    "messages",
+    "openai",
+    "anthropic",
+    "chat",
+    "completion",
+    "embedding",
+    "bare",
+    "alias",
+    "pin",
+    "unknown",
+];
+
+/// Members of the built-in enumerations, shared: they compare by name.
 pub fn builtin_member(name: &str) -> Value {
-    static MEMBERS: std::sync::LazyLock<Vec<(&'static str, Value)>> =
-        std::sync::LazyLock::new(|| {
-            [
-                "chat_completions",
-                "completions",
-                "embeddings",
-                "responses",
-                "messages",
-                "openai",
-                "anthropic",
-                "chat",
-                "completion",
-                "embedding",
-                "bare",
-                "alias",
-                "pin",
-                "unknown",
-            ]
+    static MEMBERS: std::sync::LazyLock<Vec<Value>> = std::sync::LazyLock::new(|| {
+        BUILTIN_MEMBERS
             .into_iter()
             .map(|name| {
-                (
-                    name,
-                    Value::Enum(crate::value::EnumMember {
-                        rank: 0,
-                        name: Arc::from(name),
-                    }),
-                )
+                Value::Enum(crate::value::EnumMember {
+                    rank: 0,
+                    name: Arc::from(name),
+                })
             })
             .collect()
-        });
-    MEMBERS
-        .iter()
-        .find(|(member, _)| *member == name)
-        .map(|(_, value)| value.clone())
+    });
+    builtin_index(name)
+        .and_then(|index| MEMBERS.get(index))
+        .cloned()
         .unwrap_or_else(|| {
             Value::Enum(crate::value::EnumMember {
                 rank: 0,
                 name: Arc::from(name),
             })
         })
+}
+
+/// A built-in member's position in [`BUILTIN_MEMBERS`]: a `match` rather
+/// than a search, as requests read these per candidate.
+fn builtin_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "chat_completions" => 0,
+        "completions" => 1,
+        "embeddings" => 2,
+        "responses" => 3,
+        "messages" => 4,
+        "openai" => 5,
+        "anthropic" => 6,
+        "chat" => 7,
+        "completion" => 8,
+        "embedding" => 9,
+        "bare" => 10,
+        "alias" => 11,
+        "pin" => 12,
+        "unknown" => 13,
+        _ => return None,
+    })
 }
 
 /// The compiled policy and data: immutable, shared by every request that
@@ -228,6 +262,8 @@ pub struct Snapshot {
     pub statics: StaticTable,
     /// How many request-only parts the staged program caches per request.
     pub hoisted: usize,
+    /// Per eligibility step, what the request alone settles of it.
+    pub guards: Vec<Guard>,
     /// The `health` section's constants.
     pub health: HealthSettings,
 }
@@ -376,6 +412,7 @@ impl Snapshot {
             deployment,
             statics: StaticTable::default(),
             hoisted: staged.hoisted,
+            guards: staged.guards,
             health: HealthSettings::default(),
         };
         // Static terms are evaluated by the program as checked, then the
@@ -430,9 +467,12 @@ impl Snapshot {
 
     /// Providers a pin's or input's provider reference means (ignoring case).
     pub fn providers_named(&self, text: &str) -> &[usize] {
-        self.provider_names
-            .get(&text.to_ascii_lowercase())
-            .map_or(&[], Vec::as_slice)
+        let found = if text.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.provider_names.get(&text.to_ascii_lowercase())
+        } else {
+            self.provider_names.get(text)
+        };
+        found.map_or(&[], Vec::as_slice)
     }
 
     pub fn credential_with_id(&self, id: &str) -> Option<(usize, usize)> {
@@ -512,6 +552,16 @@ mod tests {
         assert_eq!(content_version(["a", "b"]), content_version(["a", "b"]));
         assert_ne!(content_version(["a", "b"]), content_version(["ab", ""]));
         assert_eq!(content_version(["x"]).len(), 16);
+    }
+
+    #[test]
+    fn builtin_members_are_found_at_their_positions() {
+        for (index, name) in BUILTIN_MEMBERS.into_iter().enumerate() {
+            assert_eq!(builtin_index(name), Some(index));
+            assert_eq!(builtin_member(name).as_str(), Some(name));
+        }
+        assert_eq!(builtin_index("other"), None);
+        assert_eq!(builtin_member("other").as_str(), Some("other"));
     }
 
     #[test]

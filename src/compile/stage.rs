@@ -8,6 +8,7 @@
 //! — health, the candidate set, failover state, and terms that mix a
 //! candidate with the caller — is interpreted per candidate as before.
 
+use crate::language::ast::BinaryOp;
 use crate::language::ir::{LetSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
 
 /// What a term's value depends on.
@@ -91,9 +92,26 @@ fn read_deps(read: &Read) -> Deps {
     }
 }
 
+/// What the request alone settles of an eligibility condition: its
+/// connectives over the parts that read only the request. When those decide
+/// the condition, it is the same for every candidate and is not asked per
+/// candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Guard {
+    /// Depends on the candidate.
+    Open,
+    /// Reads only the request: its truth holds for every candidate.
+    Request(Term),
+    And(Box<Guard>, Box<Guard>),
+    Or(Box<Guard>, Box<Guard>),
+    Implies(Box<Guard>, Box<Guard>),
+}
+
 /// The staged program and what the snapshot must precompute for it.
 pub struct Staged {
     pub program: Program,
+    /// Per eligibility step, what the request alone settles of it.
+    pub guards: Vec<Guard>,
     /// Catalog-only terms, by slot: evaluated for every route and credential.
     pub statics: Vec<Term>,
     /// How many request-only slots a request may fill.
@@ -142,14 +160,40 @@ pub fn stage(original: &Program) -> Staged {
     for keep in &mut program.failover.keep {
         *keep = stager.stage(keep);
     }
+    let guards = program
+        .steps
+        .iter()
+        .map(|step| stager.guard(&step.condition))
+        .collect();
     Staged {
         program,
+        guards,
         statics: stager.statics,
         hoisted: stager.hoisted.len(),
     }
 }
 
 impl Stager<'_> {
+    fn guard(&mut self, term: &Term) -> Guard {
+        let deps = self.deps(term);
+        if !deps.catalog && !deps.live {
+            return Guard::Request(term.clone());
+        }
+        let TermKind::Binary(op, lhs, rhs) = &term.kind else {
+            return Guard::Open;
+        };
+        let connective = match op {
+            BinaryOp::And => Guard::And,
+            BinaryOp::Or => Guard::Or,
+            BinaryOp::Implies => Guard::Implies,
+            _ => return Guard::Open,
+        };
+        match (self.guard(lhs), self.guard(rhs)) {
+            (Guard::Open, Guard::Open) => Guard::Open,
+            (lhs, rhs) => connective(Box::new(lhs), Box::new(rhs)),
+        }
+    }
+
     fn stage_key(&mut self, key: &mut SortKeySpec) {
         key.term = self.stage(&key.term);
     }

@@ -74,17 +74,7 @@ pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candid
 
     let mut candidates: Vec<Candidate> = Vec::new();
     for choice in choices {
-        for candidate in with_credentials(snapshot, request, choice) {
-            let duplicate = candidates.iter().any(|c| {
-                c.model == candidate.model
-                    && c.route == candidate.route
-                    && c.provider == candidate.provider
-                    && c.credential == candidate.credential
-            });
-            if !duplicate {
-                candidates.push(candidate);
-            }
-        }
+        with_credentials(snapshot, request, choice, &mut candidates);
     }
     if candidates.is_empty() {
         return Err(Unresolved {
@@ -206,15 +196,11 @@ fn route_choice(
     requested: Requested,
 ) -> RouteChoice {
     let upstream_model = snapshot
-        .data
-        .catalog
-        .models
+        .interned
+        .route_upstream
         .get(model)
-        .and_then(|m| m.routes.get(route))
-        .map_or_else(
-            || requested.id.clone(),
-            |r| Arc::from(r.upstream_model.as_str()),
-        );
+        .and_then(|routes| routes.get(route))
+        .map_or_else(|| requested.id.clone(), Arc::clone);
     RouteChoice {
         model: Some(model),
         route: Some(route),
@@ -257,8 +243,7 @@ fn resolve_unknown(
         if matching.is_empty() {
             continue;
         }
-        let keys: Vec<&SortKeySpec> = tier.keys.iter().collect();
-        sort_by_keys(&mut machine, &mut matching, &keys);
+        sort_by_keys(&mut machine, &mut matching, &tier.keys);
         if let Some(chosen) = matching.first().and_then(|index| providers.get(*index)) {
             choices.push(RouteChoice {
                 model: None,
@@ -274,14 +259,16 @@ fn resolve_unknown(
     }
 }
 
-/// The candidates of one route: one per usable credential, or the best one.
+/// Adds the candidates of one route: one per usable credential, or the best
+/// one; a candidate already there is not added again.
 fn with_credentials(
     snapshot: &Snapshot,
     request: &RequestState,
     choice: RouteChoice,
-) -> Vec<Candidate> {
+    candidates: &mut Vec<Candidate>,
+) {
     let Some(provider) = snapshot.provider(choice.provider) else {
-        return Vec::new();
+        return;
     };
     let tenant_id = snapshot
         .data
@@ -289,7 +276,7 @@ fn with_credentials(
         .tenants
         .get(request.caller.tenant)
         .map(|t| t.id.as_str());
-    let usable: Vec<usize> = (0..provider.credentials.len())
+    let usable = (0..provider.credentials.len())
         .filter(|index| choice.credential.is_none_or(|only| only == *index))
         .filter(|index| {
             provider
@@ -300,22 +287,34 @@ fn with_credentials(
                     Some(owner) => Some(owner.as_str()) == tenant_id,
                 })
         })
-        .filter(|index| snapshot.secret(choice.provider, *index).is_some())
-        .collect();
-    let candidates: Vec<Candidate> = usable
-        .iter()
-        .map(|credential| Candidate {
-            model: choice.model,
-            route: choice.route,
-            provider: choice.provider,
-            credential: *credential,
-            upstream_model: choice.upstream_model.clone(),
-            requested: choice.requested.clone(),
-        })
-        .collect();
+        .filter(|index| snapshot.secret(choice.provider, *index).is_some());
+    let candidate = |credential: usize| Candidate {
+        model: choice.model,
+        route: choice.route,
+        provider: choice.provider,
+        credential,
+        upstream_model: choice.upstream_model.clone(),
+        requested: choice.requested.clone(),
+    };
+    let add = |candidate: Candidate| {
+        let duplicate = candidates.iter().any(|c| {
+            c.model == candidate.model
+                && c.route == candidate.route
+                && c.provider == candidate.provider
+                && c.credential == candidate.credential
+        });
+        if !duplicate {
+            candidates.push(candidate);
+        }
+    };
     match &snapshot.program.models.credentials {
-        CredentialSpec::Each => candidates,
-        CredentialSpec::One(keys) => best_credential(snapshot, request, candidates, keys),
+        CredentialSpec::Each => usable.map(candidate).for_each(add),
+        CredentialSpec::One(keys) => {
+            let usable: Vec<Candidate> = usable.map(candidate).collect();
+            best_credential(snapshot, request, usable, keys)
+                .into_iter()
+                .for_each(add);
+        }
     }
 }
 
@@ -331,8 +330,7 @@ fn best_credential(
     let health = vec![CandidateHealth::default(); candidates.len()];
     let mut machine = Machine::new(snapshot, request, &candidates, &health);
     let mut order: Vec<usize> = (0..candidates.len()).collect();
-    let keys: Vec<&SortKeySpec> = keys.iter().collect();
-    sort_by_keys(&mut machine, &mut order, &keys);
+    sort_by_keys(&mut machine, &mut order, keys);
     order
         .first()
         .and_then(|index| candidates.get(*index))

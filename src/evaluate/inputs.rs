@@ -109,12 +109,12 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
             .ok_or_else(|| malformed("a duration such as \"10s\"")),
         InputType::Provider => {
             let name = text_of(raw).ok_or_else(|| malformed("a provider id"))?;
-            let provider = snapshot
+            snapshot
                 .providers_named(name.trim())
                 .first()
-                .and_then(|index| snapshot.provider(*index))
-                .ok_or_else(|| Problem::Unknown(format!("no provider is named `{name}`")))?;
-            Ok(Value::string(&provider.name))
+                .and_then(|index| snapshot.interned.provider_name.get(*index))
+                .cloned()
+                .ok_or_else(|| Problem::Unknown(format!("no provider is named `{name}`")))
         }
         InputType::Model => {
             let id = text_of(raw).ok_or_else(|| malformed("a model id"))?;

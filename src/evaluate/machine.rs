@@ -4,10 +4,11 @@
 
 use super::health::CandidateHealth;
 use super::{Candidate, RequestState, ResolutionKind};
-use crate::compile::Snapshot;
+use crate::compile::{Guard, Snapshot};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::ir::{Function, PriceField, Read, Term, TermKind, Who};
 use crate::value::{EnumMember, Value};
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -72,16 +73,17 @@ pub struct Machine<'a> {
     pub shorthand: Option<Value>,
     /// Whether the response is a provider's successful answer (for headers).
     pub succeeded: bool,
-    request_lets: Vec<Option<Value>>,
-    /// Per candidate and definition (`candidate * lets + let`), values of
-    /// definitions that depend on the candidate but not on the set.
-    candidate_lets: Vec<Option<Value>>,
-    /// Same, for definitions that use aggregates; cleared when the set changes.
-    set_lets: Vec<Option<Value>>,
+    /// Cached values, one allocation for every cache: the request-level
+    /// definitions, the merges, the staged program's request-only parts,
+    /// then per candidate (`candidate * lets + let`) the definitions that
+    /// depend on the candidate but not on the set, then the same for those
+    /// that use aggregates (cleared when the set changes).
+    cache: Vec<Option<Value>>,
     lets: usize,
-    merges: Vec<Option<Value>>,
-    /// Values of the staged program's request-only parts.
-    hoisted: Vec<Option<Value>>,
+    merges_at: usize,
+    hoisted_at: usize,
+    candidate_lets_at: usize,
+    set_lets_at: usize,
     depth: usize,
 }
 
@@ -97,6 +99,16 @@ impl<'a> Machine<'a> {
         health: &'a [CandidateHealth],
     ) -> Machine<'a> {
         let lets = snapshot.program.lets.len();
+        let merges_at = lets;
+        let hoisted_at = merges_at + snapshot.program.merges.len();
+        let candidate_lets_at = hoisted_at + snapshot.hoisted;
+        let set_lets_at = candidate_lets_at + lets * candidates.len();
+        let mut cache = vec![None; set_lets_at + lets * candidates.len()];
+        if let Some(merges) = cache.get_mut(merges_at..hoisted_at) {
+            for (slot, value) in merges.iter_mut().zip(&request.merges) {
+                *slot = Some(value.clone());
+            }
+        }
         Machine {
             snapshot,
             request,
@@ -108,12 +120,12 @@ impl<'a> Machine<'a> {
             free_in_ms: None,
             shorthand: None,
             succeeded: false,
-            request_lets: vec![None; lets],
-            candidate_lets: vec![None; lets * candidates.len()],
-            set_lets: vec![None; lets * candidates.len()],
+            cache,
             lets,
-            merges: request.merges.iter().cloned().map(Some).collect(),
-            hoisted: vec![None; snapshot.hoisted],
+            merges_at,
+            hoisted_at,
+            candidate_lets_at,
+            set_lets_at,
             depth: 0,
         }
     }
@@ -123,18 +135,126 @@ impl<'a> Machine<'a> {
         if set != self.set.as_slice() {
             self.set.clear();
             self.set.extend_from_slice(set);
-            self.set_lets.iter_mut().for_each(|slot| *slot = None);
+            if let Some(set_lets) = self.cache.get_mut(self.set_lets_at..) {
+                set_lets.iter_mut().for_each(|slot| *slot = None);
+            }
         }
     }
 
     pub fn truth(&mut self, term: &Term, focus: Focus) -> bool {
-        matches!(self.eval(term, focus), Value::Bool(true))
+        // Connectives decide on their operands' truth without building values.
+        match &term.kind {
+            TermKind::Binary(BinaryOp::And, lhs, rhs) => {
+                self.truth(lhs, focus) && self.truth(rhs, focus)
+            }
+            TermKind::Binary(BinaryOp::Or, lhs, rhs) => {
+                self.truth(lhs, focus) || self.truth(rhs, focus)
+            }
+            TermKind::Binary(BinaryOp::Implies, lhs, rhs) => {
+                !self.truth(lhs, focus) || self.truth(rhs, focus)
+            }
+            _ => matches!(*self.eval_ref(term, focus), Value::Bool(true)),
+        }
+    }
+
+    /// A condition's truth when the request alone settles it, the same for
+    /// every candidate; `None` when it depends on the candidate.
+    pub fn settled(&mut self, guard: &Guard) -> Option<bool> {
+        match guard {
+            Guard::Open => None,
+            Guard::Request(term) => Some(self.truth(term, Focus::default())),
+            Guard::And(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
+                (Some(false), _) | (_, Some(false)) => Some(false),
+                (Some(true), Some(true)) => Some(true),
+                _ => None,
+            },
+            Guard::Or(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            },
+            Guard::Implies(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
+                (Some(false), _) | (_, Some(true)) => Some(true),
+                (Some(true), Some(false)) => Some(false),
+                _ => None,
+            },
+        }
     }
 
     pub fn eval(&mut self, term: &Term, focus: Focus) -> Value {
+        self.eval_ref(term, focus).into_owned()
+    }
+
+    /// Evaluates a term to a value borrowed from the term, the snapshot or
+    /// the request where it is one of theirs, so reading it costs no copy
+    /// and no reference count.
+    pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: Focus) -> Cow<'t, Value>
+    where
+        'a: 't,
+    {
         match &term.kind {
-            TermKind::Const(value) => value.clone(),
+            TermKind::Const(value) => Cow::Borrowed(value),
             TermKind::Read(read) => self.read(read, focus),
+            TermKind::Let(index) => {
+                if let Some(value) = self
+                    .let_slot(*index, focus)
+                    .and_then(|slot| self.cached(slot))
+                {
+                    return Cow::Owned(value.clone());
+                }
+                Cow::Owned(self.let_uncached(*index, focus))
+            }
+            TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
+            TermKind::Static(slot, inner) => {
+                let snapshot: &'a Snapshot = self.snapshot;
+                let precomputed = focus.current.and_then(|current| {
+                    let candidate = self.candidates.get(current)?;
+                    snapshot.statics.get(
+                        candidate.model,
+                        candidate.route,
+                        candidate.credential,
+                        *slot,
+                    )
+                });
+                match precomputed {
+                    Some(value) => Cow::Borrowed(value),
+                    None => self.eval_ref(inner, focus),
+                }
+            }
+            TermKind::Hoisted(slot, inner) => {
+                let slot = self.hoisted_at + *slot;
+                if let Some(value) = self.cached(slot) {
+                    return Cow::Owned(value.clone());
+                }
+                let value = self.eval(inner, Focus::default());
+                self.store(slot, &value);
+                Cow::Owned(value)
+            }
+            TermKind::Not(inner) => Cow::Owned(match *self.eval_ref(inner, focus) {
+                Value::Bool(b) => Value::Bool(!b),
+                _ => Value::Null,
+            }),
+            TermKind::If(condition, then, otherwise) => {
+                if self.truth(condition, focus) {
+                    self.eval_ref(then, focus)
+                } else {
+                    self.eval_ref(otherwise, focus)
+                }
+            }
+            TermKind::Call(function, args) => self.call(*function, args, focus),
+            TermKind::Field(base, name) => match self.eval_ref(base, focus) {
+                Cow::Borrowed(value) => Cow::Borrowed(value.field(name)),
+                Cow::Owned(value) => Cow::Owned(value.field(name).clone()),
+            },
+            _ => Cow::Owned(self.eval_rare(term, focus)),
+        }
+    }
+
+    /// The kinds of term that candidate steps and sort keys seldom use,
+    /// apart so the common ones stay small.
+    #[inline(never)]
+    fn eval_rare(&mut self, term: &Term, focus: Focus) -> Value {
+        match &term.kind {
             TermKind::At(who, inner) => {
                 let target = match who {
                     Who::Prev => focus.prev,
@@ -154,39 +274,11 @@ impl<'a> Machine<'a> {
                     None => Value::Null,
                 }
             }
-            TermKind::Let(index) => {
-                // Terms are finite trees; only definitions can recur.
-                self.depth += 1;
-                let value = if self.depth > MAX_DEPTH {
-                    Value::Null
-                } else {
-                    stacker::maybe_grow(
-                        crate::language::check::STACK_RED_ZONE,
-                        crate::language::check::STACK_SEGMENT,
-                        || self.let_value(*index, focus),
-                    )
-                };
-                self.depth -= 1;
-                value
-            }
             TermKind::Merge(index) => self.merge_value(*index),
-            TermKind::Not(inner) => match self.eval(inner, focus) {
-                Value::Bool(b) => Value::Bool(!b),
-                _ => Value::Null,
-            },
-            TermKind::Negate(inner) => match self.eval(inner, focus) {
+            TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
                 Value::Number(n) => Value::Number(-n),
                 _ => Value::Null,
             },
-            TermKind::Binary(op, lhs, rhs) => self.binary(*op, lhs, rhs, focus),
-            TermKind::If(condition, then, otherwise) => {
-                if self.truth(condition, focus) {
-                    self.eval(then, focus)
-                } else {
-                    self.eval(otherwise, focus)
-                }
-            }
-            TermKind::Call(function, args) => self.call(*function, args, focus),
             TermKind::Aggregate(function, value, filter) => {
                 self.aggregate(*function, value, filter.as_deref(), focus)
             }
@@ -201,82 +293,96 @@ impl<'a> Machine<'a> {
                     .collect();
                 Value::Record(Arc::from(values))
             }
-            TermKind::Field(base, name) => self.eval(base, focus).field(name).clone(),
             TermKind::ToEnum(target, inner) => match self.eval(inner, focus) {
                 Value::String(text) => to_member(&target.members, text),
                 Value::Enum(member) => to_member(&target.members, member.name),
                 _ => Value::Null,
             },
-            TermKind::Static(slot, inner) => {
-                let precomputed = focus.current.and_then(|current| {
-                    let candidate = self.candidates.get(current)?;
-                    self.snapshot.statics.get(
-                        candidate.model,
-                        candidate.route,
-                        candidate.credential,
-                        *slot,
-                    )
-                });
-                match precomputed {
-                    Some(value) => value.clone(),
-                    None => self.eval(inner, focus),
-                }
-            }
-            TermKind::Hoisted(slot, inner) => {
-                if let Some(Some(value)) = self.hoisted.get(*slot) {
-                    return value.clone();
-                }
-                let value = self.eval(inner, Focus::default());
-                if let Some(cached) = self.hoisted.get_mut(*slot) {
-                    *cached = Some(value.clone());
-                }
-                value
-            }
+            TermKind::Const(_)
+            | TermKind::Read(_)
+            | TermKind::Let(_)
+            | TermKind::Binary(..)
+            | TermKind::Static(..)
+            | TermKind::Hoisted(..)
+            | TermKind::Not(_)
+            | TermKind::If(..)
+            | TermKind::Call(..)
+            | TermKind::Field(..) => self.eval_ref(term, focus).into_owned(),
         }
+    }
+
+    /// A definition not cached yet: evaluated on a stack that can grow.
+    #[inline(never)]
+    fn let_uncached(&mut self, index: usize, focus: Focus) -> Value {
+        // Terms are finite trees; only definitions can recur.
+        self.depth += 1;
+        let value = if self.depth > MAX_DEPTH {
+            Value::Null
+        } else {
+            stacker::maybe_grow(
+                crate::language::check::STACK_RED_ZONE,
+                crate::language::check::STACK_SEGMENT,
+                || self.let_value(index, focus),
+            )
+        };
+        self.depth -= 1;
+        value
+    }
+
+    /// The value of `merge` number `index`, computed once per request.
+    pub fn merge(&mut self, index: usize) -> Value {
+        self.merge_value(index)
+    }
+
+    fn cached(&self, slot: usize) -> Option<&Value> {
+        self.cache.get(slot)?.as_ref()
+    }
+
+    fn store(&mut self, slot: usize, value: &Value) {
+        if let Some(cached) = self.cache.get_mut(slot) {
+            *cached = Some(value.clone());
+        }
+    }
+
+    /// Where a definition's value is cached for this focus; `None` for a
+    /// candidate definition without one of this machine's candidates.
+    fn let_slot(&self, index: usize, focus: Focus) -> Option<usize> {
+        let spec = self.snapshot.program.lets.get(index)?;
+        if !spec.candidate {
+            return Some(index);
+        }
+        let candidate = focus.current.filter(|c| *c < self.candidates.len())?;
+        let at = if spec.aggregate {
+            self.set_lets_at
+        } else {
+            self.candidate_lets_at
+        };
+        Some(at + candidate * self.lets + index)
     }
 
     fn let_value(&mut self, index: usize, focus: Focus) -> Value {
         let Some(spec) = self.snapshot.program.lets.get(index) else {
             return Value::Null;
         };
-        let term = &spec.term;
-        if !spec.candidate {
-            if let Some(Some(value)) = self.request_lets.get(index) {
-                return value.clone();
-            }
-            let value = self.eval(term, Focus::default());
-            if let Some(slot) = self.request_lets.get_mut(index) {
-                *slot = Some(value.clone());
-            }
-            return value;
-        }
-        let Some(candidate) = focus.current else {
-            return Value::Null;
+        let focus = match (spec.candidate, focus.current) {
+            (false, _) => Focus::default(),
+            (true, Some(candidate)) => Focus::on(candidate),
+            (true, None) => return Value::Null,
         };
-        let aggregate = spec.aggregate;
-        let cache = if aggregate {
-            &self.set_lets
-        } else {
-            &self.candidate_lets
-        };
-        let slot = candidate * self.lets + index;
-        if let Some(Some(value)) = cache.get(slot) {
+        let slot = self.let_slot(index, focus);
+        if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
             return value.clone();
         }
-        let value = self.eval(term, Focus::on(candidate));
-        let cache = if aggregate {
-            &mut self.set_lets
-        } else {
-            &mut self.candidate_lets
-        };
-        if let Some(cached) = cache.get_mut(slot) {
-            *cached = Some(value.clone());
+        let value = self.eval(&spec.term, focus);
+        if let Some(slot) = slot {
+            self.store(slot, &value);
         }
         value
     }
 
     fn merge_value(&mut self, index: usize) -> Value {
-        if let Some(Some(value)) = self.merges.get(index) {
+        let slot = self.merges_at + index;
+        if let Some(value) = self.cached(slot) {
             return value.clone();
         }
         let Some(spec) = self.snapshot.program.merges.get(index) else {
@@ -285,9 +391,7 @@ impl<'a> Machine<'a> {
         let request = self.eval(&spec.request, Focus::default());
         let default = self.eval(&spec.default, Focus::default());
         let value = super::merge::combine(spec.op, &request, &default);
-        if let Some(slot) = self.merges.get_mut(index) {
-            *slot = Some(value.clone());
-        }
+        self.store(slot, &value);
         value
     }
 
@@ -300,64 +404,67 @@ impl<'a> Machine<'a> {
             }
             _ => {}
         }
-        let a = self.eval(lhs, focus);
-        let b = self.eval(rhs, focus);
-        match op {
-            BinaryOp::Eq => Value::Bool(a == b),
-            BinaryOp::Ne => Value::Bool(a != b),
-            BinaryOp::Lt => Value::Bool(a.compare(&b) == Some(Ordering::Less)),
-            BinaryOp::Le => Value::Bool(matches!(
-                a.compare(&b),
+        let a = self.eval_ref(lhs, focus);
+        let b = self.eval_ref(rhs, focus);
+        match (op, &*a, &*b) {
+            (BinaryOp::Eq, a, b) => Value::Bool(a == b),
+            (BinaryOp::Ne, a, b) => Value::Bool(a != b),
+            (BinaryOp::Lt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Less)),
+            (BinaryOp::Le, a, b) => Value::Bool(matches!(
+                a.compare(b),
                 Some(Ordering::Less | Ordering::Equal)
             )),
-            BinaryOp::Gt => Value::Bool(a.compare(&b) == Some(Ordering::Greater)),
-            BinaryOp::Ge => Value::Bool(matches!(
-                a.compare(&b),
+            (BinaryOp::Gt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Greater)),
+            (BinaryOp::Ge, a, b) => Value::Bool(matches!(
+                a.compare(b),
                 Some(Ordering::Greater | Ordering::Equal)
             )),
-            BinaryOp::In => Value::Bool(b.items().contains(&a)),
-            BinaryOp::NotIn => Value::Bool(!b.items().contains(&a)),
-            BinaryOp::Add => match (a, b) {
-                (Value::Number(x), Value::Number(y)) => number(x + y),
-                (Value::Duration(x), Value::Duration(y)) => Value::Duration(x.saturating_add(y)),
-                (Value::String(x), Value::String(y)) => Value::String(Arc::from(format!("{x}{y}"))),
-                _ => Value::Null,
-            },
-            BinaryOp::Sub => match (a, b) {
-                (Value::Number(x), Value::Number(y)) => number(x - y),
-                (Value::Duration(x), Value::Duration(y)) => Value::Duration(x.saturating_sub(y)),
-                _ => Value::Null,
-            },
-            BinaryOp::Mul => match (a, b) {
-                (Value::Number(x), Value::Number(y)) => number(x * y),
-                (Value::Number(n), Value::Duration(d)) | (Value::Duration(d), Value::Number(n)) => {
-                    duration(d as f64 * n)
-                }
-                _ => Value::Null,
-            },
-            BinaryOp::Div => match (a, b) {
-                (Value::Number(x), Value::Number(y)) if y != 0.0 => number(x / y),
-                (Value::Duration(d), Value::Number(n)) if n != 0.0 => duration(d as f64 / n),
-                (Value::Duration(x), Value::Duration(y)) if y != 0 => number(x as f64 / y as f64),
-                _ => Value::Null,
-            },
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Implies => Value::Null,
+            (BinaryOp::In, a, b) => Value::Bool(b.items().contains(a)),
+            (BinaryOp::NotIn, a, b) => Value::Bool(!b.items().contains(a)),
+            (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
+            (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
+                Value::Duration(x.saturating_add(*y))
+            }
+            (BinaryOp::Add, Value::String(x), Value::String(y)) => {
+                Value::String(Arc::from(format!("{x}{y}")))
+            }
+            (BinaryOp::Sub, Value::Number(x), Value::Number(y)) => number(x - y),
+            (BinaryOp::Sub, Value::Duration(x), Value::Duration(y)) => {
+                Value::Duration(x.saturating_sub(*y))
+            }
+            (BinaryOp::Mul, Value::Number(x), Value::Number(y)) => number(x * y),
+            (BinaryOp::Mul, Value::Number(n), Value::Duration(d))
+            | (BinaryOp::Mul, Value::Duration(d), Value::Number(n)) => duration(*d as f64 * n),
+            (BinaryOp::Div, Value::Number(x), Value::Number(y)) if *y != 0.0 => number(x / y),
+            (BinaryOp::Div, Value::Duration(d), Value::Number(n)) if *n != 0.0 => {
+                duration(*d as f64 / n)
+            }
+            (BinaryOp::Div, Value::Duration(x), Value::Duration(y)) if *y != 0 => {
+                number(*x as f64 / *y as f64)
+            }
+            _ => Value::Null,
         }
     }
 
-    fn arg(&mut self, args: &[Term], index: usize, focus: Focus) -> Value {
+    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: Focus) -> Cow<'t, Value>
+    where
+        'a: 't,
+    {
         match args.get(index) {
-            Some(term) => self.eval(term, focus),
-            None => Value::Null,
+            Some(term) => self.eval_ref(term, focus),
+            None => Cow::Owned(Value::Null),
         }
     }
 
-    fn call(&mut self, function: Function, args: &[Term], focus: Focus) -> Value {
-        match function {
+    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: Focus) -> Cow<'t, Value>
+    where
+        'a: 't,
+    {
+        let value = match function {
             // `coalesce` stops at the first present value.
             Function::Coalesce => {
                 for arg in args {
-                    let value = self.eval(arg, focus);
+                    let value = self.eval_ref(arg, focus);
                     if !value.is_null() {
                         return value;
                     }
@@ -370,19 +477,19 @@ impl<'a> Machine<'a> {
                 } else {
                     Ordering::Greater
                 };
-                let mut best = Value::Null;
+                let mut best: Cow<'t, Value> = Cow::Owned(Value::Null);
                 for arg in args {
-                    let value = self.eval(arg, focus);
+                    let value = self.eval_ref(arg, focus);
                     if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
                         best = value;
                     }
                 }
-                best
+                return best;
             }
             Function::Clamp => {
                 let value = self.arg(args, 0, focus);
                 if value.is_null() {
-                    return Value::Null;
+                    return value;
                 }
                 let low = self.arg(args, 1, focus);
                 if value.compare(&low) == Some(Ordering::Less) {
@@ -390,10 +497,9 @@ impl<'a> Machine<'a> {
                 }
                 let high = self.arg(args, 2, focus);
                 if value.compare(&high) == Some(Ordering::Greater) {
-                    high
-                } else {
-                    value
+                    return high;
                 }
+                return value;
             }
             Function::Present => Value::Bool(!self.arg(args, 0, focus).is_null()),
             Function::Empty => Value::Bool(self.arg(args, 0, focus).items().is_empty()),
@@ -410,7 +516,7 @@ impl<'a> Machine<'a> {
                 let (list, item) = (self.arg(args, 0, focus), self.arg(args, 1, focus));
                 list.items()
                     .iter()
-                    .position(|candidate| *candidate == item)
+                    .position(|candidate| *candidate == *item)
                     .map_or(Value::Null, |index| Value::Number(index as f64))
             }
             Function::Contains | Function::StartsWith => {
@@ -427,34 +533,35 @@ impl<'a> Machine<'a> {
                 Some(text) => Value::String(Arc::from(text.to_lowercase())),
                 None => Value::Null,
             },
-            Function::Seconds => match self.arg(args, 0, focus) {
+            Function::Seconds => match *self.arg(args, 0, focus) {
                 Value::Duration(ms) => Value::Number(ms as f64 / 1000.0),
                 _ => Value::Null,
             },
-            Function::Backoff => {
-                let (
-                    Value::Duration(base),
-                    Value::Number(factor),
-                    Value::Duration(max),
-                    Value::Number(jitter),
-                ) = (
-                    self.arg(args, 0, focus),
-                    self.arg(args, 1, focus),
-                    self.arg(args, 2, focus),
-                    self.arg(args, 3, focus),
-                )
-                else {
-                    return Value::Null;
-                };
-                let retries = i32::try_from(self.progress.retries).unwrap_or(i32::MAX);
-                let full = (base as f64 * factor.max(0.0).powi(retries)).min(max as f64);
-                let jitter = jitter.clamp(0.0, 1.0);
-                // A `jitter` share of the wait is random, the rest fixed.
-                duration(
-                    full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0),
-                )
-            }
-        }
+            Function::Backoff => self.backoff(args, focus),
+        };
+        Cow::Owned(value)
+    }
+
+    fn backoff(&mut self, args: &[Term], focus: Focus) -> Value {
+        let (
+            Value::Duration(base),
+            Value::Number(factor),
+            Value::Duration(max),
+            Value::Number(jitter),
+        ) = (
+            self.arg(args, 0, focus).into_owned(),
+            self.arg(args, 1, focus).into_owned(),
+            self.arg(args, 2, focus).into_owned(),
+            self.arg(args, 3, focus).into_owned(),
+        )
+        else {
+            return Value::Null;
+        };
+        let retries = i32::try_from(self.progress.retries).unwrap_or(i32::MAX);
+        let full = (base as f64 * factor.max(0.0).powi(retries)).min(max as f64);
+        let jitter = jitter.clamp(0.0, 1.0);
+        // A `jitter` share of the wait is random, the rest fixed.
+        duration(full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0))
     }
 
     fn aggregate(
@@ -464,9 +571,23 @@ impl<'a> Machine<'a> {
         filter: Option<&Term>,
         focus: Focus,
     ) -> Value {
-        let members = self.set.clone();
-        let mut values = Vec::new();
-        for member in members {
+        let want = if function == Aggregate::MinOf {
+            Ordering::Less
+        } else {
+            Ordering::Greater
+        };
+        let mut list = Vec::new();
+        let mut best = Value::Null;
+        // True values (`count_of`), or present ones (`avg_of`).
+        let mut count = 0usize;
+        let mut first_is_duration = None;
+        // Float sums start at -0.0, as `Iterator::sum` does.
+        let (mut sum, mut sum_ms) = (-0.0_f64, -0.0_f64);
+        // The set does not change while a term is evaluated.
+        for position in 0..self.set.len() {
+            let Some(&member) = self.set.get(position) else {
+                break;
+            };
             let inner = Focus {
                 current: Some(member),
                 scored: focus.current,
@@ -477,64 +598,54 @@ impl<'a> Machine<'a> {
             {
                 continue;
             }
-            values.push(self.eval(value, inner));
+            let value = self.eval_ref(value, inner);
+            let truth = matches!(*value, Value::Bool(true));
+            match function {
+                Aggregate::CountOf => count += usize::from(truth),
+                // Terms are pure: the first value that decides ends the walk.
+                Aggregate::AllOf if !truth => return Value::Bool(false),
+                Aggregate::AnyOf if truth => return Value::Bool(true),
+                Aggregate::AllOf | Aggregate::AnyOf => {}
+                Aggregate::ListOf => list.push(value.into_owned()),
+                Aggregate::MinOf | Aggregate::MaxOf => {
+                    if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
+                        best = value.into_owned();
+                    }
+                }
+                Aggregate::AvgOf => {
+                    if !value.is_null() {
+                        count += 1;
+                        first_is_duration.get_or_insert(matches!(*value, Value::Duration(_)));
+                        if let Some(ms) = value.as_duration() {
+                            sum_ms += ms as f64;
+                        }
+                        if let Some(n) = value.as_number() {
+                            sum += n;
+                        }
+                    }
+                }
+            }
         }
         match function {
-            Aggregate::CountOf => Value::Number(
-                values
-                    .iter()
-                    .filter(|v| matches!(v, Value::Bool(true)))
-                    .count() as f64,
-            ),
-            Aggregate::AllOf => Value::Bool(values.iter().all(|v| matches!(v, Value::Bool(true)))),
-            Aggregate::AnyOf => Value::Bool(values.iter().any(|v| matches!(v, Value::Bool(true)))),
-            Aggregate::ListOf => Value::List(Arc::from(values)),
-            Aggregate::MinOf | Aggregate::MaxOf => {
-                let want = if function == Aggregate::MinOf {
-                    Ordering::Less
-                } else {
-                    Ordering::Greater
-                };
-                values
-                    .into_iter()
-                    .filter(|v| !v.is_null())
-                    .fold(Value::Null, |best, value| {
-                        if best.is_null() || value.compare(&best) == Some(want) {
-                            value
-                        } else {
-                            best
-                        }
-                    })
-            }
-            Aggregate::AvgOf => {
-                let present: Vec<&Value> = values.iter().filter(|v| !v.is_null()).collect();
-                if present.is_empty() {
-                    return Value::Null;
-                }
-                let count = present.len() as f64;
-                match present.first() {
-                    Some(Value::Duration(_)) => {
-                        let sum: f64 = present
-                            .iter()
-                            .filter_map(|v| v.as_duration())
-                            .map(|ms| ms as f64)
-                            .sum();
-                        duration(sum / count)
-                    }
-                    _ => {
-                        let sum: f64 = present.iter().filter_map(|v| v.as_number()).sum();
-                        number(sum / count)
-                    }
-                }
-            }
+            Aggregate::CountOf => Value::Number(count as f64),
+            Aggregate::AllOf => Value::Bool(true),
+            Aggregate::AnyOf => Value::Bool(false),
+            Aggregate::ListOf => Value::List(Arc::from(list)),
+            Aggregate::MinOf | Aggregate::MaxOf => best,
+            Aggregate::AvgOf => match first_is_duration {
+                None => Value::Null,
+                Some(true) => duration(sum_ms / count as f64),
+                Some(false) => number(sum / count as f64),
+            },
         }
     }
 
-    fn read(&mut self, read: &Read, focus: Focus) -> Value {
-        let request = self.request;
-        let data = &self.snapshot.data;
+    fn read(&mut self, read: &Read, focus: Focus) -> Cow<'a, Value> {
+        let request: &'a RequestState = self.request;
+        let snapshot: &'a Snapshot = self.snapshot;
+        let data = &snapshot.data;
         let tenants = &data.tenants;
-        match read {
+        let value = match read {
             Read::RequestId => Value::String(request.id.clone()),
             Read::RequestModel => Value::String(request.model.clone()),
             Read::RequestEndpoint => builtin(request.endpoint.name()),
@@ -544,7 +655,7 @@ impl<'a> Machine<'a> {
             Read::RequestParameters => Value::List(request.parameters.clone()),
             Read::RequestEstimatedTokens => Value::Number(request.estimated_tokens),
             Read::Input(index, path) => {
-                let value = if *index == usize::MAX {
+                if *index == usize::MAX {
                     let fields: Vec<(Arc<str>, Value)> = self
                         .snapshot
                         .program
@@ -553,31 +664,32 @@ impl<'a> Machine<'a> {
                         .zip(request.inputs.iter())
                         .map(|(spec, value)| (Arc::from(spec.name.as_str()), value.clone()))
                         .collect();
-                    return Value::Record(Arc::from(fields));
-                } else {
-                    request.inputs.get(*index).cloned().unwrap_or(Value::Null)
-                };
-                path.iter()
-                    .fold(value, |value, field| value.field(field).clone())
+                    return Cow::Owned(Value::Record(Arc::from(fields)));
+                }
+                let value = request.inputs.get(*index).unwrap_or(&Value::Null);
+                return Cow::Borrowed(path.iter().fold(value, |value, field| value.field(field)));
             }
             Read::TenantId => tenants
                 .tenants
                 .get(request.caller.tenant)
                 .map_or(Value::Null, |tenant| Value::string(&tenant.id)),
-            Read::TenantAttr(index) => tenants
-                .tenants
-                .get(request.caller.tenant)
-                .and_then(|tenant| tenant.attributes.get(*index))
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::TenantAttr(index) => {
+                return borrowed(
+                    tenants
+                        .tenants
+                        .get(request.caller.tenant)
+                        .and_then(|tenant| tenant.attributes.get(*index)),
+                );
+            }
             Read::WorkspaceId => self
                 .workspace()
                 .map_or(Value::Null, |workspace| Value::string(&workspace.id)),
-            Read::WorkspaceAttr(index) => self
-                .workspace()
-                .and_then(|workspace| workspace.attributes.get(*index))
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::WorkspaceAttr(index) => {
+                return borrowed(
+                    self.workspace()
+                        .and_then(|workspace| workspace.attributes.get(*index)),
+                );
+            }
             Read::KeyId => request
                 .caller
                 .key
@@ -585,7 +697,7 @@ impl<'a> Machine<'a> {
                 .map_or(Value::Null, |key| Value::string(&key.id)),
             Read::KeyAttr(index) => {
                 match request.caller.key.and_then(|key| tenants.keys.get(key)) {
-                    Some(key) => key.attributes.get(*index).cloned().unwrap_or(Value::Null),
+                    Some(key) => return borrowed(key.attributes.get(*index)),
                     // Without a key (`explain --tenant`), a key attribute is its default.
                     None => data
                         .schema
@@ -596,13 +708,8 @@ impl<'a> Machine<'a> {
                         .unwrap_or(Value::Null),
                 }
             }
-            Read::Setting(index) => request.settings.get(*index).cloned().unwrap_or(Value::Null),
-            Read::DeploymentAttr(index) => self
-                .snapshot
-                .deployment
-                .get(*index)
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::Setting(index) => return borrowed(request.settings.get(*index)),
+            Read::DeploymentAttr(index) => return borrowed(snapshot.deployment.get(*index)),
             Read::Attempt => Value::Number(f64::from(self.progress.attempt)),
             Read::Attempts => Value::Number(f64::from(self.progress.attempts)),
             Read::Retries => Value::Number(f64::from(self.progress.retries)),
@@ -621,11 +728,14 @@ impl<'a> Machine<'a> {
             Read::UpstreamErrorCode => text(self.outcome.and_then(|o| o.error_code.clone())),
             Read::UpstreamErrorType => text(self.outcome.and_then(|o| o.error_type.clone())),
             Read::UpstreamErrorMessage => text(self.outcome.and_then(|o| o.error_message.clone())),
-            candidate_read => match focus.current {
-                Some(candidate) => self.read_candidate(candidate_read, candidate),
-                None => Value::Null,
-            },
-        }
+            candidate_read => {
+                return match focus.current {
+                    Some(candidate) => self.read_candidate(candidate_read, candidate),
+                    None => Cow::Owned(Value::Null),
+                };
+            }
+        };
+        Cow::Owned(value)
     }
 
     fn workspace(&self) -> Option<&'a crate::data::Workspace> {
@@ -637,51 +747,54 @@ impl<'a> Machine<'a> {
             .get(self.request.caller.workspace)
     }
 
-    fn read_candidate(&self, read: &Read, index: usize) -> Value {
-        let Some(candidate) = self.candidates.get(index) else {
-            return Value::Null;
+    fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
+        let candidates: &'a [Candidate] = self.candidates;
+        let snapshot: &'a Snapshot = self.snapshot;
+        let Some(candidate) = candidates.get(index) else {
+            return Cow::Owned(Value::Null);
         };
-        let catalog = &self.snapshot.data.catalog;
-        let interned = &self.snapshot.interned;
+        let catalog = &snapshot.data.catalog;
+        let interned = &snapshot.interned;
         let model = candidate.model.and_then(|m| catalog.models.get(m));
         let route = model.and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
         let provider = catalog.providers.get(candidate.provider);
         let credential = provider.and_then(|p| p.credentials.get(candidate.credential));
         let health = self.health.get(index);
-        let from = |values: &Vec<Value>, at: Option<usize>| {
-            at.and_then(|i| values.get(i))
-                .cloned()
-                .unwrap_or(Value::Null)
+        let from = |values: &'a Vec<Value>, at: Option<usize>| -> Cow<'a, Value> {
+            borrowed(at.and_then(|i| values.get(i)))
         };
-        match read {
+        let value = match read {
             Read::ModelId => match candidate.model {
-                Some(model) => from(&interned.model_id, Some(model)),
+                Some(model) => return from(&interned.model_id, Some(model)),
                 None => Value::String(candidate.requested.id.clone()),
             },
             Read::ModelKind => match candidate.model {
-                Some(model) => from(&interned.model_kind, Some(model)),
+                Some(model) => return from(&interned.model_kind, Some(model)),
                 None => builtin(self.request.endpoint.kind().name()),
             },
             Read::ModelAliases => match candidate.model {
-                Some(model) => from(&interned.model_aliases, Some(model)),
+                Some(model) => return from(&interned.model_aliases, Some(model)),
                 None => Value::List(Arc::from(Vec::new())),
             },
             Read::ModelAttr(attr) => match model {
-                Some(model) => model.attributes.get(*attr).cloned().unwrap_or(Value::Null),
+                Some(model) => return borrowed(model.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.model, *attr),
             },
-            Read::ProviderId => from(&interned.provider_id, Some(candidate.provider)),
-            Read::ProviderName => from(&interned.provider_name, Some(candidate.provider)),
-            Read::ProviderAliases => from(&interned.provider_aliases, Some(candidate.provider)),
-            Read::ProviderFormat => from(&interned.provider_format, Some(candidate.provider)),
+            Read::ProviderId => return from(&interned.provider_id, Some(candidate.provider)),
+            Read::ProviderName => return from(&interned.provider_name, Some(candidate.provider)),
+            Read::ProviderAliases => {
+                return from(&interned.provider_aliases, Some(candidate.provider));
+            }
+            Read::ProviderFormat => {
+                return from(&interned.provider_format, Some(candidate.provider));
+            }
             Read::ProviderPriority => provider.map_or(Value::Null, |p| Value::Number(p.priority)),
             Read::ProviderListed => provider
                 .and_then(|p| p.listed)
                 .map_or(Value::Null, Value::Date),
-            Read::ProviderAttr(attr) => provider
-                .and_then(|p| p.attributes.get(*attr))
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::ProviderAttr(attr) => {
+                return borrowed(provider.and_then(|p| p.attributes.get(*attr)));
+            }
             Read::RouteUpstreamModel => Value::String(candidate.upstream_model.clone()),
             Read::RoutePrice(field) => {
                 let price = route.map(|r| r.price).unwrap_or_default();
@@ -693,27 +806,29 @@ impl<'a> Machine<'a> {
                 };
                 value.map_or(Value::Null, Value::Number)
             }
-            Read::RouteCapabilities => candidate
-                .model
-                .zip(candidate.route)
-                .and_then(|(m, r)| {
+            Read::RouteCapabilities => {
+                match candidate.model.zip(candidate.route).and_then(|(m, r)| {
                     interned
                         .route_capabilities
                         .get(m)
                         .and_then(|routes| routes.get(r))
-                })
-                .cloned()
-                .unwrap_or_else(|| Value::List(Arc::from(Vec::new()))),
+                }) {
+                    Some(capabilities) => return Cow::Borrowed(capabilities),
+                    None => Value::List(Arc::from(Vec::new())),
+                }
+            }
             Read::RouteAttr(attr) => match route {
-                Some(route) => route.attributes.get(*attr).cloned().unwrap_or(Value::Null),
+                Some(route) => return borrowed(route.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.route, *attr),
             },
-            Read::CredentialId => interned
-                .credential_id
-                .get(candidate.provider)
-                .and_then(|ids| ids.get(candidate.credential))
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::CredentialId => {
+                return borrowed(
+                    interned
+                        .credential_id
+                        .get(candidate.provider)
+                        .and_then(|ids| ids.get(candidate.credential)),
+                );
+            }
             Read::CredentialOwned => Value::Bool(credential.is_some_and(|c| {
                 let tenant = self
                     .snapshot
@@ -725,10 +840,9 @@ impl<'a> Machine<'a> {
                     .as_deref()
                     .is_some_and(|owner| tenant.is_some_and(|t| t.id == owner))
             })),
-            Read::CredentialAttr(attr) => credential
-                .and_then(|c| c.attributes.get(*attr))
-                .cloned()
-                .unwrap_or(Value::Null),
+            Read::CredentialAttr(attr) => {
+                return borrowed(credential.and_then(|c| c.attributes.get(*attr)));
+            }
             Read::HealthPaused => Value::Bool(health.is_some_and(CandidateHealth::paused)),
             Read::HealthPenalized => Value::Bool(health.is_some_and(|h| h.penalized)),
             Read::HealthStrikes => Value::Number(f64::from(health.map_or(0, |h| h.strikes))),
@@ -756,7 +870,8 @@ impl<'a> Machine<'a> {
             }),
             Read::RequestedId => Value::String(candidate.requested.id.clone()),
             _ => Value::Null,
-        }
+        };
+        Cow::Owned(value)
     }
 
     /// An attribute of a model or route the catalog does not describe (an
@@ -780,6 +895,11 @@ fn to_member(members: &[String], name: Arc<str>) -> Value {
         }),
         None => Value::Null,
     }
+}
+
+/// A value read from the snapshot or the request; absent when it is not there.
+fn borrowed(value: Option<&Value>) -> Cow<'_, Value> {
+    value.map_or(Cow::Owned(Value::Null), Cow::Borrowed)
 }
 
 fn text(value: Option<Arc<str>>) -> Value {

@@ -121,20 +121,53 @@ pub struct RequestContext<'a> {
     pub rotation: u64,
 }
 
-/// Body fields that ask for a capability routes must support
-/// (`request.parameters`), by the name routes list in `capabilities`.
-const CAPABILITY_FIELDS: [(&str, &str); 10] = [
-    ("tools", "tools"),
-    ("tool_choice", "tools"),
-    ("functions", "tools"),
-    ("parallel_tool_calls", "tools"),
-    ("reasoning", "reasoning"),
-    ("reasoning_effort", "reasoning"),
-    ("thinking", "reasoning"),
-    ("response_format", "response_format"),
-    ("logprobs", "logprobs"),
-    ("web_search_options", "web_search"),
+/// The capabilities `request.parameters` can list, by the name routes list
+/// in `capabilities`, in the order it lists them.
+const CAPABILITIES: [&str; 5] = [
+    "tools",
+    "reasoning",
+    "response_format",
+    "logprobs",
+    "web_search",
 ];
+
+/// The capability a body field asks for, as an index into [`CAPABILITIES`].
+fn capability_of(field: &str) -> Option<usize> {
+    match field {
+        "tools" | "tool_choice" | "functions" | "parallel_tool_calls" => Some(0),
+        "reasoning" | "reasoning_effort" | "thinking" => Some(1),
+        "response_format" => Some(2),
+        "logprobs" => Some(3),
+        "web_search_options" => Some(4),
+        _ => None,
+    }
+}
+
+/// `request.parameters` for a body: one pass over its fields, values shared
+/// between requests.
+fn parameters_of(body: &serde_json::Map<String, Json>) -> Arc<[Value]> {
+    static NAMES: std::sync::LazyLock<Vec<Value>> =
+        std::sync::LazyLock::new(|| CAPABILITIES.into_iter().map(Value::string).collect());
+    static NONE: std::sync::LazyLock<Arc<[Value]>> =
+        std::sync::LazyLock::new(|| Arc::from(Vec::new()));
+    let mut asked = [false; CAPABILITIES.len()];
+    for (field, value) in body {
+        if let Some(slot) = capability_of(field).and_then(|index| asked.get_mut(index))
+            && !value.is_null()
+        {
+            *slot = true;
+        }
+    }
+    if !asked.contains(&true) {
+        return NONE.clone();
+    }
+    NAMES
+        .iter()
+        .zip(asked)
+        .filter(|(_, asked)| *asked)
+        .map(|(name, _)| name.clone())
+        .collect()
+}
 
 /// Request-level values, fixed once inputs and merges are known. A plan
 /// keeps them for the rest of the request.
@@ -343,7 +376,7 @@ fn decide(
     tracing: bool,
 ) -> Result<Plan, Refusal> {
     let program = &snapshot.program;
-    let Some(body) = context.body.filter(|body| body.is_object()) else {
+    let Some(body) = context.body.and_then(Json::as_object) else {
         trace.refused = Some(String::from("the body is not a JSON object"));
         return Err(match program.malformed_body {
             Some(error) => execution::refusal(snapshot, error, context),
@@ -358,20 +391,12 @@ fn decide(
     if tracing {
         trace.model = model.to_string();
     }
-    let mut parameters: Vec<Value> = Vec::new();
-    for (field, capability) in CAPABILITY_FIELDS {
-        if body.get(field).is_some_and(|v| !v.is_null())
-            && !parameters.iter().any(|p| p.as_str() == Some(capability))
-        {
-            parameters.push(Value::string(capability));
-        }
-    }
     let mut request = RequestState {
         id: Arc::from(context.id),
         model,
         endpoint: context.endpoint,
         stream: body.get("stream").and_then(Json::as_bool).unwrap_or(false),
-        parameters: Arc::from(parameters),
+        parameters: parameters_of(body),
         estimated_tokens: (context.body_bytes / 4) as f64,
         caller: context.caller,
         inputs: Vec::new(),
@@ -425,7 +450,7 @@ fn decide(
     }
 
     // Validation, then merges.
-    {
+    if !program.rejects.is_empty() || !program.merges.is_empty() {
         let mut machine = Machine::new(snapshot, &request, &[], &[]);
         for reject in &program.rejects {
             if machine.truth(&reject.condition, Focus::default()) {
@@ -440,13 +465,7 @@ fn decide(
         }
         let mut merges = Vec::new();
         for (index, spec) in program.merges.iter().enumerate() {
-            let value = machine.eval(
-                &crate::language::ir::Term::new(
-                    crate::language::ir::TermKind::Merge(index),
-                    Span::default(),
-                ),
-                Focus::default(),
-            );
+            let value = machine.merge(index);
             if let Some(error) = spec.strict {
                 let requested = machine.eval(&spec.request, Focus::default());
                 if !requested.is_null() && requested != value {
@@ -498,14 +517,28 @@ fn decide(
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
     let mut kept: Vec<usize> = Vec::with_capacity(candidates.len());
     for (step_index, step) in program.steps.iter().enumerate() {
+        // The set as the step found it, also for the error a refusal reads.
         machine.set_candidates(&remaining);
         kept.clear();
-        kept.extend(
-            remaining
-                .iter()
-                .copied()
-                .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate))),
-        );
+        // A condition the request alone settles is not asked per candidate
+        // (for a single candidate, asking is no dearer than settling).
+        let settled = snapshot
+            .guards
+            .get(step_index)
+            .filter(|_| remaining.len() > 1)
+            .and_then(|guard| machine.settled(guard));
+        match settled {
+            Some(true) => kept.extend_from_slice(&remaining),
+            Some(false) => {}
+            None => {
+                kept.extend(
+                    remaining
+                        .iter()
+                        .copied()
+                        .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate))),
+                );
+            }
+        }
         // An exclusive preference that nothing satisfies keeps everything.
         if kept.is_empty() && step.kind == StepKind::PreferExclusively {
             kept.extend_from_slice(&remaining);
@@ -545,24 +578,23 @@ fn decide(
     if tracing {
         trace.keys = keys
             .iter()
-            .map(|(key, sort)| KeyTrace {
-                span: key.term.span,
-                descending: key.descending,
-                sort: sort.clone(),
+            .map(|key| KeyTrace {
+                span: key.spec.term.span,
+                descending: key.spec.descending,
+                sort: key.sort.map(str::to_string),
             })
             .collect();
-    }
-    let key_specs: Vec<&crate::language::ir::SortKeySpec> =
-        keys.iter().map(|(key, _)| *key).collect();
-    let mut ordered = remaining.clone();
-    let values = order::sort_by_keys(&mut machine, &mut ordered, &key_specs);
-    if tracing {
-        for (candidate, key_values) in values {
+        for (candidate, key_values) in
+            order::sort_by_keys_traced(&mut machine, &mut remaining, &keys)
+        {
             if let Some(entry) = trace.candidates.get_mut(candidate) {
                 entry.keys = key_values.iter().map(Value::to_string).collect();
             }
         }
+    } else {
+        order::sort_by_keys(&mut machine, &mut remaining, &keys);
     }
+    let mut ordered = remaining;
     for spec in &program.balance {
         let applies = match &spec.when {
             Some(when) => machine.truth(when, Focus::default()),
@@ -582,14 +614,8 @@ fn decide(
     }
 
     // The plan: the first, then the rest as `reorder` says.
-    if ordered.len() > 1 && !program.failover.reorder.is_empty() {
-        let reorder: Vec<&crate::language::ir::SortKeySpec> =
-            program.failover.reorder.iter().collect();
-        if let Some(rest) = ordered.get_mut(1..) {
-            let mut rest_vec = rest.to_vec();
-            order::sort_by_keys(&mut machine, &mut rest_vec, &reorder);
-            rest.copy_from_slice(&rest_vec);
-        }
+    if let Some(rest) = ordered.get_mut(1..) {
+        order::sort_by_keys(&mut machine, rest, &program.failover.reorder);
     }
     let attempts = machine
         .eval(&program.failover.attempts, Focus::default())
@@ -613,12 +639,34 @@ fn decide(
             }
         }
     }
-    let planned = ordered
-        .iter()
-        .filter_map(|index| candidates.get(*index))
-        .cloned()
-        .collect();
     drop(machine);
+    // The candidates move into the plan in attempt order, in place: the
+    // unplanned dropped, then each moved to its position.
+    let mut rank = kept;
+    rank.clear();
+    rank.resize(candidates.len(), usize::MAX);
+    for (position, candidate) in ordered.iter().enumerate() {
+        if let Some(slot) = rank.get_mut(*candidate) {
+            *slot = position;
+        }
+    }
+    let mut planned = candidates;
+    let mut index = 0;
+    planned.retain(|_| {
+        let keep = rank.get(index).is_some_and(|r| *r != usize::MAX);
+        index += 1;
+        keep
+    });
+    rank.retain(|r| *r != usize::MAX);
+    for slot in 0..rank.len() {
+        while let Some(&target) = rank.get(slot).filter(|target| **target != slot) {
+            if target >= rank.len() {
+                break;
+            }
+            planned.swap(slot, target);
+            rank.swap(slot, target);
+        }
+    }
     Ok(Plan {
         request: Arc::new(request),
         candidates: planned,

@@ -3,39 +3,29 @@
 use super::machine::{Focus, Machine};
 use crate::language::ir::{OrderPart, SortKeySpec, StrategySpec};
 use crate::value::Value;
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 /// Stable-sorts candidate indices by the keys (the first key that differs
-/// decides). Returns each candidate's key values, for the trace.
-pub fn sort_by_keys(
+/// decides).
+pub fn sort_by_keys<K: AsRef<SortKeySpec>>(
     machine: &mut Machine<'_>,
     candidates: &mut [usize],
-    keys: &[&SortKeySpec],
+    keys: &[K],
+) {
+    sort_rows(machine, candidates, keys);
+}
+
+/// Sorts as [`sort_by_keys`] does and returns each candidate's key values,
+/// for the trace.
+pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
+    machine: &mut Machine<'_>,
+    candidates: &mut [usize],
+    keys: &[K],
 ) -> Vec<(usize, Vec<Value>)> {
-    if keys.is_empty() || candidates.len() < 2 {
-        return Vec::new();
-    }
-    // Every key of every candidate, evaluated once: row `i` holds the keys of
-    // `candidates[i]`.
-    let width = keys.len();
-    let mut values: Vec<Value> = Vec::with_capacity(candidates.len() * width);
-    for candidate in candidates.iter() {
-        let focus = Focus::on(*candidate);
-        for key in keys {
-            values.push(machine.eval(&key.term, focus));
-        }
-    }
-    let mut rows: Vec<usize> = (0..candidates.len()).collect();
-    rows.sort_by(|a, b| {
-        let row = |r: usize| values.get(r * width..(r + 1) * width).unwrap_or(&[]);
-        compare_keys(row(*a), row(*b), keys)
-    });
     let original: Vec<usize> = candidates.to_vec();
-    for (slot, row) in candidates.iter_mut().zip(&rows) {
-        if let Some(candidate) = original.get(*row) {
-            *slot = *candidate;
-        }
-    }
+    let values = sort_rows(machine, candidates, keys);
+    let width = keys.len();
     original
         .iter()
         .enumerate()
@@ -45,14 +35,53 @@ pub fn sort_by_keys(
                 values
                     .get(row * width..(row + 1) * width)
                     .unwrap_or(&[])
-                    .to_vec(),
+                    .iter()
+                    .map(|value| value.clone().into_owned())
+                    .collect(),
             )
         })
         .collect()
 }
 
-fn compare_keys(a: &[Value], b: &[Value], keys: &[&SortKeySpec]) -> Ordering {
+/// Sorts the candidates; returns the key matrix, row `i` holding the keys
+/// of the candidate that was at position `i` before the sort (empty when
+/// nothing needed sorting).
+fn sort_rows<'a: 'k, 'k, K: AsRef<SortKeySpec>>(
+    machine: &mut Machine<'a>,
+    candidates: &mut [usize],
+    keys: &'k [K],
+) -> Vec<Cow<'k, Value>> {
+    if keys.is_empty() || candidates.len() < 2 {
+        return Vec::new();
+    }
+    // Every key of every candidate, evaluated once.
+    let width = keys.len();
+    let mut values = Vec::with_capacity(candidates.len() * width);
+    for candidate in candidates.iter() {
+        let focus = Focus::on(*candidate);
+        for key in keys {
+            values.push(machine.eval_ref(&key.as_ref().term, focus));
+        }
+    }
+    // (candidate, row) pairs, sorted by the rows' keys.
+    let mut rows: Vec<(usize, usize)> = candidates.iter().copied().zip(0..).collect();
+    rows.sort_by(|(_, a), (_, b)| {
+        let row = |r: usize| values.get(r * width..(r + 1) * width).unwrap_or(&[]);
+        compare_keys(row(*a), row(*b), keys)
+    });
+    for (slot, (candidate, _)) in candidates.iter_mut().zip(&rows) {
+        *slot = *candidate;
+    }
+    values
+}
+
+fn compare_keys<K: AsRef<SortKeySpec>>(
+    a: &[Cow<'_, Value>],
+    b: &[Cow<'_, Value>],
+    keys: &[K],
+) -> Ordering {
     for ((x, y), key) in a.iter().zip(b).zip(keys) {
+        let key = key.as_ref();
         let ordering = if x.is_null() || y.is_null() {
             // Absent values keep their place (last, or first) whatever the direction.
             x.sort_cmp(y, key.nulls_first)
@@ -68,22 +97,34 @@ fn compare_keys(a: &[Value], b: &[Value], keys: &[&SortKeySpec]) -> Ordering {
     Ordering::Equal
 }
 
-/// The sort keys `order` applies for this request, with a label for each.
-pub fn order_keys<'p>(
-    machine: &mut Machine<'_>,
-    parts: &'p [OrderPart],
-) -> Vec<(&'p SortKeySpec, Option<String>)> {
-    let mut keys = Vec::new();
+/// A sort key `order` applies, with the named sort it came from.
+pub struct OrderKey<'p> {
+    pub spec: &'p SortKeySpec,
+    pub sort: Option<&'p str>,
+}
+
+impl AsRef<SortKeySpec> for OrderKey<'_> {
+    fn as_ref(&self) -> &SortKeySpec {
+        self.spec
+    }
+}
+
+/// The sort keys `order` applies for this request.
+pub fn order_keys<'p>(machine: &mut Machine<'_>, parts: &'p [OrderPart]) -> Vec<OrderKey<'p>> {
+    let mut keys = Vec::with_capacity(parts.len());
     for part in parts {
         match part {
-            OrderPart::By(key) => keys.push((key, None)),
+            OrderPart::By(spec) => keys.push(OrderKey { spec, sort: None }),
             OrderPart::UseSort { selector, sorts } => {
                 let chosen = machine.eval(selector, Focus::default());
                 let name = chosen.as_str().unwrap_or("");
                 if let Some((sort_name, sort_keys)) =
                     sorts.iter().find(|(sort_name, _)| sort_name == name)
                 {
-                    keys.extend(sort_keys.iter().map(|key| (key, Some(sort_name.clone()))));
+                    keys.extend(sort_keys.iter().map(|spec| OrderKey {
+                        spec,
+                        sort: Some(sort_name.as_str()),
+                    }));
                 }
             }
         }
