@@ -22,6 +22,10 @@ for dir in "$policies"/*/; do
         { cat "$dir/catalog.yaml"; printf '\0'; cat "$dir/tenants.yaml"; } > "$seeds/data/$name"
     fi
 done
+# JSON catalogs take the JSON reader (and the YAML one again on a mistake).
+for catalog in "$here"/../tests/diagnostics/data/*.json; do
+    { cat "$catalog"; printf '\0'; cat "$here/../tests/diagnostics/data/tenants.yaml"; } > "$seeds/data/$(basename "$catalog")"
+done
 
 # expression: a few hand-written expressions covering every construct
 # (kept in the repository; only (re)written here when missing).
