@@ -803,9 +803,8 @@ impl Exchange {
             Err(ReadError::TimedOut) => return failed_as(OutcomeClass::Timeout),
         };
         let first_byte = begun.elapsed();
-        let json = match serde_json::from_slice::<serde_json::Value>(&body) {
-            Ok(json) if json.is_object() => json,
-            _ => return malformed(),
+        let Some(usage) = wire::whole_answer_usage(&body) else {
+            return malformed();
         };
         let mut headers = self
             .plan
@@ -822,7 +821,6 @@ impl Exchange {
                 .insert(header::CONTENT_TYPE, content_type);
         }
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case("content-type"));
-        let usage = wire::usage_of(&json);
         self.record_served(index, begun, Some(first_byte), usage, false);
         self.report.status = status;
         link.respond(respond::with_headers(response, &headers));
