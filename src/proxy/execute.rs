@@ -661,7 +661,12 @@ impl Exchange {
         };
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let headers_deadline = by_attempt(begun_ms.saturating_add(timeouts.headers_ms));
-        let send = client.post(&url).headers(headers).body(body).send();
+        let request = match self.proxy.clients.url(&url) {
+            Some(parsed) => client.post(parsed),
+            // reqwest reports the bad URL as the attempt's error.
+            None => client.post(&url),
+        };
+        let send = request.headers(headers).body(body).send();
         tokio::pin!(send);
         let response = loop {
             let holding = self.holding(link);

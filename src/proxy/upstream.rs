@@ -18,7 +18,14 @@ use std::time::Duration;
 #[derive(Default)]
 pub struct Clients {
     by_connect_ms: Mutex<HashMap<u64, reqwest::Client>>,
+    /// Upstream URLs as parsed: parsing one costs more than building the
+    /// rest of a request.
+    urls: Mutex<HashMap<String, reqwest::Url>>,
 }
+
+/// Parsed URLs kept at most; a catalog has a handful (providers times
+/// endpoints), so only reloads that keep changing them reach this.
+const MAX_URLS: usize = 1024;
 
 impl Clients {
     pub fn get(&self, connect_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
@@ -40,6 +47,23 @@ impl Clients {
             .build()?;
         clients.insert(connect_ms, client.clone());
         Ok(client)
+    }
+
+    /// `text` parsed, or `None` when it is not a URL.
+    pub fn url(&self, text: &str) -> Option<reqwest::Url> {
+        let mut urls = self
+            .urls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(url) = urls.get(text) {
+            return Some(url.clone());
+        }
+        let url = reqwest::Url::parse(text).ok()?;
+        if urls.len() >= MAX_URLS {
+            urls.clear();
+        }
+        urls.insert(text.to_string(), url.clone());
+        Some(url)
     }
 }
 
