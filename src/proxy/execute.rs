@@ -872,7 +872,8 @@ impl Exchange {
         let first_byte: Option<Duration>;
         'first: loop {
             while let Some(event) = pending.pop_front() {
-                match event.kind(endpoint) {
+                let (kind, reported) = event.meaning(endpoint);
+                match kind {
                     EventKind::Comment => held.push(event.raw),
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
                     EventKind::Error => {
@@ -880,7 +881,7 @@ impl Exchange {
                     }
                     kind => {
                         first_byte = Some(begun.elapsed());
-                        usage = event.usage().or(usage);
+                        usage = reported.or(usage);
                         finished |= kind == EventKind::Finished;
                         held.push(event.raw);
                         if kind == EventKind::Sentinel {
@@ -923,7 +924,7 @@ impl Exchange {
         // Committed: nothing fails over from here on.
         loop {
             while let Some(event) = pending.pop_front() {
-                let kind = event.kind(endpoint);
+                let (kind, reported) = event.meaning(endpoint);
                 match kind {
                     EventKind::Malformed => {
                         return failed(
@@ -936,7 +937,7 @@ impl Exchange {
                     }
                     _ => {}
                 }
-                usage = event.usage().or(usage);
+                usage = reported.or(usage);
                 finished |= kind == EventKind::Finished;
                 if kind == EventKind::Sentinel {
                     self.record_served(index, begun, first_byte, usage, true);

@@ -80,23 +80,41 @@ pub enum EventKind {
 }
 
 impl Event {
-    /// Classifies the event for `endpoint`'s stream.
-    pub fn kind(&self, endpoint: Endpoint) -> EventKind {
+    /// What the event means for `endpoint`'s stream, and the usage
+    /// figures it reports, if any: (input, output) tokens. Its data is
+    /// parsed once for both.
+    pub fn meaning(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
         if self.data.is_empty() && self.name.is_none() {
-            return EventKind::Comment;
+            return (EventKind::Comment, None);
         }
         if self.data.trim() == "[DONE]" {
-            return match endpoint {
+            let kind = match endpoint {
                 Endpoint::ChatCompletions | Endpoint::Completions => EventKind::Sentinel,
                 _ => EventKind::Malformed,
             };
+            return (kind, None);
         }
         let Ok(data) = serde_json::from_str::<Json>(&self.data) else {
-            return EventKind::Malformed;
+            return (EventKind::Malformed, None);
         };
         if !data.is_object() {
-            return EventKind::Malformed;
+            return (EventKind::Malformed, None);
         }
+        (self.kind_of(&data, endpoint), usage_in_event(&data))
+    }
+
+    /// What the event means for `endpoint`'s stream.
+    pub fn kind(&self, endpoint: Endpoint) -> EventKind {
+        self.meaning(endpoint).0
+    }
+
+    /// Usage figures the event reports, if any: (input, output) tokens.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let data: Json = serde_json::from_str(&self.data).ok()?;
+        usage_in_event(&data)
+    }
+
+    fn kind_of(&self, data: &Json, endpoint: Endpoint) -> EventKind {
         let event_type = data
             .get("type")
             .and_then(Json::as_str)
@@ -143,14 +161,14 @@ impl Event {
             Endpoint::Embeddings => EventKind::Malformed,
         }
     }
+}
 
-    /// Usage figures the event reports, if any: (input, output) tokens.
-    pub fn usage(&self) -> Option<(u64, u64)> {
-        let data: Json = serde_json::from_str(&self.data).ok()?;
-        usage_of(&data)
-            .or_else(|| data.get("message").and_then(usage_of))
-            .or_else(|| data.get("response").and_then(usage_of))
-    }
+/// An event's usage: at its top level, or in the message (Anthropic) or
+/// response (Responses) it reports on.
+fn usage_in_event(data: &Json) -> Option<(u64, u64)> {
+    usage_of(data)
+        .or_else(|| data.get("message").and_then(usage_of))
+        .or_else(|| data.get("response").and_then(usage_of))
 }
 
 /// Usage in either format: OpenAI's `prompt_tokens`/`completion_tokens` or
@@ -344,11 +362,14 @@ mod tests {
             event(
                 "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n"
             )
-            .kind(chat),
+            .meaning(chat)
+            .0,
             EventKind::Content
         );
         assert_eq!(
-            event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n").kind(chat),
+            event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n")
+                .meaning(chat)
+                .0,
             EventKind::Finished
         );
         assert_eq!(
@@ -357,12 +378,16 @@ mod tests {
         );
         assert_eq!(event(": keep-alive\n\n").kind(chat), EventKind::Comment);
         assert_eq!(
-            event("data: {\"error\":{\"message\":\"x\"}}\n\n").kind(chat),
+            event("data: {\"error\":{\"message\":\"x\"}}\n\n")
+                .meaning(chat)
+                .0,
             EventKind::Error
         );
         let messages = Endpoint::Messages;
         assert_eq!(
-            event("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n").kind(messages),
+            event("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+                .meaning(messages)
+                .0,
             EventKind::Sentinel
         );
         assert_eq!(
@@ -373,6 +398,23 @@ mod tests {
         assert_eq!(
             event("data: [DONE]\n\n").kind(messages),
             EventKind::Malformed
+        );
+        // Usage comes from the same parse, wherever the format puts it.
+        assert_eq!(
+            event(
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\n"
+            )
+            .meaning(chat),
+            (EventKind::Content, Some((3, 5)))
+        );
+        assert_eq!(
+            event("data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":2}}}\n\n")
+                .meaning(Endpoint::Responses),
+            (EventKind::Sentinel, Some((7, 2)))
+        );
+        assert_eq!(
+            event("data: [DONE]\n\n").meaning(chat),
+            (EventKind::Sentinel, None)
         );
     }
 
