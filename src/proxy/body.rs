@@ -1,6 +1,7 @@
-//! Response bodies: a whole body, or events pushed one by one from the task
-//! that executes the plan. Chunks go to the client as they arrive; when the
-//! client goes away the channel closes and the task notices.
+//! Response bodies: a whole body, or a stream's events, pushed one by one by
+//! the exchange that the body itself drives. Chunks go to the client as they
+//! arrive; when the client goes away hyper drops the body, and the exchange
+//! with it.
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
@@ -11,7 +12,12 @@ use tokio::sync::mpsc;
 
 pub enum ProxyBody {
     Full(Option<Bytes>),
-    Channel(mpsc::Receiver<Bytes>),
+    Stream {
+        chunks: mpsc::Receiver<Bytes>,
+        /// The exchange that sends the chunks, polled with the body until
+        /// it ends.
+        exchange: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    },
 }
 
 impl ProxyBody {
@@ -34,9 +40,19 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            ProxyBody::Channel(receiver) => receiver
-                .poll_recv(cx)
-                .map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes)))),
+            ProxyBody::Stream { chunks, exchange } => {
+                if let Some(running) = exchange
+                    && running.as_mut().poll(cx).is_ready()
+                {
+                    *exchange = None;
+                }
+                match chunks.poll_recv(cx) {
+                    // The exchange closed the stream but still has to
+                    // finish; it wakes this task when it can go on.
+                    Poll::Ready(None) if exchange.is_some() => Poll::Pending,
+                    polled => polled.map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes)))),
+                }
+            }
         }
     }
 
@@ -48,7 +64,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
-            ProxyBody::Channel(_) => SizeHint::default(),
+            ProxyBody::Stream { .. } => SizeHint::default(),
         }
     }
 }

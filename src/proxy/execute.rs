@@ -4,11 +4,11 @@
 //! `Plan::react`, `Plan::timeouts`, `Plan::headers`); this module performs
 //! the I/O and the waits they ask for.
 
-use super::Proxy;
 use super::body::ProxyBody;
 use super::respond;
 use super::upstream::{Outgoing, outcome_facts};
 use super::wire::{self, EventKind, EventReader};
+use super::{Proxy, RequestLog};
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::evaluate::{
@@ -21,6 +21,7 @@ use futures_util::StreamExt;
 use hyper::header::{self, HeaderValue};
 use hyper::{HeaderMap, Response};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -35,7 +36,9 @@ const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
 const FINISHED_GRACE_MS: u64 = 500;
 
 /// The way back to the client: the response not yet sent, or, once the
-/// headers went out, the body's channel.
+/// headers went out, the body's channel. The exchange runs inside the
+/// request's own future (and then its body), so a client that goes away
+/// drops the exchange with it: nothing here waits for that.
 pub enum Link {
     Pending(oneshot::Sender<Response<ProxyBody>>),
     Open(mpsc::Sender<Bytes>),
@@ -43,17 +46,6 @@ pub enum Link {
 }
 
 impl Link {
-    /// Resolves when the client has gone away.
-    async fn closed(&mut self) {
-        match self {
-            Link::Pending(sender) => sender.closed().await,
-            Link::Open(sender) => sender.closed().await,
-            // Closed after the last answer, or when opening the stream
-            // found the client gone: either way nobody is listening.
-            Link::Closed => {}
-        }
-    }
-
     fn respond(&mut self, response: Response<ProxyBody>) {
         if let Link::Pending(sender) = std::mem::replace(self, Link::Closed) {
             // The client may be gone already; nothing is left to do then.
@@ -67,7 +59,13 @@ impl Link {
             Link::Pending(sender) => {
                 let (chunks, receiver) = mpsc::channel(STREAM_QUEUE);
                 let (parts, _) = head.into_parts();
-                let response = Response::from_parts(parts, ProxyBody::Channel(receiver));
+                let response = Response::from_parts(
+                    parts,
+                    ProxyBody::Stream {
+                        chunks: receiver,
+                        exchange: None,
+                    },
+                );
                 let sent = sender.send(response).is_ok();
                 if sent {
                     *self = Link::Open(chunks);
@@ -111,7 +109,7 @@ enum Attempted {
         outcome: AttemptOutcome,
         passthrough: Option<Passthrough>,
     },
-    /// The client went away.
+    /// The client's end of the answer is gone.
     Cancelled,
 }
 
@@ -154,9 +152,17 @@ pub struct Exchange {
     hold_until_ms: Option<u64>,
     /// Attempts and time so far, as the policy's terms read them.
     progress: Progress,
+    /// The rest of the request's log line; counts it in flight meanwhile.
+    log: RequestLog,
+    /// The attempt under way (candidate, start), which a client that goes
+    /// away ends as `cancelled`.
+    attempting: Option<(usize, Instant)>,
+    /// Whether the log line was written.
+    logged: bool,
 }
 
 impl Exchange {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         proxy: Arc<Proxy>,
         snapshot: Arc<Snapshot>,
@@ -165,6 +171,7 @@ impl Exchange {
         plan: Plan,
         outgoing: Outgoing,
         started_ms: u64,
+        log: RequestLog,
     ) -> Exchange {
         let hold_until_ms = if plan.request.stream && !plan.candidates.is_empty() {
             plan.timeouts(&snapshot, 0)
@@ -185,6 +192,9 @@ impl Exchange {
             head_sent: false,
             hold_until_ms,
             progress: Progress::default(),
+            log,
+            attempting: None,
+            logged: false,
         }
     }
 
@@ -260,8 +270,20 @@ impl Exchange {
             .min()
     }
 
-    /// Runs the plan to its end and answers the client through `link`.
-    pub async fn run(mut self, mut link: Link) -> Report {
+    /// Runs the plan to its end, answers the client through `link`, and
+    /// writes the request's log line.
+    pub async fn run(mut self, mut link: Link) {
+        self.execute(&mut link).await;
+        self.write_log();
+    }
+
+    fn write_log(&mut self) {
+        self.logged = true;
+        self.log
+            .write(&self.proxy, &self.request_id, self.endpoint, &self.report);
+    }
+
+    async fn execute(&mut self, link: &mut Link) {
         let mut tried: Vec<usize> = Vec::new();
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
@@ -304,14 +326,14 @@ impl Exchange {
                     let mut permit = Some(permit);
                     loop {
                         self.progress.attempt += 1;
-                        let attempted = self.attempt(index, &mut link).await;
+                        let attempted = self.attempt(index, link).await;
                         drop(permit.take());
                         match attempted {
                             Attempted::Served { usage, first_byte } => {
                                 self.served(index, usage, first_byte);
-                                return self.report;
+                                return;
                             }
-                            Attempted::Cancelled => return self.cancelled(),
+                            Attempted::Cancelled => return self.cancel(),
                             Attempted::Failed {
                                 outcome,
                                 passthrough,
@@ -327,9 +349,7 @@ impl Exchange {
                                 self.apply_health(index, &reaction);
                                 last = Some((reaction.ending, index, passthrough));
                                 match reaction.action {
-                                    Action::Stop => {
-                                        return self.end(last, &mut link).await;
-                                    }
+                                    Action::Stop => return self.end(last, link).await,
                                     Action::Next => break,
                                     Action::Retry { after_ms } => {
                                         if let Some(rule) = reaction.rule {
@@ -337,10 +357,10 @@ impl Exchange {
                                         }
                                         let wake = self.now_ms().saturating_add(after_ms);
                                         let woke = self
-                                            .wait_until(wake, &mut link, std::future::pending())
+                                            .wait_until(wake, link, std::future::pending())
                                             .await;
                                         if !woke {
-                                            return self.cancelled();
+                                            return self.cancel();
                                         }
                                         match self.proxy.state.try_acquire(
                                             provider.provider(),
@@ -360,7 +380,7 @@ impl Exchange {
                 NextCandidate::Wait => {
                     let now = self.now_ms();
                     if now >= wait_until {
-                        return self.exhausted(&mut link).await;
+                        return self.exhausted(link).await;
                     }
                     if ticket.is_none() {
                         let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
@@ -374,8 +394,8 @@ impl Exchange {
                     if let Some(ms) = self.soonest_available_ms() {
                         wake = wake.min(now.saturating_add(ms.max(1)));
                     }
-                    if !self.wait_until(wake, &mut link, state.changed()).await {
-                        return self.cancelled();
+                    if !self.wait_until(wake, link, state.changed()).await {
+                        return self.cancel();
                     }
                     self.report.waited_ms = self.elapsed_ms();
                 }
@@ -383,9 +403,9 @@ impl Exchange {
             }
         }
         if last.is_none() {
-            return self.exhausted(&mut link).await;
+            return self.exhausted(link).await;
         }
-        self.end(last, &mut link).await
+        self.end(last, link).await
     }
 
     /// Waits until `wake` on the proxy's clock, or until `also` finishes,
@@ -403,7 +423,6 @@ impl Exchange {
         loop {
             let holding = self.holding(link);
             tokio::select! {
-                () = link.closed() => return false,
                 () = clock.sleep_until(self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                 }
@@ -414,10 +433,9 @@ impl Exchange {
     }
 
     /// The client went away: nobody gets an answer, the log says why.
-    fn cancelled(mut self) -> Report {
+    fn cancel(&mut self) {
         self.report.outcome = "cancelled";
         self.report.status = 499;
-        self.report
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
@@ -463,11 +481,7 @@ impl Exchange {
     }
 
     /// Ends with the last attempt's ending.
-    async fn end(
-        mut self,
-        last: Option<(Ending, usize, Option<Passthrough>)>,
-        link: &mut Link,
-    ) -> Report {
+    async fn end(&mut self, last: Option<(Ending, usize, Option<Passthrough>)>, link: &mut Link) {
         let Some((ending, served, passthrough)) = last else {
             return self.exhausted(link).await;
         };
@@ -527,11 +541,10 @@ impl Exchange {
             }
             (Ending::Error(error), _) => self.fail(&error, &headers, link).await,
         }
-        self.report
     }
 
     /// No candidate was available in time, or the budget ran out first.
-    async fn exhausted(mut self, link: &mut Link) -> Report {
+    async fn exhausted(&mut self, link: &mut Link) {
         let budget_spent = self
             .plan
             .budget_ms
@@ -544,7 +557,6 @@ impl Exchange {
             self.progress_now(),
         );
         self.fail(&refusal.error, &refusal.headers, link).await;
-        self.report
     }
 
     /// Answers with an error: the error object, or an error event when the
@@ -570,22 +582,30 @@ impl Exchange {
     /// One attempt at a candidate.
     async fn attempt(&mut self, index: usize, link: &mut Link) -> Attempted {
         let begun = Instant::now();
+        self.attempting = Some((index, begun));
         let attempted = self.attempt_inner(index, link).await;
-        let millis = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let provider = self.provider_id(index);
+        self.attempting = None;
         let outcome = match &attempted {
             Attempted::Served { .. } => String::from("ok"),
             Attempted::Failed { outcome, .. } => outcome.class.name(),
             Attempted::Cancelled => String::from("cancelled"),
         };
-        self.proxy
-            .metrics
-            .upstream(&provider, &outcome, begun.elapsed().as_secs_f64());
         // A served attempt recorded its measurements before its last bytes
         // went out (`record_served`).
         if let (Attempted::Failed { .. }, Some(keys)) = (&attempted, self.keys(index)) {
             self.proxy.state.record(&keys.route, Sample::default());
         }
+        self.record_attempt(index, begun, outcome);
+        attempted
+    }
+
+    /// An attempt's metric and its entry in the log line.
+    fn record_attempt(&mut self, index: usize, begun: Instant, outcome: String) {
+        let millis = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let provider = self.provider_id(index);
+        self.proxy
+            .metrics
+            .upstream(&provider, &outcome, begun.elapsed().as_secs_f64());
         self.report.attempts.push(AttemptRecord {
             credential: self
                 .plan
@@ -597,7 +617,6 @@ impl Exchange {
             outcome,
             millis,
         });
-        attempted
     }
 
     async fn attempt_inner(&mut self, index: usize, link: &mut Link) -> Attempted {
@@ -642,12 +661,16 @@ impl Exchange {
         };
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let headers_deadline = by_attempt(begun_ms.saturating_add(timeouts.headers_ms));
-        let send = client.post(&url).headers(headers).body(body).send();
+        let request = match self.proxy.clients.url(&url) {
+            Some(parsed) => client.post(parsed),
+            // reqwest reports the bad URL as the attempt's error.
+            None => client.post(&url),
+        };
+        let send = request.headers(headers).body(body).send();
         tokio::pin!(send);
         let response = loop {
             let holding = self.holding(link);
             tokio::select! {
-                () = link.closed() => return Attempted::Cancelled,
                 () = clock.sleep_until(self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                 }
@@ -677,9 +700,7 @@ impl Exchange {
                 idle_ms: timeouts.idle_ms,
                 deadline: attempt_deadline,
             };
-            let body = read_body(response, limits, clock, link)
-                .await
-                .unwrap_or_default();
+            let body = read_body(response, limits, clock).await.unwrap_or_default();
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),
@@ -780,17 +801,15 @@ impl Exchange {
             idle_ms: timeouts.idle_ms,
             deadline: attempt_deadline,
         };
-        let body = match read_body(response, limits, state.clock(), link).await {
+        let body = match read_body(response, limits, state.clock()).await {
             Ok(body) => body,
-            Err(ReadError::Cancelled) => return Attempted::Cancelled,
             Err(ReadError::TooLarge) => return malformed(),
             Err(ReadError::Cut) => return failed_as(OutcomeClass::Reset),
             Err(ReadError::TimedOut) => return failed_as(OutcomeClass::Timeout),
         };
         let first_byte = begun.elapsed();
-        let json = match serde_json::from_slice::<serde_json::Value>(&body) {
-            Ok(json) if json.is_object() => json,
-            _ => return malformed(),
+        let Some(usage) = wire::whole_answer_usage(&body) else {
+            return malformed();
         };
         let mut headers = self
             .plan
@@ -807,7 +826,6 @@ impl Exchange {
                 .insert(header::CONTENT_TYPE, content_type);
         }
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case("content-type"));
-        let usage = wire::usage_of(&json);
         self.record_served(index, begun, Some(first_byte), usage, false);
         self.report.status = status;
         link.respond(respond::with_headers(response, &headers));
@@ -854,7 +872,8 @@ impl Exchange {
         let first_byte: Option<Duration>;
         'first: loop {
             while let Some(event) = pending.pop_front() {
-                match event.kind(endpoint) {
+                let (kind, reported) = event.meaning(endpoint);
+                match kind {
                     EventKind::Comment => held.push(event.raw),
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
                     EventKind::Error => {
@@ -862,7 +881,7 @@ impl Exchange {
                     }
                     kind => {
                         first_byte = Some(begun.elapsed());
-                        usage = event.usage().or(usage);
+                        usage = reported.or(usage);
                         finished |= kind == EventKind::Finished;
                         held.push(event.raw);
                         if kind == EventKind::Sentinel {
@@ -879,7 +898,6 @@ impl Exchange {
             }
             let holding = self.holding(link);
             let chunk = tokio::select! {
-                () = link.closed() => return Attempted::Cancelled,
                 () = clock.sleep_until(self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                     continue;
@@ -906,7 +924,7 @@ impl Exchange {
         // Committed: nothing fails over from here on.
         loop {
             while let Some(event) = pending.pop_front() {
-                let kind = event.kind(endpoint);
+                let (kind, reported) = event.meaning(endpoint);
                 match kind {
                     EventKind::Malformed => {
                         return failed(
@@ -919,7 +937,7 @@ impl Exchange {
                     }
                     _ => {}
                 }
-                usage = event.usage().or(usage);
+                usage = reported.or(usage);
                 finished |= kind == EventKind::Finished;
                 if kind == EventKind::Sentinel {
                     self.record_served(index, begun, first_byte, usage, true);
@@ -938,7 +956,6 @@ impl Exchange {
             };
             let wake = by_attempt(clock.now_ms().saturating_add(wait));
             let chunk = tokio::select! {
-                () = link.closed() => return Attempted::Cancelled,
                 () = clock.sleep_until(wake) => None,
                 chunk = upstream.next() => Some(chunk),
             };
@@ -1029,6 +1046,50 @@ impl Exchange {
     }
 }
 
+impl Drop for Exchange {
+    /// Dropped before it ended: the request's future went with its client
+    /// (or with the connection, when the drain time ran out). The attempt
+    /// under way ends as `cancelled`, and the log line says so.
+    fn drop(&mut self) {
+        if self.logged {
+            return;
+        }
+        if let Some((index, begun)) = self.attempting.take() {
+            self.record_attempt(index, begun, String::from("cancelled"));
+        }
+        self.cancel();
+        self.write_log();
+    }
+}
+
+/// Runs the exchange on the request's own task until its answer (or a
+/// stream's headers) is ready. A stream's events are read by the same
+/// exchange as hyper polls the body: no task or cross-thread wake-up per
+/// request. `None` only if the exchange ended without answering (a bug).
+pub async fn answer(exchange: Exchange) -> Option<Response<ProxyBody>> {
+    let (sender, mut receiver) = oneshot::channel();
+    let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
+        Box::pin(exchange.run(Link::Pending(sender)));
+    let mut running = true;
+    let answered = std::future::poll_fn(|cx| {
+        if running && run.as_mut().poll(cx).is_ready() {
+            running = false;
+        }
+        Pin::new(&mut receiver).poll(cx)
+    })
+    .await;
+    let mut response = answered.ok()?;
+    if running {
+        match response.body_mut() {
+            ProxyBody::Stream { exchange, .. } => *exchange = Some(run),
+            // What is left after a whole answer is bookkeeping: finish it
+            // before the answer goes out, so it ends with the exchange.
+            ProxyBody::Full(_) => run.await,
+        }
+    }
+    Some(response)
+}
+
 fn scope_name(key: &ScopeKey) -> &'static str {
     match key {
         ScopeKey::Provider(_) => "provider",
@@ -1039,8 +1100,6 @@ fn scope_name(key: &ScopeKey) -> &'static str {
 
 /// Why a body was not read whole.
 enum ReadError {
-    /// The client went away.
-    Cancelled,
     /// The provider's connection dropped mid-body.
     Cut,
     /// A chunk (or the attempt's deadline) did not come in time.
@@ -1071,7 +1130,6 @@ async fn read_body(
     response: reqwest::Response,
     limits: BodyLimits,
     clock: &dyn Clock,
-    link: &mut Link,
 ) -> Result<Bytes, ReadError> {
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
@@ -1081,7 +1139,6 @@ async fn read_body(
             .deadline
             .map_or(idle_deadline, |limit| limit.min(idle_deadline));
         let chunk = tokio::select! {
-            () = link.closed() => return Err(ReadError::Cancelled),
             () = clock.sleep_until(wake) => None,
             chunk = stream.next() => Some(chunk),
         };

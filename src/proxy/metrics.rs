@@ -3,8 +3,10 @@
 //! Each proxy owns its recorder instead of installing a global one, so
 //! several proxies in one process (tests, `demo`) keep separate counts.
 
-use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// Seconds, from a millisecond to two minutes.
 const SECONDS_BUCKETS: &[f64] = &[
@@ -19,6 +21,62 @@ pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// Handles of the metrics every request records, kept: registering
+    /// builds the metric's key (an allocation per label) and looks it up
+    /// each time. Those without labels are registered on first use.
+    in_flight: OnceLock<Gauge>,
+    decision_seconds: OnceLock<Histogram>,
+    attempts_per_request: OnceLock<Histogram>,
+    counters: Handles<Counter>,
+    histograms: Handles<Histogram>,
+}
+
+/// Labelled handles by metric name and label values.
+struct Handles<H>(Mutex<HashMap<Vec<u8>, H>>);
+
+impl<H> Default for Handles<H> {
+    fn default() -> Self {
+        Handles(Mutex::new(HashMap::new()))
+    }
+}
+
+/// Handles kept per kind at most; label values include the requested
+/// model, which clients choose, so past this the cache starts over.
+const MAX_HANDLES: usize = 4096;
+
+impl<H: Clone> Handles<H> {
+    /// The handle of `name` with these label values, registered by
+    /// `register` the first time.
+    fn get(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &str)],
+        register: impl FnOnce(&Key) -> H,
+    ) -> H {
+        // Each part with its length first: no two label sets share an id.
+        let mut id = Vec::with_capacity(64);
+        for part in std::iter::once(name).chain(labels.iter().map(|(_, value)| *value)) {
+            id.extend_from_slice(&part.len().to_le_bytes());
+            id.extend_from_slice(part.as_bytes());
+        }
+        let mut handles = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(handle) = handles.get(&id) {
+            return handle.clone();
+        }
+        let owned: Vec<(&'static str, String)> = labels
+            .iter()
+            .map(|(label, value)| (*label, value.to_string()))
+            .collect();
+        let handle = register(&key(name, &owned));
+        if handles.len() >= MAX_HANDLES {
+            handles.clear();
+        }
+        handles.insert(id, handle.clone());
+        handle
+    }
 }
 
 static METADATA: Metadata<'static> =
@@ -53,7 +111,15 @@ impl Metrics {
         };
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        let metrics = Metrics { recorder, handle };
+        let metrics = Metrics {
+            recorder,
+            handle,
+            in_flight: OnceLock::new(),
+            decision_seconds: OnceLock::new(),
+            attempts_per_request: OnceLock::new(),
+            counters: Handles::default(),
+            histograms: Handles::default(),
+        };
         metrics.describe();
         metrics
     }
@@ -107,66 +173,74 @@ impl Metrics {
         );
     }
 
+    fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+        self.counters.get(name, labels, |key| {
+            self.recorder.register_counter(key, &METADATA)
+        })
+    }
+
+    fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+        self.histograms.get(name, labels, |key| {
+            self.recorder.register_histogram(key, &METADATA)
+        })
+    }
+
+    fn unlabelled_histogram<'a>(
+        &self,
+        cell: &'a OnceLock<Histogram>,
+        name: &'static str,
+    ) -> &'a Histogram {
+        cell.get_or_init(|| self.recorder.register_histogram(&key(name, &[]), &METADATA))
+    }
+
     pub fn request(&self, provider: &str, model: &str, outcome: &str, status: u16) {
-        self.recorder
-            .register_counter(
-                &key(
-                    "switchyard_requests_total",
-                    &[
-                        ("provider", provider.to_string()),
-                        ("model", model.to_string()),
-                        ("outcome", outcome.to_string()),
-                        ("status", status.to_string()),
-                    ],
-                ),
-                &METADATA,
-            )
-            .increment(1);
+        let status = status.to_string();
+        self.counter(
+            "switchyard_requests_total",
+            &[
+                ("provider", provider),
+                ("model", model),
+                ("outcome", outcome),
+                ("status", &status),
+            ],
+        )
+        .increment(1);
     }
 
     pub fn attempts(&self, attempts: u32) {
-        self.recorder
-            .register_histogram(&key("switchyard_attempts_per_request", &[]), &METADATA)
-            .record(f64::from(attempts));
+        self.unlabelled_histogram(
+            &self.attempts_per_request,
+            "switchyard_attempts_per_request",
+        )
+        .record(f64::from(attempts));
     }
 
     pub fn decision(&self, seconds: f64) {
-        self.recorder
-            .register_histogram(&key("switchyard_decision_seconds", &[]), &METADATA)
+        self.unlabelled_histogram(&self.decision_seconds, "switchyard_decision_seconds")
             .record(seconds);
     }
 
     pub fn upstream(&self, provider: &str, outcome: &str, seconds: f64) {
-        self.recorder
-            .register_histogram(
-                &key(
-                    "switchyard_upstream_seconds",
-                    &[
-                        ("provider", provider.to_string()),
-                        ("outcome", outcome.to_string()),
-                    ],
-                ),
-                &METADATA,
-            )
-            .record(seconds);
+        self.histogram(
+            "switchyard_upstream_seconds",
+            &[("provider", provider), ("outcome", outcome)],
+        )
+        .record(seconds);
     }
 
     pub fn first_byte(&self, provider: &str, seconds: f64) {
-        self.recorder
-            .register_histogram(
-                &key(
-                    "switchyard_upstream_first_byte_seconds",
-                    &[("provider", provider.to_string())],
-                ),
-                &METADATA,
-            )
-            .record(seconds);
+        self.histogram(
+            "switchyard_upstream_first_byte_seconds",
+            &[("provider", provider)],
+        )
+        .record(seconds);
     }
 
     pub fn in_flight(&self, delta: f64) {
-        let gauge = self
-            .recorder
-            .register_gauge(&key("switchyard_in_flight", &[]), &METADATA);
+        let gauge = self.in_flight.get_or_init(|| {
+            self.recorder
+                .register_gauge(&key("switchyard_in_flight", &[]), &METADATA)
+        });
         if delta >= 0.0 {
             gauge.increment(delta);
         } else {

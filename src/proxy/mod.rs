@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use execute::Report;
@@ -526,7 +526,14 @@ async fn complete(
         .iter()
         .filter_map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
         .collect();
-    let attempts_allowed = plan.attempts;
+    let log = RequestLog {
+        tenant,
+        model: requested_model,
+        planned,
+        attempts_allowed: plan.attempts,
+        started,
+        _in_flight: in_flight,
+    };
     let exchange = execute::Exchange::new(
         proxy.clone(),
         snapshot.clone(),
@@ -535,27 +542,10 @@ async fn complete(
         plan,
         outgoing,
         started_ms,
+        log,
     );
-    let (sender, receiver) = oneshot::channel();
-    let task_proxy = proxy.clone();
-    let task_request_id = request_id.clone();
-    tokio::spawn(async move {
-        let _in_flight = in_flight;
-        let report = exchange.run(execute::Link::Pending(sender)).await;
-        log_request(
-            &task_proxy,
-            &task_request_id,
-            endpoint,
-            &tenant,
-            &requested_model,
-            &planned,
-            attempts_allowed,
-            &report,
-            started,
-        );
-    });
-    match receiver.await {
-        Ok(mut response) => {
+    match execute::answer(exchange).await {
+        Some(mut response) => {
             if proxy.version_header
                 && let Ok(version) = HeaderValue::from_str(&snapshot.version)
             {
@@ -565,8 +555,8 @@ async fn complete(
             }
             response
         }
-        // The task ended without answering: only a bug can do that.
-        Err(_) => respond::builtin_error(
+        // The exchange ended without answering: only a bug can do that.
+        None => respond::builtin_error(
             wire,
             &request_id,
             500,
@@ -596,49 +586,56 @@ fn log_refusal(
     );
 }
 
-#[allow(clippy::too_many_arguments)]
-fn log_request(
-    proxy: &Proxy,
-    request_id: &str,
-    endpoint: Endpoint,
-    tenant: &str,
-    model: &str,
-    planned: &[String],
+/// What a request's log line says beyond the exchange's report; counts the
+/// request in flight while it lives.
+struct RequestLog {
+    tenant: String,
+    model: String,
+    planned: Vec<String>,
     attempts_allowed: usize,
-    report: &Report,
     started: Instant,
-) {
-    let attempts: Vec<String> = report
-        .attempts
-        .iter()
-        .map(|a| format!("{}:{}:{}ms", a.provider, a.outcome, a.millis))
-        .collect();
-    let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
-    tracing::info!(
-        target: "switchyard::request",
-        request_id,
-        endpoint = endpoint.name(),
-        tenant,
-        model,
-        decision = %format!("plan {} (at most {attempts_allowed})", planned.join(",")),
-        attempts = %attempts.join(" "),
-        served_by = report.served_provider.as_deref().unwrap_or(""),
-        served_model = report.served_model.as_deref().unwrap_or(""),
-        input_tokens,
-        output_tokens,
-        waited_ms = report.waited_ms,
-        status = report.status,
-        outcome = report.outcome,
-        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        "request"
-    );
-    proxy.metrics.request(
-        report.served_provider.as_deref().unwrap_or(""),
-        model,
-        report.outcome,
-        report.status,
-    );
-    proxy
-        .metrics
-        .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+    _in_flight: InFlight,
+}
+
+impl RequestLog {
+    /// The request's log line and metrics, once its exchange has ended.
+    fn write(&self, proxy: &Proxy, request_id: &str, endpoint: Endpoint, report: &Report) {
+        let attempts: Vec<String> = report
+            .attempts
+            .iter()
+            .map(|a| format!("{}:{}:{}ms", a.provider, a.outcome, a.millis))
+            .collect();
+        let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
+        tracing::info!(
+            target: "switchyard::request",
+            request_id,
+            endpoint = endpoint.name(),
+            tenant = self.tenant,
+            model = self.model,
+            decision = %format!(
+                "plan {} (at most {})",
+                self.planned.join(","),
+                self.attempts_allowed
+            ),
+            attempts = %attempts.join(" "),
+            served_by = report.served_provider.as_deref().unwrap_or(""),
+            served_model = report.served_model.as_deref().unwrap_or(""),
+            input_tokens,
+            output_tokens,
+            waited_ms = report.waited_ms,
+            status = report.status,
+            outcome = report.outcome,
+            ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "request"
+        );
+        proxy.metrics.request(
+            report.served_provider.as_deref().unwrap_or(""),
+            &self.model,
+            report.outcome,
+            report.status,
+        );
+        proxy
+            .metrics
+            .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+    }
 }

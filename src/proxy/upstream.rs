@@ -18,7 +18,14 @@ use std::time::Duration;
 #[derive(Default)]
 pub struct Clients {
     by_connect_ms: Mutex<HashMap<u64, reqwest::Client>>,
+    /// Upstream URLs as parsed: parsing one costs more than building the
+    /// rest of a request.
+    urls: Mutex<HashMap<String, reqwest::Url>>,
 }
+
+/// Parsed URLs kept at most; a catalog has a handful (providers times
+/// endpoints), so only reloads that keep changing them reach this.
+const MAX_URLS: usize = 1024;
 
 impl Clients {
     pub fn get(&self, connect_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
@@ -41,6 +48,23 @@ impl Clients {
         clients.insert(connect_ms, client.clone());
         Ok(client)
     }
+
+    /// `text` parsed, or `None` when it is not a URL.
+    pub fn url(&self, text: &str) -> Option<reqwest::Url> {
+        let mut urls = self
+            .urls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(url) = urls.get(text) {
+            return Some(url.clone());
+        }
+        let url = reqwest::Url::parse(text).ok()?;
+        if urls.len() >= MAX_URLS {
+            urls.clear();
+        }
+        urls.insert(text.to_string(), url.clone());
+        Some(url)
+    }
 }
 
 /// Client headers passed on to providers. Everything else — the client's
@@ -60,7 +84,10 @@ const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 /// What every attempt of one request shares: the body without the routing
 /// inputs, and the client headers to forward.
 pub struct Outgoing {
-    body: Map<String, Json>,
+    /// The body's members but `model` (each attempt names its own),
+    /// serialised once: the text between the object's braces. `None` if
+    /// the body could not be serialised.
+    members: Option<Vec<u8>>,
     headers: HeaderMap,
 }
 
@@ -77,6 +104,15 @@ impl Outgoing {
         for field in input_fields {
             body.remove(*field);
         }
+        body.remove("model");
+        let members = serde_json::to_vec(&Json::Object(body))
+            .ok()
+            .and_then(|object| {
+                object
+                    .strip_prefix(b"{")
+                    .and_then(|inside| inside.strip_suffix(b"}"))
+                    .map(<[u8]>::to_vec)
+            });
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
             if input_headers.contains(name) {
@@ -93,7 +129,7 @@ impl Outgoing {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        Outgoing { body, headers }
+        Outgoing { members, headers }
     }
 
     /// The URL, headers and bytes of an attempt at `candidate`: the same
@@ -111,12 +147,15 @@ impl Outgoing {
             provider.base_url.trim_end_matches('/'),
             endpoint.path()
         );
-        let mut body = self.body.clone();
-        body.insert(
-            String::from("model"),
-            Json::String(candidate.upstream_model.to_string()),
-        );
-        let bytes = serde_json::to_vec(&Json::Object(body)).ok()?;
+        let members = self.members.as_deref()?;
+        let mut bytes = Vec::with_capacity(members.len() + 64);
+        bytes.extend_from_slice(b"{\"model\":");
+        serde_json::to_writer(&mut bytes, candidate.upstream_model.as_ref()).ok()?;
+        if !members.is_empty() {
+            bytes.push(b',');
+            bytes.extend_from_slice(members);
+        }
+        bytes.push(b'}');
         let mut headers = self.headers.clone();
         match provider.format {
             WireFormat::OpenAi => {
@@ -219,7 +258,12 @@ mod tests {
         client.insert("x-route-hint", HeaderValue::from_static("eu"));
         client.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
         let outgoing = Outgoing::new(body, &client, &["provider"], &["x-route-hint"], "req-1");
-        assert!(!outgoing.body.contains_key("provider"));
+        let members = outgoing.members.clone().unwrap();
+        let sent: Map<String, Json> =
+            serde_json::from_slice(&[&b"{"[..], &members, b"}"].concat()).unwrap();
+        assert!(!sent.contains_key("provider"));
+        assert!(!sent.contains_key("model"));
+        assert!(sent.contains_key("messages"));
         assert!(outgoing.headers.get("authorization").is_none());
         assert!(outgoing.headers.get("x-api-key").is_none());
         assert!(outgoing.headers.get("connection").is_none());

@@ -4,6 +4,8 @@
 use crate::data::WireFormat;
 use crate::evaluate::{Endpoint, ErrorResponse};
 use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Value as Json, json};
 
 /// The error object a client of this wire format expects.
@@ -78,23 +80,41 @@ pub enum EventKind {
 }
 
 impl Event {
-    /// Classifies the event for `endpoint`'s stream.
-    pub fn kind(&self, endpoint: Endpoint) -> EventKind {
+    /// What the event means for `endpoint`'s stream, and the usage
+    /// figures it reports, if any: (input, output) tokens. Its data is
+    /// parsed once for both.
+    pub fn meaning(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
         if self.data.is_empty() && self.name.is_none() {
-            return EventKind::Comment;
+            return (EventKind::Comment, None);
         }
         if self.data.trim() == "[DONE]" {
-            return match endpoint {
+            let kind = match endpoint {
                 Endpoint::ChatCompletions | Endpoint::Completions => EventKind::Sentinel,
                 _ => EventKind::Malformed,
             };
+            return (kind, None);
         }
         let Ok(data) = serde_json::from_str::<Json>(&self.data) else {
-            return EventKind::Malformed;
+            return (EventKind::Malformed, None);
         };
         if !data.is_object() {
-            return EventKind::Malformed;
+            return (EventKind::Malformed, None);
         }
+        (self.kind_of(&data, endpoint), usage_in_event(&data))
+    }
+
+    /// What the event means for `endpoint`'s stream.
+    pub fn kind(&self, endpoint: Endpoint) -> EventKind {
+        self.meaning(endpoint).0
+    }
+
+    /// Usage figures the event reports, if any: (input, output) tokens.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let data: Json = serde_json::from_str(&self.data).ok()?;
+        usage_in_event(&data)
+    }
+
+    fn kind_of(&self, data: &Json, endpoint: Endpoint) -> EventKind {
         let event_type = data
             .get("type")
             .and_then(Json::as_str)
@@ -141,20 +161,24 @@ impl Event {
             Endpoint::Embeddings => EventKind::Malformed,
         }
     }
+}
 
-    /// Usage figures the event reports, if any: (input, output) tokens.
-    pub fn usage(&self) -> Option<(u64, u64)> {
-        let data: Json = serde_json::from_str(&self.data).ok()?;
-        usage_of(&data)
-            .or_else(|| data.get("message").and_then(usage_of))
-            .or_else(|| data.get("response").and_then(usage_of))
-    }
+/// An event's usage: at its top level, or in the message (Anthropic) or
+/// response (Responses) it reports on.
+fn usage_in_event(data: &Json) -> Option<(u64, u64)> {
+    usage_of(data)
+        .or_else(|| data.get("message").and_then(usage_of))
+        .or_else(|| data.get("response").and_then(usage_of))
 }
 
 /// Usage in either format: OpenAI's `prompt_tokens`/`completion_tokens` or
 /// `input_tokens`/`output_tokens` (Anthropic, Responses).
 pub fn usage_of(body: &Json) -> Option<(u64, u64)> {
-    let usage = body.get("usage")?;
+    usage_figures(body.get("usage")?)
+}
+
+/// The figures of a `usage` value.
+fn usage_figures(usage: &Json) -> Option<(u64, u64)> {
     let field = |names: [&str; 2]| {
         names
             .iter()
@@ -163,6 +187,67 @@ pub fn usage_of(body: &Json) -> Option<(u64, u64)> {
     let input = field(["prompt_tokens", "input_tokens"]);
     let output = field(["completion_tokens", "output_tokens"]);
     (input.is_some() || output.is_some()).then(|| (input.unwrap_or(0), output.unwrap_or(0)))
+}
+
+/// What a whole (non-streamed) answer reports: `None` when it is not a JSON
+/// object, else its usage figures, if any. Only the `usage` member becomes a
+/// JSON tree; the rest of the answer (its content) is checked but not kept.
+pub fn whole_answer_usage(body: &[u8]) -> Option<Option<(u64, u64)>> {
+    serde_json::from_slice::<WholeAnswer>(body)
+        .ok()
+        .map(|answer| answer.usage.as_ref().and_then(usage_figures))
+}
+
+/// A whole answer's `usage` member (the last one, as in a JSON tree).
+struct WholeAnswer {
+    usage: Option<Json>,
+}
+
+impl<'de> Deserialize<'de> for WholeAnswer {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = WholeAnswer;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<WholeAnswer, A::Error> {
+                let mut usage = None;
+                while let Some(UsageKey(is_usage)) = members.next_key()? {
+                    if is_usage {
+                        usage = Some(members.next_value::<Json>()?);
+                    } else {
+                        members.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(WholeAnswer { usage })
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
+}
+
+/// Whether an object's key is `usage`, read without copying it.
+struct UsageKey(bool);
+
+impl<'de> Deserialize<'de> for UsageKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = UsageKey;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("an object key")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<UsageKey, E> {
+                Ok(UsageKey(key == "usage"))
+            }
+        }
+        deserializer.deserialize_str(Key)
+    }
 }
 
 /// Splits a byte stream into events as they complete.
@@ -277,11 +362,14 @@ mod tests {
             event(
                 "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n"
             )
-            .kind(chat),
+            .meaning(chat)
+            .0,
             EventKind::Content
         );
         assert_eq!(
-            event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n").kind(chat),
+            event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n")
+                .meaning(chat)
+                .0,
             EventKind::Finished
         );
         assert_eq!(
@@ -290,12 +378,16 @@ mod tests {
         );
         assert_eq!(event(": keep-alive\n\n").kind(chat), EventKind::Comment);
         assert_eq!(
-            event("data: {\"error\":{\"message\":\"x\"}}\n\n").kind(chat),
+            event("data: {\"error\":{\"message\":\"x\"}}\n\n")
+                .meaning(chat)
+                .0,
             EventKind::Error
         );
         let messages = Endpoint::Messages;
         assert_eq!(
-            event("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n").kind(messages),
+            event("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+                .meaning(messages)
+                .0,
             EventKind::Sentinel
         );
         assert_eq!(
@@ -306,6 +398,23 @@ mod tests {
         assert_eq!(
             event("data: [DONE]\n\n").kind(messages),
             EventKind::Malformed
+        );
+        // Usage comes from the same parse, wherever the format puts it.
+        assert_eq!(
+            event(
+                "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\n"
+            )
+            .meaning(chat),
+            (EventKind::Content, Some((3, 5)))
+        );
+        assert_eq!(
+            event("data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":2}}}\n\n")
+                .meaning(Endpoint::Responses),
+            (EventKind::Sentinel, Some((7, 2)))
+        );
+        assert_eq!(
+            event("data: [DONE]\n\n").meaning(chat),
+            (EventKind::Sentinel, None)
         );
     }
 
@@ -320,6 +429,32 @@ mod tests {
             Some((7, 2))
         );
         assert_eq!(usage_of(&json!({"usage": null})), None);
+    }
+
+    #[test]
+    fn whole_answers_are_objects_with_or_without_usage() {
+        let answer = br#"{"id":"x","choices":[{"message":{"content":"hi \"there\""}}],
+            "usage":{"prompt_tokens":3,"completion_tokens":5,"details":{"cached":1}}}"#;
+        assert_eq!(whole_answer_usage(answer), Some(Some((3, 5))));
+        assert_eq!(
+            whole_answer_usage(br#"{"usage":{"input_tokens":7,"output_tokens":2}}"#),
+            Some(Some((7, 2)))
+        );
+        // The last `usage` counts, as in a JSON tree; one that is not an
+        // object reports nothing but leaves the answer valid.
+        assert_eq!(
+            whole_answer_usage(br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#),
+            Some(Some((2, 0)))
+        );
+        assert_eq!(whole_answer_usage(br#"{"usage":"many"}"#), Some(None));
+        assert_eq!(
+            whole_answer_usage(br#" {"\u0075sage":{"output_tokens":4}} "#),
+            Some(Some((0, 4)))
+        );
+        assert_eq!(whole_answer_usage(b"{}"), Some(None));
+        for not_an_object in [&b"[1]"[..], b"\"text\"", b"{\"a\":1", b"{} {}", b""] {
+            assert_eq!(whole_answer_usage(not_an_object), None);
+        }
     }
 
     #[test]
