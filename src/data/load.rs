@@ -102,7 +102,7 @@ fn span_at(sources: &SourceMap, source: SourceId, location: &Location) -> Span {
 /// How the data files are read. A position for every value is what makes
 /// YAML slow to read (about 12 MB/s), and positions matter only when
 /// something is reported; a file written as JSON (a subset of YAML, and what
-/// tools that generate large catalogs write) is read about 20× faster by a
+/// tools that generate large catalogs write) is read over ten times faster by a
 /// JSON reader, without positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reading {
