@@ -29,6 +29,7 @@ use metrics::Metrics;
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +69,9 @@ pub struct Options {
 }
 
 pub const VERSION_HEADER: &str = "x-switchyard-policy-version";
+
+/// The target of the one log line per request.
+pub const REQUEST_LOG_TARGET: &str = "switchyard::request";
 
 /// Everything requests share: the live snapshot, the state, metrics and
 /// upstream connection pools.
@@ -521,16 +525,24 @@ async fn complete(
         &input_headers,
         &request_id,
     );
-    let planned: Vec<String> = plan
+    let mut decision = String::with_capacity(64);
+    decision.push_str("plan ");
+    for (n, provider) in plan
         .candidates
         .iter()
-        .filter_map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
-        .collect();
+        .filter_map(|c| snapshot.provider(c.provider))
+        .enumerate()
+    {
+        if n > 0 {
+            decision.push(',');
+        }
+        decision.push_str(&provider.id);
+    }
+    let _ = write!(decision, " (at most {})", plan.attempts);
     let log = RequestLog {
         tenant,
         model: requested_model,
-        planned,
-        attempts_allowed: plan.attempts,
+        decision,
         started,
         _in_flight: in_flight,
     };
@@ -575,12 +587,12 @@ fn log_refusal(
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
     tracing::info!(
-        target: "switchyard::request",
+        target: REQUEST_LOG_TARGET,
         request_id,
         endpoint = endpoint.name(),
         tenant,
         model,
-        decision = %format!("refused {code}"),
+        decision = %format_args!("refused {code}"),
         status,
         "request"
     );
@@ -591,8 +603,8 @@ fn log_refusal(
 struct RequestLog {
     tenant: String,
     model: String,
-    planned: Vec<String>,
-    attempts_allowed: usize,
+    /// The plan: its providers in order and how many attempts it allows.
+    decision: String,
     started: Instant,
     _in_flight: InFlight,
 }
@@ -600,24 +612,25 @@ struct RequestLog {
 impl RequestLog {
     /// The request's log line and metrics, once its exchange has ended.
     fn write(&self, proxy: &Proxy, request_id: &str, endpoint: Endpoint, report: &Report) {
-        let attempts: Vec<String> = report
-            .attempts
-            .iter()
-            .map(|a| format!("{}:{}:{}ms", a.provider, a.outcome, a.millis))
-            .collect();
+        let mut attempts = String::with_capacity(32 * report.attempts.len());
+        for (n, attempt) in report.attempts.iter().enumerate() {
+            if n > 0 {
+                attempts.push(' ');
+            }
+            attempts.push_str(&attempt.provider);
+            attempts.push(':');
+            attempts.push_str(&attempt.outcome);
+            let _ = write!(attempts, ":{}ms", attempt.millis);
+        }
         let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
         tracing::info!(
-            target: "switchyard::request",
+            target: REQUEST_LOG_TARGET,
             request_id,
             endpoint = endpoint.name(),
             tenant = self.tenant,
             model = self.model,
-            decision = %format!(
-                "plan {} (at most {})",
-                self.planned.join(","),
-                self.attempts_allowed
-            ),
-            attempts = %attempts.join(" "),
+            decision = %self.decision,
+            attempts = %attempts,
             served_by = report.served_provider.as_deref().unwrap_or(""),
             served_model = report.served_model.as_deref().unwrap_or(""),
             input_tokens,
