@@ -512,13 +512,12 @@ async fn complete(
         .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
         .map(|input| input.field.as_str())
         .collect();
-    let body_object = body
-        .and_then(|b| match b {
-            Json::Object(map) => Some(map),
-            _ => None,
-        })
-        .unwrap_or_default();
+    let body_object = body.and_then(|b| match b {
+        Json::Object(map) => Some(map),
+        _ => None,
+    });
     let outgoing = upstream::Outgoing::new(
+        &bytes,
         body_object,
         &parts.headers,
         &input_fields,
