@@ -9,18 +9,19 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{self, HeaderName, HeaderValue};
 use serde_json::{Map, Value as Json};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Clients by connect timeout: reqwest sets that per client, the policy per
 /// candidate. Each keeps its own pool of keep-alive connections.
+/// Keyed by the catalog's values, never by what a client sends: a fast
+/// hash is enough.
 #[derive(Default)]
 pub struct Clients {
-    by_connect_ms: Mutex<HashMap<u64, reqwest::Client>>,
+    by_connect_ms: Mutex<foldhash::HashMap<u64, reqwest::Client>>,
     /// Upstream URLs as parsed: parsing one costs more than building the
     /// rest of a request.
-    urls: Mutex<HashMap<String, reqwest::Url>>,
+    urls: Mutex<foldhash::HashMap<String, reqwest::Url>>,
 }
 
 /// Parsed URLs kept at most; a catalog has a handful (providers times
