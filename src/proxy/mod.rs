@@ -321,7 +321,19 @@ fn request_id(headers: &HeaderMap) -> String {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })
-        .map_or_else(|| format!("req_{:016x}", random_u64()), str::to_string)
+        .map_or_else(new_request_id, str::to_string)
+}
+
+/// `req_` and 16 random hex digits.
+fn new_request_id() -> String {
+    let random = random_u64();
+    let mut id = String::with_capacity(20);
+    id.push_str("req_");
+    for shift in (0..16).rev() {
+        let digit = (random >> (shift * 4)) & 0xf;
+        id.push(char::from_digit(digit as u32, 16).unwrap_or('0'));
+    }
+    id
 }
 
 /// Why a caller was not let in.
@@ -443,9 +455,19 @@ async fn complete(
         }
     };
     let body: Option<Json> = serde_json::from_slice(&bytes).ok();
+    let input_headers: Vec<&str> = snapshot
+        .program
+        .inputs
+        .iter()
+        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
+        .map(|input| input.field.as_str())
+        .collect();
+    // The evaluator reads headers only as the policy's header inputs: only
+    // those are copied for it.
     let headers: Vec<(String, String)> = parts
         .headers
         .iter()
+        .filter(|(name, _)| input_headers.contains(&name.as_str()))
         .filter_map(|(name, value)| {
             value
                 .to_str()
@@ -503,13 +525,6 @@ async fn complete(
         .inputs
         .iter()
         .filter(|input| input.source == crate::language::ir::InputSourceKind::Body)
-        .map(|input| input.field.as_str())
-        .collect();
-    let input_headers: Vec<&str> = snapshot
-        .program
-        .inputs
-        .iter()
-        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
         .map(|input| input.field.as_str())
         .collect();
     let body_object = body.and_then(|b| match b {
@@ -649,5 +664,25 @@ impl RequestLog {
         proxy
             .metrics
             .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn generated_request_ids_are_sixteen_hex_digits() {
+        let id = new_request_id();
+        let digits = id.strip_prefix("req_").unwrap();
+        assert_eq!(digits.len(), 16, "{id}");
+        assert!(
+            digits
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_ne!(new_request_id(), id);
+        assert_eq!(request_id(&HeaderMap::new()).len(), 20);
     }
 }
