@@ -29,6 +29,7 @@ use metrics::Metrics;
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -69,6 +70,9 @@ pub struct Options {
 
 pub const VERSION_HEADER: &str = "x-switchyard-policy-version";
 
+/// The target of the one log line per request.
+pub const REQUEST_LOG_TARGET: &str = "switchyard::request";
+
 /// Everything requests share: the live snapshot, the state, metrics and
 /// upstream connection pools.
 pub struct Proxy {
@@ -82,6 +86,7 @@ pub struct Proxy {
     pub reload_status: Mutex<ReloadStatus>,
     /// Advances per request, for `round_robin` balancing.
     rotation: AtomicU64,
+    known_keys: KnownKeys,
 }
 
 impl Proxy {
@@ -96,6 +101,7 @@ impl Proxy {
             version_header: options.version_header,
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
+            known_keys: KnownKeys::default(),
         })
     }
 
@@ -266,7 +272,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<Proxy
         ),
         (Method::GET, "/v1/models") => {
             let snapshot = proxy.snapshot();
-            match authenticate(&snapshot, request.headers()) {
+            match authenticate(&proxy.known_keys, &snapshot, request.headers()) {
                 Ok(caller) => {
                     let health = StateView {
                         state: &proxy.state,
@@ -317,7 +323,19 @@ fn request_id(headers: &HeaderMap) -> String {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })
-        .map_or_else(|| format!("req_{:016x}", random_u64()), str::to_string)
+        .map_or_else(new_request_id, str::to_string)
+}
+
+/// `req_` and 16 random hex digits.
+fn new_request_id() -> String {
+    let random = random_u64();
+    let mut id = String::with_capacity(20);
+    id.push_str("req_");
+    for shift in (0..16).rev() {
+        let digit = (random >> (shift * 4)) & 0xf;
+        id.push(char::from_digit(digit as u32, 16).unwrap_or('0'));
+    }
+    id
 }
 
 /// Why a caller was not let in.
@@ -344,7 +362,12 @@ fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Respon
 
 /// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
 /// table finds the candidate and a constant-time comparison confirms it.
-fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
+/// A key that did so recently is found in `known` without SHA-256.
+fn authenticate(
+    known: &KnownKeys,
+    snapshot: &Arc<Snapshot>,
+    headers: &HeaderMap,
+) -> Result<Caller, Unauthorized> {
     // The scheme is case-insensitive (RFC 9110); an empty credential is none.
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -359,6 +382,20 @@ fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unau
         .map(str::trim)
         .filter(|key| !key.is_empty());
     let key = bearer.or(api_key).ok_or(Unauthorized::Missing)?;
+    let tags = known.tags(key);
+    if let Some(index) = known.get(snapshot, tags) {
+        let stored = snapshot
+            .data
+            .tenants
+            .keys
+            .get(index)
+            .ok_or(Unauthorized::Unknown)?;
+        return Ok(Caller {
+            tenant: stored.tenant,
+            workspace: stored.workspace,
+            key: Some(index),
+        });
+    }
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
     let stored = snapshot
@@ -370,11 +407,94 @@ fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unau
     if !bool::from(stored.sha256.ct_eq(&digest)) {
         return Err(Unauthorized::Unknown);
     }
+    known.insert(snapshot, tags, index);
     Ok(Caller {
         tenant: stored.tenant,
         workspace: stored.workspace,
         key: Some(index),
     })
+}
+
+/// Keys that authenticated recently, so that a caller's next requests skip
+/// SHA-256 (5k instructions, a few per cent of a request).
+///
+/// Never the keys themselves: each is remembered by two 64-bit tags,
+/// SipHash of the key under this process's secret random keys, one to find
+/// it and one to confirm it (compared in constant time). Timing tells a
+/// caller only whether its whole key was found, which the answer says
+/// anyway: a wrong key finds an entry only if its secret-keyed tag collides
+/// with a valid key's (2^-64), and to be taken for one it must match both
+/// tags (2^-128), where the SHA-256 table would need a SHA-256 collision.
+/// Only keys that passed the SHA-256 check enter, so callers without a
+/// valid key cannot fill it. Entries belong to one snapshot: another one
+/// (a reload, where keys may have been revoked) starts it over.
+struct KnownKeys {
+    secret: std::collections::hash_map::RandomState,
+    entries: Mutex<KnownEntries>,
+}
+
+struct KnownEntries {
+    /// The snapshot the entries were confirmed against. Held weakly: it
+    /// keeps the allocation, so no later snapshot can share its address.
+    snapshot: std::sync::Weak<Snapshot>,
+    /// Key index by the key's first tag, with its second tag.
+    by_tag: foldhash::HashMap<u64, (u64, usize)>,
+}
+
+/// Keys remembered at most; past this the table starts over.
+const MAX_KNOWN_KEYS: usize = 4096;
+
+impl Default for KnownKeys {
+    fn default() -> Self {
+        KnownKeys {
+            secret: std::collections::hash_map::RandomState::new(),
+            entries: Mutex::new(KnownEntries {
+                snapshot: std::sync::Weak::new(),
+                by_tag: foldhash::HashMap::default(),
+            }),
+        }
+    }
+}
+
+impl KnownKeys {
+    /// The key's two tags: the same secret hash over two domains.
+    fn tags(&self, key: &str) -> (u64, u64) {
+        let tag = |domain: u8| {
+            let mut hasher = self.secret.build_hasher();
+            hasher.write_u8(domain);
+            hasher.write(key.as_bytes());
+            hasher.finish()
+        };
+        (tag(0), tag(1))
+    }
+
+    /// The index of the key with these tags in `snapshot`, if confirmed.
+    fn get(&self, snapshot: &Arc<Snapshot>, (find, confirm): (u64, u64)) -> Option<usize> {
+        let entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !std::ptr::eq(entries.snapshot.as_ptr(), Arc::as_ptr(snapshot)) {
+            return None;
+        }
+        let (stored, index) = *entries.by_tag.get(&find)?;
+        bool::from(stored.ct_eq(&confirm)).then_some(index)
+    }
+
+    fn insert(&self, snapshot: &Arc<Snapshot>, (find, confirm): (u64, u64), index: usize) {
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !std::ptr::eq(entries.snapshot.as_ptr(), Arc::as_ptr(snapshot)) {
+            entries.snapshot = Arc::downgrade(snapshot);
+            entries.by_tag.clear();
+        }
+        if entries.by_tag.len() >= MAX_KNOWN_KEYS {
+            entries.by_tag.clear();
+        }
+        entries.by_tag.insert(find, (confirm, index));
+    }
 }
 
 /// Counts a request in flight until dropped.
@@ -404,7 +524,7 @@ async fn complete(
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
     let snapshot = proxy.snapshot();
-    let caller = match authenticate(&snapshot, request.headers()) {
+    let caller = match authenticate(&proxy.known_keys, &snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
             log_refusal(&request_id, endpoint, None, 401, "unauthorized");
@@ -439,9 +559,19 @@ async fn complete(
         }
     };
     let body: Option<Json> = serde_json::from_slice(&bytes).ok();
+    let input_headers: Vec<&str> = snapshot
+        .program
+        .inputs
+        .iter()
+        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
+        .map(|input| input.field.as_str())
+        .collect();
+    // The evaluator reads headers only as the policy's header inputs: only
+    // those are copied for it.
     let headers: Vec<(String, String)> = parts
         .headers
         .iter()
+        .filter(|(name, _)| input_headers.contains(&name.as_str()))
         .filter_map(|(name, value)| {
             value
                 .to_str()
@@ -501,36 +631,36 @@ async fn complete(
         .filter(|input| input.source == crate::language::ir::InputSourceKind::Body)
         .map(|input| input.field.as_str())
         .collect();
-    let input_headers: Vec<&str> = snapshot
-        .program
-        .inputs
-        .iter()
-        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
-        .map(|input| input.field.as_str())
-        .collect();
-    let body_object = body
-        .and_then(|b| match b {
-            Json::Object(map) => Some(map),
-            _ => None,
-        })
-        .unwrap_or_default();
+    let body_object = body.and_then(|b| match b {
+        Json::Object(map) => Some(map),
+        _ => None,
+    });
     let outgoing = upstream::Outgoing::new(
+        &bytes,
         body_object,
         &parts.headers,
         &input_fields,
         &input_headers,
         &request_id,
     );
-    let planned: Vec<String> = plan
+    let mut decision = String::with_capacity(64);
+    decision.push_str("plan ");
+    for (n, provider) in plan
         .candidates
         .iter()
-        .filter_map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
-        .collect();
+        .filter_map(|c| snapshot.provider(c.provider))
+        .enumerate()
+    {
+        if n > 0 {
+            decision.push(',');
+        }
+        decision.push_str(&provider.id);
+    }
+    let _ = write!(decision, " (at most {})", plan.attempts);
     let log = RequestLog {
         tenant,
         model: requested_model,
-        planned,
-        attempts_allowed: plan.attempts,
+        decision,
         started,
         _in_flight: in_flight,
     };
@@ -575,12 +705,12 @@ fn log_refusal(
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
     tracing::info!(
-        target: "switchyard::request",
+        target: REQUEST_LOG_TARGET,
         request_id,
         endpoint = endpoint.name(),
         tenant,
         model,
-        decision = %format!("refused {code}"),
+        decision = %format_args!("refused {code}"),
         status,
         "request"
     );
@@ -591,8 +721,8 @@ fn log_refusal(
 struct RequestLog {
     tenant: String,
     model: String,
-    planned: Vec<String>,
-    attempts_allowed: usize,
+    /// The plan: its providers in order and how many attempts it allows.
+    decision: String,
     started: Instant,
     _in_flight: InFlight,
 }
@@ -600,24 +730,25 @@ struct RequestLog {
 impl RequestLog {
     /// The request's log line and metrics, once its exchange has ended.
     fn write(&self, proxy: &Proxy, request_id: &str, endpoint: Endpoint, report: &Report) {
-        let attempts: Vec<String> = report
-            .attempts
-            .iter()
-            .map(|a| format!("{}:{}:{}ms", a.provider, a.outcome, a.millis))
-            .collect();
+        let mut attempts = String::with_capacity(32 * report.attempts.len());
+        for (n, attempt) in report.attempts.iter().enumerate() {
+            if n > 0 {
+                attempts.push(' ');
+            }
+            attempts.push_str(&attempt.provider);
+            attempts.push(':');
+            attempts.push_str(&attempt.outcome);
+            let _ = write!(attempts, ":{}ms", attempt.millis);
+        }
         let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
         tracing::info!(
-            target: "switchyard::request",
+            target: REQUEST_LOG_TARGET,
             request_id,
             endpoint = endpoint.name(),
             tenant = self.tenant,
             model = self.model,
-            decision = %format!(
-                "plan {} (at most {})",
-                self.planned.join(","),
-                self.attempts_allowed
-            ),
-            attempts = %attempts.join(" "),
+            decision = %self.decision,
+            attempts = %attempts,
             served_by = report.served_provider.as_deref().unwrap_or(""),
             served_model = report.served_model.as_deref().unwrap_or(""),
             input_tokens,
@@ -637,5 +768,69 @@ impl RequestLog {
         proxy
             .metrics
             .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn generated_request_ids_are_sixteen_hex_digits() {
+        let id = new_request_id();
+        let digits = id.strip_prefix("req_").unwrap();
+        assert_eq!(digits.len(), 16, "{id}");
+        assert!(
+            digits
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert_ne!(new_request_id(), id);
+        assert_eq!(request_id(&HeaderMap::new()).len(), 20);
+    }
+
+    fn noirdoc() -> Arc<Snapshot> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
+        Arc::new(
+            crate::compile::compile_file(&path, &crate::compile::AllSecrets)
+                .ok()
+                .unwrap(),
+        )
+    }
+
+    fn bearer(key: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn known_keys_answer_only_for_the_snapshot_that_confirmed_them() {
+        let known = KnownKeys::default();
+        let first = noirdoc();
+        let key = "sk-noirdoc-acme";
+        assert_eq!(known.get(&first, known.tags(key)), None);
+        let caller = authenticate(&known, &first, &bearer(key)).unwrap();
+        assert!(caller.key.is_some());
+        assert_eq!(known.get(&first, known.tags(key)), caller.key);
+        assert_eq!(authenticate(&known, &first, &bearer(key)), Ok(caller));
+
+        let wrong = "sk-noirdoc-acmf";
+        assert_eq!(
+            authenticate(&known, &first, &bearer(wrong)),
+            Err(Unauthorized::Unknown)
+        );
+        assert_eq!(known.get(&first, known.tags(wrong)), None);
+
+        // A reload's snapshot (keys may have been revoked) starts over.
+        let second = noirdoc();
+        assert_eq!(known.get(&second, known.tags(key)), None);
+        assert_eq!(authenticate(&known, &second, &bearer(key)), Ok(caller));
+        assert_eq!(known.get(&first, known.tags(key)), None);
+        assert_eq!(known.get(&second, known.tags(key)), caller.key);
     }
 }

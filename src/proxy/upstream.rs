@@ -9,18 +9,19 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{self, HeaderName, HeaderValue};
 use serde_json::{Map, Value as Json};
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Clients by connect timeout: reqwest sets that per client, the policy per
 /// candidate. Each keeps its own pool of keep-alive connections.
+/// Keyed by the catalog's values, never by what a client sends: a fast
+/// hash is enough.
 #[derive(Default)]
 pub struct Clients {
-    by_connect_ms: Mutex<HashMap<u64, reqwest::Client>>,
+    by_connect_ms: Mutex<foldhash::HashMap<u64, reqwest::Client>>,
     /// Upstream URLs as parsed: parsing one costs more than building the
     /// rest of a request.
-    urls: Mutex<HashMap<String, reqwest::Url>>,
+    urls: Mutex<foldhash::HashMap<String, reqwest::Url>>,
 }
 
 /// Parsed URLs kept at most; a catalog has a handful (providers times
@@ -92,27 +93,35 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// `body` is the client's JSON object; `input_fields` the body fields
-    /// and headers the policy reads as inputs.
+    /// `raw` is the client's body as sent and `body` the JSON object read
+    /// from it; `input_fields` the body fields and headers the policy reads
+    /// as inputs.
     pub fn new(
-        mut body: Map<String, Json>,
+        raw: &[u8],
+        body: Option<Map<String, Json>>,
         client_headers: &HeaderMap,
         input_fields: &[&str],
         input_headers: &[&str],
         request_id: &str,
     ) -> Outgoing {
-        for field in input_fields {
-            body.remove(*field);
-        }
-        body.remove("model");
-        let members = serde_json::to_vec(&Json::Object(body))
-            .ok()
-            .and_then(|object| {
-                object
-                    .strip_prefix(b"{")
-                    .and_then(|inside| inside.strip_suffix(b"}"))
-                    .map(<[u8]>::to_vec)
-            });
+        let kept =
+            |key: &[u8]| key != b"model" && !input_fields.iter().any(|f| f.as_bytes() == key);
+        let members = match body {
+            // Copied as the client wrote them when possible: no second
+            // serialisation.
+            Some(mut body) => raw_members(raw, &kept).or_else(|| {
+                body.retain(|key, _| kept(key.as_bytes()));
+                serde_json::to_vec(&Json::Object(body))
+                    .ok()
+                    .and_then(|object| {
+                        object
+                            .strip_prefix(b"{")
+                            .and_then(|inside| inside.strip_suffix(b"}"))
+                            .map(<[u8]>::to_vec)
+                    })
+            }),
+            None => Some(Vec::new()),
+        };
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
             if input_headers.contains(name) {
@@ -173,6 +182,107 @@ impl Outgoing {
             }
         }
         Some((url, headers, Bytes::from(bytes)))
+    }
+}
+
+/// The members of the JSON object `body` whose keys `kept` accepts, as the
+/// client wrote them, joined by commas: the text between an object's
+/// braces. `body` must be valid JSON (it was read as a tree first). `None`
+/// when it is not an object or a key is escaped or repeated: the tree's
+/// reading (the last of repeated keys) is serialised then, so that the
+/// provider reads the body as the policy did.
+fn raw_members(body: &[u8], kept: &dyn Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+    let mut at = skip_space(body, 0);
+    if body.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut members = Vec::with_capacity(body.len());
+    loop {
+        at = skip_space(body, at);
+        match body.get(at)? {
+            b'}' => return Some(members),
+            b',' => {
+                at += 1;
+                continue;
+            }
+            b'"' => {}
+            _ => return None,
+        }
+        let key_start = at;
+        let key_end = string_end(body, key_start)?;
+        let key = body.get(key_start + 1..key_end - 1)?;
+        if key.contains(&b'\\') || keys.contains(&key) {
+            return None;
+        }
+        keys.push(key);
+        at = skip_space(body, key_end);
+        if body.get(at) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_space(body, at + 1);
+        let value_end = value_end(body, value_start)?;
+        if kept(key) {
+            if !members.is_empty() {
+                members.push(b',');
+            }
+            members.extend_from_slice(body.get(key_start..key_end)?);
+            members.push(b':');
+            members.extend_from_slice(body.get(value_start..value_end)?);
+        }
+        at = value_end;
+    }
+}
+
+fn skip_space(body: &[u8], from: usize) -> usize {
+    body.get(from..).map_or(from, |rest| {
+        from + rest
+            .iter()
+            .take_while(|byte| byte.is_ascii_whitespace())
+            .count()
+    })
+}
+
+/// Just past the end of the string that starts (with its quote) at `start`.
+fn string_end(body: &[u8], start: usize) -> Option<usize> {
+    let mut at = start + 1;
+    loop {
+        match body.get(at)? {
+            b'"' => return Some(at + 1),
+            b'\\' => at += 2,
+            _ => at += 1,
+        }
+    }
+}
+
+/// Just past the end of the value that starts at `start`.
+fn value_end(body: &[u8], start: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut at = start;
+    loop {
+        match body.get(at)? {
+            b'"' => {
+                at = string_end(body, at)?;
+                if depth == 0 {
+                    return Some(at);
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(at + 1);
+                }
+            }
+            // The end of a number, `true`, `false` or `null`.
+            byte if depth == 0 && (byte.is_ascii_whitespace() || b",}]".contains(byte)) => {
+                return Some(at);
+            }
+            _ => {}
+        }
+        at += 1;
     }
 }
 
@@ -243,11 +353,58 @@ mod tests {
         assert_eq!(garbage.retry_after_ms, None);
     }
 
+    /// The members `Outgoing` keeps of `body`, read back as a JSON object.
+    fn sent(body: &str, inputs: &[&str]) -> Map<String, Json> {
+        let tree: Map<String, Json> = serde_json::from_str(body).unwrap();
+        let outgoing = Outgoing::new(
+            body.as_bytes(),
+            Some(tree),
+            &HeaderMap::new(),
+            inputs,
+            &[],
+            "req-1",
+        );
+        let members = outgoing.members.unwrap();
+        serde_json::from_slice(&[&b"{"[..], &members, b"}"].concat()).unwrap()
+    }
+
+    #[test]
+    fn the_body_goes_on_as_the_policy_read_it() {
+        let bodies = [
+            r#"{}"#,
+            r#" { "model" : "m" } "#,
+            r#"{"model":"m","stream":true,"n":-1.5e3,"x":null,"y":false}"#,
+            "{\n  \"messages\": [ {\"role\": \"user\", \"content\": \"a } ] \\\" , {\"} ],\n  \"model\": \"m\",\t\"temperature\":0.2 ,\"provider\":{\"only\":[\"x\",{}]}}",
+            // Repeated and escaped keys: the tree's reading is serialised.
+            r#"{"stream":false,"model":"m","stream":true}"#,
+            r#"{"str\u0065am":true,"model":"m","provider":1}"#,
+            r#"{"model":"m","pr\u006fvider":{"only":[]},"top_p":1}"#,
+        ];
+        for body in bodies {
+            let mut expected: Map<String, Json> = serde_json::from_str(body).unwrap();
+            expected.remove("model");
+            expected.remove("provider");
+            assert_eq!(sent(body, &["provider"]), expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn members_are_copied_as_written() {
+        let body = br#"{"stream": false, "model":"m", "messages": [{"role": "user"}] }"#;
+        let members = raw_members(body, &|key| key != b"model").unwrap();
+        assert_eq!(
+            members,
+            br#""stream":false,"messages":[{"role": "user"}]"#.to_vec()
+        );
+        assert_eq!(raw_members(b"[1]", &|_| true), None);
+        assert_eq!(raw_members(br#"{"a":1,"a":2}"#, &|_| true), None);
+        assert_eq!(raw_members(br#"{"\u0061":1}"#, &|_| true), None);
+    }
+
     #[test]
     fn routing_inputs_and_client_credentials_stay_behind() {
-        let body: Map<String, Json> =
-            serde_json::from_str(r#"{"model":"m","provider":{"only":["x"]},"messages":[]}"#)
-                .unwrap();
+        let raw = r#"{"model":"m","provider":{"only":["x"]},"messages":[]}"#;
+        let body: Map<String, Json> = serde_json::from_str(raw).unwrap();
         let mut client = HeaderMap::new();
         client.insert(
             "authorization",
@@ -257,7 +414,14 @@ mod tests {
         client.insert("connection", HeaderValue::from_static("keep-alive"));
         client.insert("x-route-hint", HeaderValue::from_static("eu"));
         client.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
-        let outgoing = Outgoing::new(body, &client, &["provider"], &["x-route-hint"], "req-1");
+        let outgoing = Outgoing::new(
+            raw.as_bytes(),
+            Some(body),
+            &client,
+            &["provider"],
+            &["x-route-hint"],
+            "req-1",
+        );
         let members = outgoing.members.clone().unwrap();
         let sent: Map<String, Json> =
             serde_json::from_slice(&[&b"{"[..], &members, b"}"].concat()).unwrap();

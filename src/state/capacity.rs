@@ -3,7 +3,10 @@
 
 use super::InProcess;
 use crate::data::CapacityLimits;
-use std::collections::{HashMap, HashSet, VecDeque};
+// Keyed by catalog ids, never by what a client sends: a fast hash is
+// enough, and these maps are looked up several times per request.
+use foldhash::HashMap;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 #[derive(Default)]

@@ -2,7 +2,10 @@
 
 use super::ScopeKey;
 use crate::evaluate::health::{CandidateHealth, PenaltySchedule, Stats};
-use std::collections::{HashMap, VecDeque};
+// Keyed by catalog ids, never by what a client sends: a fast hash is
+// enough, and these maps are looked up several times per request.
+use foldhash::HashMap;
+use std::collections::VecDeque;
 
 /// One attempt's measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
