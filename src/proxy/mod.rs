@@ -86,7 +86,6 @@ pub struct Proxy {
     pub reload_status: Mutex<ReloadStatus>,
     /// Advances per request, for `round_robin` balancing.
     rotation: AtomicU64,
-    known_keys: KnownKeys,
 }
 
 impl Proxy {
@@ -101,7 +100,6 @@ impl Proxy {
             version_header: options.version_header,
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
-            known_keys: KnownKeys::default(),
         })
     }
 
@@ -272,7 +270,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<Proxy
         ),
         (Method::GET, "/v1/models") => {
             let snapshot = proxy.snapshot();
-            match authenticate(&proxy.known_keys, &snapshot, request.headers()) {
+            match authenticate(&snapshot, request.headers()) {
                 Ok(caller) => {
                     let health = StateView {
                         state: &proxy.state,
@@ -362,12 +360,7 @@ fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Respon
 
 /// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
 /// table finds the candidate and a constant-time comparison confirms it.
-/// A key that did so recently is found in `known` without SHA-256.
-fn authenticate(
-    known: &KnownKeys,
-    snapshot: &Arc<Snapshot>,
-    headers: &HeaderMap,
-) -> Result<Caller, Unauthorized> {
+fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
     // The scheme is case-insensitive (RFC 9110); an empty credential is none.
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -382,20 +375,6 @@ fn authenticate(
         .map(str::trim)
         .filter(|key| !key.is_empty());
     let key = bearer.or(api_key).ok_or(Unauthorized::Missing)?;
-    let tags = known.tags(key);
-    if let Some(index) = known.get(snapshot, tags) {
-        let stored = snapshot
-            .data
-            .tenants
-            .keys
-            .get(index)
-            .ok_or(Unauthorized::Unknown)?;
-        return Ok(Caller {
-            tenant: stored.tenant,
-            workspace: stored.workspace,
-            key: Some(index),
-        });
-    }
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
     let stored = snapshot
@@ -407,94 +386,11 @@ fn authenticate(
     if !bool::from(stored.sha256.ct_eq(&digest)) {
         return Err(Unauthorized::Unknown);
     }
-    known.insert(snapshot, tags, index);
     Ok(Caller {
         tenant: stored.tenant,
         workspace: stored.workspace,
         key: Some(index),
     })
-}
-
-/// Keys that authenticated recently, so that a caller's next requests skip
-/// SHA-256 (5k instructions, a few per cent of a request).
-///
-/// Never the keys themselves: each is remembered by two 64-bit tags,
-/// SipHash of the key under this process's secret random keys, one to find
-/// it and one to confirm it (compared in constant time). Timing tells a
-/// caller only whether its whole key was found, which the answer says
-/// anyway: a wrong key finds an entry only if its secret-keyed tag collides
-/// with a valid key's (2^-64), and to be taken for one it must match both
-/// tags (2^-128), where the SHA-256 table would need a SHA-256 collision.
-/// Only keys that passed the SHA-256 check enter, so callers without a
-/// valid key cannot fill it. Entries belong to one snapshot: another one
-/// (a reload, where keys may have been revoked) starts it over.
-struct KnownKeys {
-    secret: std::collections::hash_map::RandomState,
-    entries: Mutex<KnownEntries>,
-}
-
-struct KnownEntries {
-    /// The snapshot the entries were confirmed against. Held weakly: it
-    /// keeps the allocation, so no later snapshot can share its address.
-    snapshot: std::sync::Weak<Snapshot>,
-    /// Key index by the key's first tag, with its second tag.
-    by_tag: foldhash::HashMap<u64, (u64, usize)>,
-}
-
-/// Keys remembered at most; past this the table starts over.
-const MAX_KNOWN_KEYS: usize = 4096;
-
-impl Default for KnownKeys {
-    fn default() -> Self {
-        KnownKeys {
-            secret: std::collections::hash_map::RandomState::new(),
-            entries: Mutex::new(KnownEntries {
-                snapshot: std::sync::Weak::new(),
-                by_tag: foldhash::HashMap::default(),
-            }),
-        }
-    }
-}
-
-impl KnownKeys {
-    /// The key's two tags: the same secret hash over two domains.
-    fn tags(&self, key: &str) -> (u64, u64) {
-        let tag = |domain: u8| {
-            let mut hasher = self.secret.build_hasher();
-            hasher.write_u8(domain);
-            hasher.write(key.as_bytes());
-            hasher.finish()
-        };
-        (tag(0), tag(1))
-    }
-
-    /// The index of the key with these tags in `snapshot`, if confirmed.
-    fn get(&self, snapshot: &Arc<Snapshot>, (find, confirm): (u64, u64)) -> Option<usize> {
-        let entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !std::ptr::eq(entries.snapshot.as_ptr(), Arc::as_ptr(snapshot)) {
-            return None;
-        }
-        let (stored, index) = *entries.by_tag.get(&find)?;
-        bool::from(stored.ct_eq(&confirm)).then_some(index)
-    }
-
-    fn insert(&self, snapshot: &Arc<Snapshot>, (find, confirm): (u64, u64), index: usize) {
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !std::ptr::eq(entries.snapshot.as_ptr(), Arc::as_ptr(snapshot)) {
-            entries.snapshot = Arc::downgrade(snapshot);
-            entries.by_tag.clear();
-        }
-        if entries.by_tag.len() >= MAX_KNOWN_KEYS {
-            entries.by_tag.clear();
-        }
-        entries.by_tag.insert(find, (confirm, index));
-    }
 }
 
 /// Counts a request in flight until dropped.
@@ -524,7 +420,7 @@ async fn complete(
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
     let snapshot = proxy.snapshot();
-    let caller = match authenticate(&proxy.known_keys, &snapshot, request.headers()) {
+    let caller = match authenticate(&snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
             log_refusal(&request_id, endpoint, None, 401, "unauthorized");
@@ -788,49 +684,5 @@ mod tests {
         );
         assert_ne!(new_request_id(), id);
         assert_eq!(request_id(&HeaderMap::new()).len(), 20);
-    }
-
-    fn noirdoc() -> Arc<Snapshot> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
-        Arc::new(
-            crate::compile::compile_file(&path, &crate::compile::AllSecrets)
-                .ok()
-                .unwrap(),
-        )
-    }
-
-    fn bearer(key: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
-        );
-        headers
-    }
-
-    #[test]
-    fn known_keys_answer_only_for_the_snapshot_that_confirmed_them() {
-        let known = KnownKeys::default();
-        let first = noirdoc();
-        let key = "sk-noirdoc-acme";
-        assert_eq!(known.get(&first, known.tags(key)), None);
-        let caller = authenticate(&known, &first, &bearer(key)).unwrap();
-        assert!(caller.key.is_some());
-        assert_eq!(known.get(&first, known.tags(key)), caller.key);
-        assert_eq!(authenticate(&known, &first, &bearer(key)), Ok(caller));
-
-        let wrong = "sk-noirdoc-acmf";
-        assert_eq!(
-            authenticate(&known, &first, &bearer(wrong)),
-            Err(Unauthorized::Unknown)
-        );
-        assert_eq!(known.get(&first, known.tags(wrong)), None);
-
-        // A reload's snapshot (keys may have been revoked) starts over.
-        let second = noirdoc();
-        assert_eq!(known.get(&second, known.tags(key)), None);
-        assert_eq!(authenticate(&known, &second, &bearer(key)), Ok(caller));
-        assert_eq!(known.get(&first, known.tags(key)), None);
-        assert_eq!(known.get(&second, known.tags(key)), caller.key);
     }
 }
