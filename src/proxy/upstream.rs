@@ -109,7 +109,7 @@ impl Outgoing {
         let members = match body {
             // Copied as the client wrote them when possible: no second
             // serialisation.
-            Some(mut body) => raw_members(raw, &kept).or_else(|| {
+            Some(mut body) => raw_members(raw, body.len(), &kept).or_else(|| {
                 body.retain(|key, _| kept(key.as_bytes()));
                 serde_json::to_vec(&Json::Object(body))
                     .ok()
@@ -187,22 +187,24 @@ impl Outgoing {
 
 /// The members of the JSON object `body` whose keys `kept` accepts, as the
 /// client wrote them, joined by commas: the text between an object's
-/// braces. `body` must be valid JSON (it was read as a tree first). `None`
-/// when it is not an object or a key is escaped or repeated: the tree's
-/// reading (the last of repeated keys) is serialised then, so that the
-/// provider reads the body as the policy did.
-fn raw_members(body: &[u8], kept: &dyn Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+/// braces. `body` must be valid JSON, read as a tree first into
+/// `members_read` members. `None` when it is not an object or a key is
+/// escaped or repeated: the tree's reading (the last of repeated keys) is
+/// serialised then, so that the provider reads the body as the policy did.
+/// Unescaped keys are repeated exactly when the text holds more members
+/// than the tree, which costs a count, not a search per key.
+fn raw_members(body: &[u8], members_read: usize, kept: &dyn Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
     let mut at = skip_space(body, 0);
     if body.get(at) != Some(&b'{') {
         return None;
     }
     at += 1;
-    let mut keys: Vec<&[u8]> = Vec::new();
+    let mut members_written = 0usize;
     let mut members = Vec::with_capacity(body.len());
     loop {
         at = skip_space(body, at);
         match body.get(at)? {
-            b'}' => return Some(members),
+            b'}' => return (members_written == members_read).then_some(members),
             b',' => {
                 at += 1;
                 continue;
@@ -213,10 +215,10 @@ fn raw_members(body: &[u8], kept: &dyn Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
         let key_start = at;
         let key_end = string_end(body, key_start)?;
         let key = body.get(key_start + 1..key_end - 1)?;
-        if key.contains(&b'\\') || keys.contains(&key) {
+        if key.contains(&b'\\') {
             return None;
         }
-        keys.push(key);
+        members_written += 1;
         at = skip_space(body, key_end);
         if body.get(at) != Some(&b':') {
             return None;
@@ -391,14 +393,29 @@ mod tests {
     #[test]
     fn members_are_copied_as_written() {
         let body = br#"{"stream": false, "model":"m", "messages": [{"role": "user"}] }"#;
-        let members = raw_members(body, &|key| key != b"model").unwrap();
+        let members = raw_members(body, 3, &|key| key != b"model").unwrap();
         assert_eq!(
             members,
             br#""stream":false,"messages":[{"role": "user"}]"#.to_vec()
         );
-        assert_eq!(raw_members(b"[1]", &|_| true), None);
-        assert_eq!(raw_members(br#"{"a":1,"a":2}"#, &|_| true), None);
-        assert_eq!(raw_members(br#"{"\u0061":1}"#, &|_| true), None);
+        assert_eq!(raw_members(b"[1]", 1, &|_| true), None);
+        assert_eq!(raw_members(br#"{"a":1,"a":2}"#, 1, &|_| true), None);
+        assert_eq!(raw_members(br#"{"\u0061":1}"#, 1, &|_| true), None);
+    }
+
+    #[test]
+    fn a_key_repeated_late_in_a_large_body_is_still_noticed() {
+        // Up to the body limit a client can send millions of members: the
+        // scan counts them instead of comparing each key with the others.
+        let mut body = String::from("{");
+        for index in 0..200_000 {
+            body.push_str(&format!("\"k{index}\":{index},"));
+        }
+        body.push_str("\"model\":\"m\"}");
+        let members = raw_members(body.as_bytes(), 200_001, &|key| key != b"model").unwrap();
+        assert_eq!(members.len(), body.len() - 2 - ",\"model\":\"m\"".len());
+        let repeated = body.replacen("\"model\"", "\"k0\"", 1);
+        assert_eq!(raw_members(repeated.as_bytes(), 200_000, &|_| true), None);
     }
 
     #[test]
