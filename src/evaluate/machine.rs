@@ -77,8 +77,10 @@ pub struct Machine<'a> {
     /// definitions, the merges, the staged program's request-only parts,
     /// then per candidate (`candidate * lets + let`) the definitions that
     /// depend on the candidate but not on the set, then the same for those
-    /// that use aggregates (cleared when the set changes).
+    /// that use aggregates (cleared when the set changes). Allocated on the
+    /// first value stored: many machines never store one.
     cache: Vec<Option<Value>>,
+    cache_len: usize,
     lets: usize,
     merges_at: usize,
     hoisted_at: usize,
@@ -103,12 +105,6 @@ impl<'a> Machine<'a> {
         let hoisted_at = merges_at + snapshot.program.merges.len();
         let candidate_lets_at = hoisted_at + snapshot.hoisted;
         let set_lets_at = candidate_lets_at + lets * candidates.len();
-        let mut cache = vec![None; set_lets_at + lets * candidates.len()];
-        if let Some(merges) = cache.get_mut(merges_at..hoisted_at) {
-            for (slot, value) in merges.iter_mut().zip(&request.merges) {
-                *slot = Some(value.clone());
-            }
-        }
         Machine {
             snapshot,
             request,
@@ -120,7 +116,8 @@ impl<'a> Machine<'a> {
             free_in_ms: None,
             shorthand: None,
             succeeded: false,
-            cache,
+            cache: Vec::new(),
+            cache_len: set_lets_at + lets * candidates.len(),
             lets,
             merges_at,
             hoisted_at,
@@ -339,6 +336,9 @@ impl<'a> Machine<'a> {
     }
 
     fn store(&mut self, slot: usize, value: &Value) {
+        if self.cache.is_empty() {
+            self.cache.resize(self.cache_len, None);
+        }
         if let Some(cached) = self.cache.get_mut(slot) {
             *cached = Some(value.clone());
         }
@@ -381,6 +381,10 @@ impl<'a> Machine<'a> {
     }
 
     fn merge_value(&mut self, index: usize) -> Value {
+        // Once the request's merges are known, they are its own.
+        if let Some(value) = self.request.merges.get(index) {
+            return value.clone();
+        }
         let slot = self.merges_at + index;
         if let Some(value) = self.cached(slot) {
             return value.clone();
