@@ -453,7 +453,7 @@ impl Snapshot {
             let mut machine = Machine::new(self, &request, &candidates, &health);
             for candidate in 0..candidates.len() {
                 for term in terms {
-                    table.values.push(machine.eval(term, Focus::on(candidate)));
+                    table.values.push(machine.eval(term, &Focus::on(candidate)));
                 }
             }
             table.base.push(bases);

@@ -40,7 +40,7 @@ fn for_each_requested_id<E>(
     let mut machine = Machine::new(snapshot, request, &[], &[]);
     for source in &snapshot.program.models.sources {
         // An empty id (a body without `model`) requests nothing.
-        match &*machine.eval_ref(source, Focus::default()) {
+        match &*machine.eval_ref(source, &Focus::default()) {
             Value::String(id) if !id.is_empty() => each(id)?,
             Value::List(items) => {
                 for item in items.iter() {
@@ -250,7 +250,7 @@ fn resolve_unknown(
     for tier in &snapshot.program.models.unknown_serve {
         let mut machine = Machine::new(snapshot, request, &providers, &health);
         let mut matching: Vec<usize> = (0..providers.len())
-            .filter(|index| machine.truth(&tier.condition, Focus::on(*index)))
+            .filter(|index| machine.truth(&tier.condition, &Focus::on(*index)))
             .collect();
         if matching.is_empty() {
             continue;

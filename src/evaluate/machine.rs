@@ -138,7 +138,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    pub fn truth(&mut self, term: &Term, focus: Focus) -> bool {
+    pub fn truth(&mut self, term: &Term, focus: &Focus) -> bool {
         // Connectives decide on their operands' truth without building values.
         match &term.kind {
             TermKind::Binary(BinaryOp::And, lhs, rhs) => {
@@ -159,7 +159,7 @@ impl<'a> Machine<'a> {
     pub fn settled(&mut self, guard: &Guard) -> Option<bool> {
         match guard {
             Guard::Open => None,
-            Guard::Request(term) => Some(self.truth(term, Focus::default())),
+            Guard::Request(term) => Some(self.truth(term, &Focus::default())),
             Guard::And(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
                 (Some(false), _) | (_, Some(false)) => Some(false),
                 (Some(true), Some(true)) => Some(true),
@@ -178,14 +178,14 @@ impl<'a> Machine<'a> {
         }
     }
 
-    pub fn eval(&mut self, term: &Term, focus: Focus) -> Value {
+    pub fn eval(&mut self, term: &Term, focus: &Focus) -> Value {
         self.eval_ref(term, focus).into_owned()
     }
 
     /// Evaluates a term to a value borrowed from the term, the snapshot or
     /// the request where it is one of theirs, so reading it costs no copy
     /// and no reference count.
-    pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: Focus) -> Cow<'t, Value>
+    pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -223,7 +223,7 @@ impl<'a> Machine<'a> {
                 if let Some(value) = self.cached(slot) {
                     return Cow::Owned(value.clone());
                 }
-                let value = self.eval(inner, Focus::default());
+                let value = self.eval(inner, &Focus::default());
                 self.store(slot, &value);
                 Cow::Owned(value)
             }
@@ -250,7 +250,7 @@ impl<'a> Machine<'a> {
     /// The kinds of term that candidate steps and sort keys seldom use,
     /// apart so the common ones stay small.
     #[inline(never)]
-    fn eval_rare(&mut self, term: &Term, focus: Focus) -> Value {
+    fn eval_rare(&mut self, term: &Term, focus: &Focus) -> Value {
         match &term.kind {
             TermKind::At(who, inner) => {
                 let target = match who {
@@ -262,10 +262,10 @@ impl<'a> Machine<'a> {
                 match target {
                     Some(candidate) => self.eval(
                         inner,
-                        Focus {
+                        &Focus {
                             current: Some(candidate),
                             scored: None,
-                            ..focus
+                            ..*focus
                         },
                     ),
                     None => Value::Null,
@@ -310,7 +310,7 @@ impl<'a> Machine<'a> {
 
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
-    fn let_uncached(&mut self, index: usize, focus: Focus) -> Value {
+    fn let_uncached(&mut self, index: usize, focus: &Focus) -> Value {
         // Terms are finite trees; only definitions can recur.
         self.depth += 1;
         let value = if self.depth > MAX_DEPTH {
@@ -346,7 +346,7 @@ impl<'a> Machine<'a> {
 
     /// Where a definition's value is cached for this focus; `None` for a
     /// candidate definition without one of this machine's candidates.
-    fn let_slot(&self, index: usize, focus: Focus) -> Option<usize> {
+    fn let_slot(&self, index: usize, focus: &Focus) -> Option<usize> {
         let spec = self.snapshot.program.lets.get(index)?;
         if !spec.candidate {
             return Some(index);
@@ -360,13 +360,13 @@ impl<'a> Machine<'a> {
         Some(at + candidate * self.lets + index)
     }
 
-    fn let_value(&mut self, index: usize, focus: Focus) -> Value {
+    fn let_value(&mut self, index: usize, focus: &Focus) -> Value {
         let Some(spec) = self.snapshot.program.lets.get(index) else {
             return Value::Null;
         };
         let focus = match (spec.candidate, focus.current) {
-            (false, _) => Focus::default(),
-            (true, Some(candidate)) => Focus::on(candidate),
+            (false, _) => &Focus::default(),
+            (true, Some(candidate)) => &Focus::on(candidate),
             (true, None) => return Value::Null,
         };
         let slot = self.let_slot(index, focus);
@@ -392,14 +392,14 @@ impl<'a> Machine<'a> {
         let Some(spec) = self.snapshot.program.merges.get(index) else {
             return Value::Null;
         };
-        let request = self.eval(&spec.request, Focus::default());
-        let default = self.eval(&spec.default, Focus::default());
+        let request = self.eval(&spec.request, &Focus::default());
+        let default = self.eval(&spec.default, &Focus::default());
         let value = super::merge::combine(spec.op, &request, &default);
         self.store(slot, &value);
         value
     }
 
-    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: Focus) -> Value {
+    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: &Focus) -> Value {
         match op {
             BinaryOp::And => return Value::Bool(self.truth(lhs, focus) && self.truth(rhs, focus)),
             BinaryOp::Or => return Value::Bool(self.truth(lhs, focus) || self.truth(rhs, focus)),
@@ -450,7 +450,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: Focus) -> Cow<'t, Value>
+    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -460,7 +460,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: Focus) -> Cow<'t, Value>
+    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -546,7 +546,7 @@ impl<'a> Machine<'a> {
         Cow::Owned(value)
     }
 
-    fn backoff(&mut self, args: &[Term], focus: Focus) -> Value {
+    fn backoff(&mut self, args: &[Term], focus: &Focus) -> Value {
         let (
             Value::Duration(base),
             Value::Number(factor),
@@ -573,7 +573,7 @@ impl<'a> Machine<'a> {
         function: Aggregate,
         value: &Term,
         filter: Option<&Term>,
-        focus: Focus,
+        focus: &Focus,
     ) -> Value {
         let want = if function == Aggregate::MinOf {
             Ordering::Less
@@ -595,14 +595,14 @@ impl<'a> Machine<'a> {
             let inner = Focus {
                 current: Some(member),
                 scored: focus.current,
-                ..focus
+                ..*focus
             };
             if let Some(filter) = filter
-                && !self.truth(filter, inner)
+                && !self.truth(filter, &inner)
             {
                 continue;
             }
-            let value = self.eval_ref(value, inner);
+            let value = self.eval_ref(value, &inner);
             let truth = matches!(*value, Value::Bool(true));
             match function {
                 Aggregate::CountOf => count += usize::from(truth),
@@ -644,7 +644,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn read(&mut self, read: &Read, focus: Focus) -> Cow<'a, Value> {
+    fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
         let request: &'a RequestState = self.request;
         let snapshot: &'a Snapshot = self.snapshot;
         let data = &snapshot.data;

@@ -58,7 +58,7 @@ fn sort_rows<'a: 'k, 'k, K: AsRef<SortKeySpec>>(
     let width = keys.len();
     let mut values = Vec::with_capacity(candidates.len() * width);
     for candidate in candidates.iter() {
-        let focus = Focus::on(*candidate);
+        let focus = &Focus::on(*candidate);
         for key in keys {
             values.push(machine.eval_ref(&key.as_ref().term, focus));
         }
@@ -116,7 +116,7 @@ pub fn order_keys<'p>(machine: &mut Machine<'_>, parts: &'p [OrderPart]) -> Vec<
         match part {
             OrderPart::By(spec) => keys.push(OrderKey { spec, sort: None }),
             OrderPart::UseSort { selector, sorts } => {
-                let chosen = machine.eval(selector, Focus::default());
+                let chosen = machine.eval(selector, &Focus::default());
                 let name = chosen.as_str().unwrap_or("");
                 if let Some((sort_name, sort_keys)) =
                     sorts.iter().find(|(sort_name, _)| sort_name == name)
@@ -202,7 +202,7 @@ pub fn balance(
                 .iter()
                 .map(|candidate| {
                     let w = machine
-                        .eval(weight, Focus::on(*candidate))
+                        .eval(weight, &Focus::on(*candidate))
                         .as_number()
                         .unwrap_or(0.0);
                     let u = rng.unit().max(f64::MIN_POSITIVE);
@@ -226,12 +226,12 @@ pub fn balance(
         } => {
             let Some(&head) = order.first() else { return };
             let score = |machine: &mut Machine<'_>, candidate: usize| {
-                machine.eval(&key.term, Focus::on(candidate))
+                machine.eval(&key.term, &Focus::on(candidate))
             };
             let group_of = |machine: &mut Machine<'_>, candidate: usize| -> Vec<Value> {
                 among
                     .iter()
-                    .map(|term| machine.eval(term, Focus::on(candidate)))
+                    .map(|term| machine.eval(term, &Focus::on(candidate)))
                     .collect()
             };
             let best = numeric(&score(machine, head));
