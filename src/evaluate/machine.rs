@@ -81,6 +81,11 @@ pub struct Machine<'a> {
     /// first value stored: many machines never store one.
     cache: Vec<Option<Value>>,
     cache_len: usize,
+    /// Aggregates computed for a group of candidates, by their slot and the
+    /// values that define the group (in `group_keys`); cleared when the
+    /// set changes.
+    groups: Vec<Group>,
+    group_keys: Vec<Value>,
     lets: usize,
     merges_at: usize,
     hoisted_at: usize,
@@ -118,6 +123,8 @@ impl<'a> Machine<'a> {
             succeeded: false,
             cache: Vec::new(),
             cache_len: set_lets_at + lets * candidates.len(),
+            groups: Vec::new(),
+            group_keys: Vec::new(),
             lets,
             merges_at,
             hoisted_at,
@@ -135,6 +142,8 @@ impl<'a> Machine<'a> {
             if let Some(set_lets) = self.cache.get_mut(self.set_lets_at..) {
                 set_lets.iter_mut().for_each(|slot| *slot = None);
             }
+            self.groups.clear();
+            self.group_keys.clear();
         }
     }
 
@@ -185,7 +194,34 @@ impl<'a> Machine<'a> {
     /// Evaluates a term to a value borrowed from the term, the snapshot or
     /// the request where it is one of theirs, so reading it costs no copy
     /// and no reference count.
+    #[inline]
     pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
+    where
+        'a: 't,
+    {
+        // The leaves most terms end in are read here, in the caller, without
+        // entering the interpreter.
+        match &term.kind {
+            TermKind::Const(value) => Cow::Borrowed(value),
+            TermKind::Static(slot, _) => match self.precomputed(*slot, focus) {
+                Some(value) => Cow::Borrowed(value),
+                None => self.eval_node(term, focus),
+            },
+            _ => self.eval_node(term, focus),
+        }
+    }
+
+    /// A catalog-only part's value for the focused candidate, when the
+    /// catalog describes it.
+    fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
+        let snapshot: &'a Snapshot = self.snapshot;
+        let candidate = self.candidates.get(focus.current?)?;
+        snapshot
+            .statics
+            .get(candidate.model, candidate.route, candidate.credential, slot)
+    }
+
+    fn eval_node<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -202,22 +238,10 @@ impl<'a> Machine<'a> {
                 Cow::Owned(self.let_uncached(*index, focus))
             }
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
-            TermKind::Static(slot, inner) => {
-                let snapshot: &'a Snapshot = self.snapshot;
-                let precomputed = focus.current.and_then(|current| {
-                    let candidate = self.candidates.get(current)?;
-                    snapshot.statics.get(
-                        candidate.model,
-                        candidate.route,
-                        candidate.credential,
-                        *slot,
-                    )
-                });
-                match precomputed {
-                    Some(value) => Cow::Borrowed(value),
-                    None => self.eval_ref(inner, focus),
-                }
-            }
+            TermKind::Static(slot, inner) => match self.precomputed(*slot, focus) {
+                Some(value) => Cow::Borrowed(value),
+                None => self.eval_ref(inner, focus),
+            },
             TermKind::Hoisted(slot, inner) => {
                 let slot = self.hoisted_at + *slot;
                 if let Some(value) = self.cached(slot) {
@@ -272,6 +296,7 @@ impl<'a> Machine<'a> {
                 }
             }
             TermKind::Merge(index) => self.merge_value(*index),
+            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, aggregate, focus),
             TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
                 Value::Number(n) => Value::Number(-n),
                 _ => Value::Null,
@@ -308,6 +333,40 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// An aggregate that depends on the candidate it scores only through
+    /// `by`: computed once for each group of candidates with the same values
+    /// of `by`.
+    fn grouped(&mut self, slot: usize, by: &[Term], aggregate: &Term, focus: &Focus) -> Value {
+        let Some(current) = focus.current else {
+            return self.eval(aggregate, focus);
+        };
+        let start = self.group_keys.len();
+        for term in by {
+            let value = self.eval(term, &Focus::on(current));
+            self.group_keys.push(value);
+        }
+        let end = self.group_keys.len();
+        let (known, key) = self.group_keys.split_at(start);
+        let found = self.groups.iter().find(|group| {
+            group.slot == slot
+                && known.get(group.keys.clone()).is_some_and(|keys| {
+                    keys.len() == key.len() && keys.iter().zip(key).all(|(a, b)| same(a, b))
+                })
+        });
+        if let Some(group) = found {
+            let value = group.value.clone();
+            self.group_keys.truncate(start);
+            return value;
+        }
+        let value = self.eval(aggregate, focus);
+        self.groups.push(Group {
+            slot,
+            keys: start..end,
+            value: value.clone(),
+        });
+        value
+    }
+
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
     fn let_uncached(&mut self, index: usize, focus: &Focus) -> Value {
@@ -337,7 +396,7 @@ impl<'a> Machine<'a> {
 
     fn store(&mut self, slot: usize, value: &Value) {
         if self.cache.is_empty() {
-            self.cache.resize(self.cache_len, None);
+            self.cache.resize_with(self.cache_len, || None);
         }
         if let Some(cached) = self.cache.get_mut(slot) {
             *cached = Some(value.clone());
@@ -890,6 +949,30 @@ impl<'a> Machine<'a> {
 }
 
 use crate::compile::builtin_member as builtin;
+
+/// An aggregate's value for one group of candidates.
+struct Group {
+    slot: usize,
+    /// Where the values that define the group are in `Machine::group_keys`.
+    keys: std::ops::Range<usize>,
+    value: Value,
+}
+
+/// Whether two values are the same value of the same type, so a term reading
+/// one behaves exactly as it does reading the other. Lists and records are
+/// never taken as the same: groups are not formed on them.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(a), Value::Bool(b)) => a == b,
+        (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
+        (Value::String(a), Value::String(b)) => a == b,
+        (Value::Duration(a), Value::Duration(b)) => a == b,
+        (Value::Date(a), Value::Date(b)) => a == b,
+        (Value::Enum(a), Value::Enum(b)) => a == b,
+        _ => false,
+    }
+}
 
 fn to_member(members: &[String], name: Arc<str>) -> Value {
     match members.iter().position(|m| **m == *name) {
