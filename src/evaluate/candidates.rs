@@ -4,7 +4,7 @@
 
 use super::health::CandidateHealth;
 use super::machine::{Focus, Machine};
-use super::order::sort_by_keys;
+use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
 use crate::compile::{ModelName, Snapshot};
 use crate::language::ast::PinTarget;
@@ -329,9 +329,9 @@ fn with_credentials(
                 (Some(only), None) => add(only),
                 (Some(first), Some(second)) => {
                     let all = [first, second].into_iter().chain(usable).collect();
-                    best_credential(snapshot, request, all, keys)
-                        .into_iter()
-                        .for_each(add);
+                    if let Some(best) = best_credential(snapshot, request, all, keys) {
+                        add(best);
+                    }
                 }
             }
         }
@@ -341,20 +341,13 @@ fn with_credentials(
 fn best_credential(
     snapshot: &Snapshot,
     request: &RequestState,
-    candidates: Vec<Candidate>,
+    mut candidates: Vec<Candidate>,
     keys: &[SortKeySpec],
-) -> Vec<Candidate> {
-    if candidates.len() <= 1 {
-        return candidates;
-    }
-    let health = vec![CandidateHealth::default(); candidates.len()];
-    let mut machine = Machine::new(snapshot, request, &candidates, &health);
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    sort_by_keys(&mut machine, &mut order, keys);
-    order
-        .first()
-        .and_then(|index| candidates.get(*index))
-        .cloned()
-        .into_iter()
-        .collect()
+) -> Option<Candidate> {
+    // No health is known while candidates are resolved: every read of it
+    // is its default, as for a candidate without a record.
+    let mut machine = Machine::new(snapshot, request, &candidates, &[]);
+    let best = first_by_keys(&mut machine, 0..candidates.len(), keys)?;
+    drop(machine);
+    (best < candidates.len()).then(|| candidates.swap_remove(best))
 }

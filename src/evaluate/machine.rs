@@ -194,7 +194,6 @@ impl<'a> Machine<'a> {
     /// Evaluates a term to a value borrowed from the term, the snapshot or
     /// the request where it is one of theirs, so reading it costs no copy
     /// and no reference count.
-    #[inline]
     pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,

@@ -16,6 +16,35 @@ pub fn sort_by_keys<K: AsRef<SortKeySpec>>(
     sort_rows(machine, candidates, keys);
 }
 
+/// The candidate a stable sort by the keys would put first (the earliest of
+/// those that tie), without sorting: each candidate's keys evaluated once,
+/// then one pass.
+pub fn first_by_keys<K: AsRef<SortKeySpec>>(
+    machine: &mut Machine<'_>,
+    candidates: impl Iterator<Item = usize> + Clone,
+    keys: &[K],
+) -> Option<usize> {
+    if keys.is_empty() {
+        return candidates.clone().next();
+    }
+    let width = keys.len();
+    let mut values = Vec::new();
+    for candidate in candidates.clone() {
+        let focus = Focus::on(candidate);
+        for key in keys {
+            values.push(machine.eval_ref(&key.as_ref().term, &focus));
+        }
+    }
+    let mut rows = values.chunks(width);
+    let mut best = (0, rows.next()?);
+    for (index, row) in rows.enumerate() {
+        if compare_keys(row, best.1, keys) == Ordering::Less {
+            best = (index + 1, row);
+        }
+    }
+    candidates.clone().nth(best.0)
+}
+
 /// Sorts as [`sort_by_keys`] does and returns each candidate's key values,
 /// for the trace.
 pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
