@@ -159,6 +159,13 @@ impl<'a> Machine<'a> {
             TermKind::Binary(BinaryOp::Implies, lhs, rhs) => {
                 !self.truth(lhs, focus) || self.truth(rhs, focus)
             }
+            // So do comparisons and negations: no value is built and dropped.
+            TermKind::Binary(op, lhs, rhs) if is_comparison(*op) => {
+                let a = self.eval_ref(lhs, focus);
+                let b = self.eval_ref(rhs, focus);
+                holds(*op, &a, &b)
+            }
+            TermKind::Not(inner) => matches!(*self.eval_ref(inner, focus), Value::Bool(false)),
             _ => matches!(*self.eval_ref(term, focus), Value::Bool(true)),
         }
     }
@@ -468,21 +475,10 @@ impl<'a> Machine<'a> {
         }
         let a = self.eval_ref(lhs, focus);
         let b = self.eval_ref(rhs, focus);
+        if is_comparison(op) {
+            return Value::Bool(holds(op, &a, &b));
+        }
         match (op, &*a, &*b) {
-            (BinaryOp::Eq, a, b) => Value::Bool(a == b),
-            (BinaryOp::Ne, a, b) => Value::Bool(a != b),
-            (BinaryOp::Lt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Less)),
-            (BinaryOp::Le, a, b) => Value::Bool(matches!(
-                a.compare(b),
-                Some(Ordering::Less | Ordering::Equal)
-            )),
-            (BinaryOp::Gt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Greater)),
-            (BinaryOp::Ge, a, b) => Value::Bool(matches!(
-                a.compare(b),
-                Some(Ordering::Greater | Ordering::Equal)
-            )),
-            (BinaryOp::In, a, b) => Value::Bool(b.items().contains(a)),
-            (BinaryOp::NotIn, a, b) => Value::Bool(!b.items().contains(a)),
             (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
             (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
                 Value::Duration(x.saturating_add(*y))
@@ -980,6 +976,42 @@ fn to_member(members: &[String], name: Arc<str>) -> Value {
             name,
         }),
         None => Value::Null,
+    }
+}
+
+fn is_comparison(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::In
+            | BinaryOp::NotIn
+    )
+}
+
+/// Whether a comparison holds between two values.
+fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
+    match op {
+        BinaryOp::Eq => a == b,
+        BinaryOp::Ne => a != b,
+        BinaryOp::Lt => a.compare(b) == Some(Ordering::Less),
+        BinaryOp::Le => matches!(a.compare(b), Some(Ordering::Less | Ordering::Equal)),
+        BinaryOp::Gt => a.compare(b) == Some(Ordering::Greater),
+        BinaryOp::Ge => matches!(a.compare(b), Some(Ordering::Greater | Ordering::Equal)),
+        BinaryOp::In => b.items().contains(a),
+        BinaryOp::NotIn => !b.items().contains(a),
+        // Not comparisons: `is_comparison` keeps them from being asked.
+        BinaryOp::Implies
+        | BinaryOp::Or
+        | BinaryOp::And
+        | BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div => false,
     }
 }
 
