@@ -3,8 +3,10 @@
 //! outcome. Pure: everything it reads is in its inputs.
 
 use super::health::CandidateHealth;
-use super::{Candidate, RequestState, ResolutionKind};
-use crate::compile::{Guard, Snapshot};
+use super::{Candidate, RequestState};
+use crate::compile::{
+    Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
+};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::ir::{Function, PriceField, Read, Term, TermKind, Who};
 use crate::value::{EnumMember, Value};
@@ -706,9 +708,9 @@ impl<'a> Machine<'a> {
         let value = match read {
             Read::RequestId => Value::String(request.id.clone()),
             Read::RequestModel => Value::String(request.model.clone()),
-            Read::RequestEndpoint => builtin(request.endpoint.name()),
-            Read::RequestWire => builtin(request.endpoint.wire().name()),
-            Read::RequestKind => builtin(request.endpoint.kind().name()),
+            Read::RequestEndpoint => return Cow::Borrowed(endpoint_member(request.endpoint)),
+            Read::RequestWire => return Cow::Borrowed(wire_member(request.endpoint.wire())),
+            Read::RequestKind => return Cow::Borrowed(kind_member(request.endpoint.kind())),
             Read::RequestStream => Value::Bool(request.stream),
             Read::RequestParameters => Value::List(request.parameters.clone()),
             Read::RequestEstimatedTokens => Value::Number(request.estimated_tokens),
@@ -828,7 +830,7 @@ impl<'a> Machine<'a> {
             },
             Read::ModelKind => match candidate.model {
                 Some(model) => return from(&interned.model_kind, Some(model)),
-                None => builtin(self.request.endpoint.kind().name()),
+                None => return Cow::Borrowed(kind_member(self.request.endpoint.kind())),
             },
             Read::ModelAliases => match candidate.model {
                 Some(model) => return from(&interned.model_aliases, Some(model)),
@@ -920,12 +922,9 @@ impl<'a> Machine<'a> {
             Read::CapacityFull => Value::Bool(health.is_some_and(|h| h.full)),
             Read::CapacityInFlight => Value::Number(f64::from(health.map_or(0, |h| h.in_flight))),
             Read::RequestedIndex => Value::Number(candidate.requested.index as f64),
-            Read::RequestedKind => builtin(match candidate.requested.kind {
-                ResolutionKind::Bare => "bare",
-                ResolutionKind::Alias => "alias",
-                ResolutionKind::Pin => "pin",
-                ResolutionKind::Unknown => "unknown",
-            }),
+            Read::RequestedKind => {
+                return Cow::Borrowed(resolution_member(candidate.requested.kind));
+            }
             Read::RequestedId => Value::String(candidate.requested.id.clone()),
             _ => Value::Null,
         };
@@ -942,8 +941,6 @@ impl<'a> Machine<'a> {
             .unwrap_or(Value::Null)
     }
 }
-
-use crate::compile::builtin_member as builtin;
 
 /// An aggregate's value for one group of candidates.
 struct Group {
