@@ -302,6 +302,20 @@ impl Stager<'_> {
                 let slot = slot_of(&mut self.grouped, term);
                 TermKind::Grouped(slot, by, Box::new(term.clone()))
             }
+            // A candidate definition that is one read is read in place: the
+            // read costs no more than a cached value and saves caching it.
+            TermKind::Let(index) => match self.lets.get(*index) {
+                Some(LetSpec {
+                    candidate: true,
+                    term:
+                        Term {
+                            kind: TermKind::Read(read),
+                            ..
+                        },
+                    ..
+                }) => TermKind::Read(read.clone()),
+                _ => term.kind.clone(),
+            },
             // Candidate switches and aggregates look at other candidates
             // with the same terms; they stay as written.
             other => other.clone(),
@@ -392,6 +406,35 @@ mod tests {
             hoisted: Vec::new(),
             grouped: Vec::new(),
         }
+    }
+
+    #[test]
+    fn candidate_definitions_that_are_one_read_are_read_in_place() {
+        let definition = |term: Term| LetSpec {
+            name: String::from("d"),
+            term,
+            candidate: true,
+            aggregate: false,
+        };
+        let lets = [
+            definition(read(Read::CredentialOwned)),
+            definition(Term::new(
+                TermKind::Not(Box::new(read(Read::CredentialOwned))),
+                Span::default(),
+            )),
+        ];
+        let mut stager = Stager {
+            lets: &lets,
+            let_deps: vec![None; lets.len()],
+            ..stager()
+        };
+        let own = Term::new(TermKind::Let(0), Span::default());
+        assert_eq!(
+            stager.stage(&own).kind,
+            TermKind::Read(Read::CredentialOwned)
+        );
+        let other = Term::new(TermKind::Let(1), Span::default());
+        assert_eq!(stager.stage(&other).kind, TermKind::Let(1));
     }
 
     #[test]
