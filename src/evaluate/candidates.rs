@@ -121,12 +121,12 @@ fn resolve_pin(
         if providers.is_empty() {
             continue;
         }
-        let models = match snapshot.model_named(model_id) {
-            Some(ModelName::Model(model)) => vec![*model],
-            Some(ModelName::Alias(models)) => models.clone(),
-            None => Vec::new(),
+        let models: &[usize] = match snapshot.model_named(model_id) {
+            Some(ModelName::Model(model)) => std::slice::from_ref(model),
+            Some(ModelName::Alias(models)) => models,
+            None => &[],
         };
-        for model in models {
+        for &model in models {
             let requested = Requested {
                 index: *position,
                 kind: ResolutionKind::Pin,
@@ -158,6 +158,7 @@ fn resolve_name(
     position: &mut usize,
     choose: &mut impl FnMut(RouteChoice),
 ) -> bool {
+    // The snapshot's own list of models: none is built per request.
     let (models, kind) = match snapshot.model_named(id) {
         Some(ModelName::Model(model)) => {
             let is_alias = snapshot
@@ -167,7 +168,7 @@ fn resolve_name(
                 .get(*model)
                 .is_some_and(|m| *m.id != **id);
             (
-                vec![*model],
+                std::slice::from_ref(model),
                 if is_alias {
                     ResolutionKind::Alias
                 } else {
@@ -175,10 +176,10 @@ fn resolve_name(
                 },
             )
         }
-        Some(ModelName::Alias(models)) => (models.clone(), ResolutionKind::Alias),
+        Some(ModelName::Alias(models)) => (models.as_slice(), ResolutionKind::Alias),
         None => return false,
     };
-    for model in models {
+    for &model in models {
         let requested = Requested {
             index: *position,
             kind,
