@@ -123,29 +123,6 @@ impl Value {
             _ => None,
         }
     }
-
-    /// Sort order for sort keys: present values by `compare`, absent ones
-    /// last (or first); values of other types tie.
-    pub fn sort_cmp(&self, other: &Value, nulls_first: bool) -> Ordering {
-        match (self.is_null(), other.is_null()) {
-            (true, true) => Ordering::Equal,
-            (true, false) => {
-                if nulls_first {
-                    Ordering::Less
-                } else {
-                    Ordering::Greater
-                }
-            }
-            (false, true) => {
-                if nulls_first {
-                    Ordering::Greater
-                } else {
-                    Ordering::Less
-                }
-            }
-            (false, false) => self.compare(other).unwrap_or(Ordering::Equal),
-        }
-    }
 }
 
 impl PartialEq for Value {
@@ -240,13 +217,6 @@ mod tests {
         );
         assert_eq!(member(1, "private"), Value::string("private"));
         assert_ne!(member(1, "private"), Value::string("tee"));
-    }
-
-    #[test]
-    fn absent_values_sort_last_unless_asked() {
-        let one = Value::Number(1.0);
-        assert_eq!(Value::Null.sort_cmp(&one, false), Ordering::Greater);
-        assert_eq!(Value::Null.sort_cmp(&one, true), Ordering::Less);
     }
 
     #[test]

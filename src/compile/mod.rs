@@ -10,10 +10,10 @@ mod stage;
 
 pub use stage::Guard;
 
-use crate::data::{Credential, Data, Provider};
+use crate::data::{Credential, Data, ModelKind, Provider, WireFormat};
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
-use crate::evaluate::{Candidate, RequestState};
+use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
 use crate::language::CheckedPolicy;
 use crate::language::ir::{Program, Term};
 use crate::value::Value;
@@ -128,7 +128,7 @@ impl Interned {
             provider_format: catalog
                 .providers
                 .iter()
-                .map(|p| builtin_member(p.format.name()))
+                .map(|p| wire_member(p.format).clone())
                 .collect(),
             provider_aliases: catalog
                 .providers
@@ -143,7 +143,7 @@ impl Interned {
             model_kind: catalog
                 .models
                 .iter()
-                .map(|m| builtin_member(m.kind.name()))
+                .map(|m| kind_member(m.kind).clone())
                 .collect(),
             model_aliases: catalog.models.iter().map(|m| strings(&m.aliases)).collect(),
             route_capabilities: catalog
@@ -189,8 +189,9 @@ const BUILTIN_MEMBERS: [&str; 14] = [
     "unknown",
 ];
 
-/// Members of the built-in enumerations, shared: they compare by name.
-pub fn builtin_member(name: &str) -> Value {
+/// The shared values of [`BUILTIN_MEMBERS`], in its order: members compare
+/// by name, so every read of one shares its text.
+fn builtin_members() -> &'static [Value] {
     static MEMBERS: std::sync::LazyLock<Vec<Value>> = std::sync::LazyLock::new(|| {
         BUILTIN_MEMBERS
             .into_iter()
@@ -202,36 +203,49 @@ pub fn builtin_member(name: &str) -> Value {
             })
             .collect()
     });
-    builtin_index(name)
-        .and_then(|index| MEMBERS.get(index))
-        .cloned()
-        .unwrap_or_else(|| {
-            Value::Enum(crate::value::EnumMember {
-                rank: 0,
-                name: Arc::from(name),
-            })
-        })
+    &MEMBERS
 }
 
-/// A built-in member's position in [`BUILTIN_MEMBERS`]: a `match` rather
-/// than a search, as requests read these per candidate.
-fn builtin_index(name: &str) -> Option<usize> {
-    Some(match name {
-        "chat_completions" => 0,
-        "completions" => 1,
-        "embeddings" => 2,
-        "responses" => 3,
-        "messages" => 4,
-        "openai" => 5,
-        "anthropic" => 6,
-        "chat" => 7,
-        "completion" => 8,
-        "embedding" => 9,
-        "bare" => 10,
-        "alias" => 11,
-        "pin" => 12,
-        "unknown" => 13,
-        _ => return None,
+/// The built-in member at a position in [`BUILTIN_MEMBERS`], borrowed: the
+/// request's endpoint, wire format and kind and a candidate's resolution
+/// are read per candidate, so they are found by their enumeration's
+/// variant, with no name matched and no reference counted.
+fn builtin_at(index: usize) -> &'static Value {
+    static ABSENT: Value = Value::Null;
+    builtin_members().get(index).unwrap_or(&ABSENT)
+}
+
+pub fn endpoint_member(endpoint: Endpoint) -> &'static Value {
+    builtin_at(match endpoint {
+        Endpoint::ChatCompletions => 0,
+        Endpoint::Completions => 1,
+        Endpoint::Embeddings => 2,
+        Endpoint::Responses => 3,
+        Endpoint::Messages => 4,
+    })
+}
+
+pub fn wire_member(wire: WireFormat) -> &'static Value {
+    builtin_at(match wire {
+        WireFormat::OpenAi => 5,
+        WireFormat::Anthropic => 6,
+    })
+}
+
+pub fn kind_member(kind: ModelKind) -> &'static Value {
+    builtin_at(match kind {
+        ModelKind::Chat => 7,
+        ModelKind::Completion => 8,
+        ModelKind::Embedding => 9,
+    })
+}
+
+pub fn resolution_member(kind: ResolutionKind) -> &'static Value {
+    builtin_at(match kind {
+        ResolutionKind::Bare => 10,
+        ResolutionKind::Alias => 11,
+        ResolutionKind::Pin => 12,
+        ResolutionKind::Unknown => 13,
     })
 }
 
@@ -453,7 +467,7 @@ impl Snapshot {
             let mut machine = Machine::new(self, &request, &candidates, &health);
             for candidate in 0..candidates.len() {
                 for term in terms {
-                    table.values.push(machine.eval(term, Focus::on(candidate)));
+                    table.values.push(machine.eval(term, &Focus::on(candidate)));
                 }
             }
             table.base.push(bases);
@@ -555,13 +569,24 @@ mod tests {
     }
 
     #[test]
-    fn builtin_members_are_found_at_their_positions() {
-        for (index, name) in BUILTIN_MEMBERS.into_iter().enumerate() {
-            assert_eq!(builtin_index(name), Some(index));
-            assert_eq!(builtin_member(name).as_str(), Some(name));
+    fn builtin_members_are_found_by_their_variants() {
+        for endpoint in Endpoint::ALL {
+            assert_eq!(endpoint_member(endpoint).as_str(), Some(endpoint.name()));
         }
-        assert_eq!(builtin_index("other"), None);
-        assert_eq!(builtin_member("other").as_str(), Some("other"));
+        for wire in [WireFormat::OpenAi, WireFormat::Anthropic] {
+            assert_eq!(wire_member(wire).as_str(), Some(wire.name()));
+        }
+        for kind in [ModelKind::Chat, ModelKind::Completion, ModelKind::Embedding] {
+            assert_eq!(kind_member(kind).as_str(), Some(kind.name()));
+        }
+        for (kind, name) in [
+            (ResolutionKind::Bare, "bare"),
+            (ResolutionKind::Alias, "alias"),
+            (ResolutionKind::Pin, "pin"),
+            (ResolutionKind::Unknown, "unknown"),
+        ] {
+            assert_eq!(resolution_member(kind).as_str(), Some(name));
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! candidate with the caller — is interpreted per candidate as before.
 
 use crate::language::ast::BinaryOp;
-use crate::language::ir::{LetSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
+use crate::language::ir::{LetSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
 
 /// What a term's value depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -124,6 +124,7 @@ struct Stager<'p> {
     let_deps: Vec<Option<Deps>>,
     statics: Vec<Term>,
     hoisted: Vec<Term>,
+    grouped: Vec<Term>,
 }
 
 /// Stages the terms evaluated per candidate: candidate definitions,
@@ -134,6 +135,7 @@ pub fn stage(original: &Program) -> Staged {
         let_deps: vec![None; original.lets.len()],
         statics: Vec::new(),
         hoisted: Vec::new(),
+        grouped: Vec::new(),
     };
     let mut program = original.clone();
     for spec in &mut program.lets {
@@ -202,7 +204,7 @@ impl Stager<'_> {
         match &term.kind {
             TermKind::Const(_) => Deps::NONE,
             TermKind::Read(read) => read_deps(read),
-            TermKind::At(..) | TermKind::Aggregate(..) => Deps::LIVE,
+            TermKind::At(..) | TermKind::Aggregate(..) | TermKind::Grouped(..) => Deps::LIVE,
             TermKind::Static(..) => Deps::CATALOG,
             TermKind::Hoisted(..) | TermKind::Merge(_) => Deps::REQUEST,
             TermKind::Let(index) => self.let_deps(*index),
@@ -288,12 +290,83 @@ impl Stager<'_> {
                     .map(|(name, item)| (name.clone(), self.stage(item)))
                     .collect(),
             ),
+            TermKind::Aggregate(_, value, filter) => {
+                let mut by = Vec::new();
+                let groupable = scored_reads(value, &mut by)
+                    && filter
+                        .as_deref()
+                        .is_none_or(|filter| scored_reads(filter, &mut by));
+                if !groupable {
+                    return term.clone();
+                }
+                let slot = slot_of(&mut self.grouped, term);
+                TermKind::Grouped(slot, by, Box::new(term.clone()))
+            }
+            // A candidate definition that is one read is read in place: the
+            // read costs no more than a cached value and saves caching it.
+            TermKind::Let(index) => match self.lets.get(*index) {
+                Some(LetSpec {
+                    candidate: true,
+                    term:
+                        Term {
+                            kind: TermKind::Read(read),
+                            ..
+                        },
+                    ..
+                }) => TermKind::Read(read.clone()),
+                _ => term.kind.clone(),
+            },
             // Candidate switches and aggregates look at other candidates
             // with the same terms; they stay as written.
             other => other.clone(),
         };
         Term::new(kind, term.span)
     }
+}
+
+/// Collects into `by` what an aggregate's value or filter reads of the
+/// candidate it scores (the `X` of each `scored.X`); `false` when it depends
+/// on more than those and the candidates it ranges over: another candidate
+/// (`prev`, `first`, `served`) or a nested aggregate. Definitions see only
+/// their own candidate, so they depend on nothing else.
+fn scored_reads(term: &Term, by: &mut Vec<Term>) -> bool {
+    match &term.kind {
+        TermKind::At(Who::Scored, inner) => {
+            if !reads_one_candidate(inner) {
+                return false;
+            }
+            if !by.contains(inner) {
+                by.push((**inner).clone());
+            }
+            true
+        }
+        TermKind::At(..) | TermKind::Aggregate(..) | TermKind::Grouped(..) => false,
+        TermKind::Const(_)
+        | TermKind::Read(_)
+        | TermKind::Let(_)
+        | TermKind::Merge(_)
+        | TermKind::Static(..)
+        | TermKind::Hoisted(..) => true,
+        TermKind::Not(inner)
+        | TermKind::Negate(inner)
+        | TermKind::Field(inner, _)
+        | TermKind::ToEnum(_, inner) => scored_reads(inner, by),
+        TermKind::Binary(_, lhs, rhs) => scored_reads(lhs, by) && scored_reads(rhs, by),
+        TermKind::If(condition, then, otherwise) => {
+            scored_reads(condition, by) && scored_reads(then, by) && scored_reads(otherwise, by)
+        }
+        TermKind::Call(_, items) | TermKind::List(items) => {
+            items.iter().all(|item| scored_reads(item, by))
+        }
+        TermKind::Record(fields) => fields.iter().all(|(_, item)| scored_reads(item, by)),
+    }
+}
+
+/// Whether a term reads only the candidate it is evaluated for (and the
+/// request): no candidate switch, no aggregate.
+fn reads_one_candidate(term: &Term) -> bool {
+    let mut by = Vec::new();
+    scored_reads(term, &mut by) && by.is_empty()
 }
 
 /// The slot of an equal term already staged, or a new one.
@@ -331,7 +404,37 @@ mod tests {
             let_deps: Vec::new(),
             statics: Vec::new(),
             hoisted: Vec::new(),
+            grouped: Vec::new(),
         }
+    }
+
+    #[test]
+    fn candidate_definitions_that_are_one_read_are_read_in_place() {
+        let definition = |term: Term| LetSpec {
+            name: String::from("d"),
+            term,
+            candidate: true,
+            aggregate: false,
+        };
+        let lets = [
+            definition(read(Read::CredentialOwned)),
+            definition(Term::new(
+                TermKind::Not(Box::new(read(Read::CredentialOwned))),
+                Span::default(),
+            )),
+        ];
+        let mut stager = Stager {
+            lets: &lets,
+            let_deps: vec![None; lets.len()],
+            ..stager()
+        };
+        let own = Term::new(TermKind::Let(0), Span::default());
+        assert_eq!(
+            stager.stage(&own).kind,
+            TermKind::Read(Read::CredentialOwned)
+        );
+        let other = Term::new(TermKind::Let(1), Span::default());
+        assert_eq!(stager.stage(&other).kind, TermKind::Let(1));
     }
 
     #[test]
@@ -387,6 +490,46 @@ mod tests {
         let key = read(Read::KeyAttr(0));
         assert_eq!(stager.stage(&key), key);
         assert!(stager.statics.is_empty() && stager.hoisted.is_empty());
+    }
+
+    fn aggregate(filter: Term) -> Term {
+        Term::new(
+            TermKind::Aggregate(
+                crate::language::ast::Aggregate::MinOf,
+                Box::new(read(Read::RoutePrice(
+                    crate::language::ir::PriceField::Input,
+                ))),
+                Some(Box::new(filter)),
+            ),
+            Span::default(),
+        )
+    }
+
+    fn at(who: Who, inner: Term) -> Term {
+        Term::new(TermKind::At(who, Box::new(inner)), Span::default())
+    }
+
+    #[test]
+    fn aggregates_over_the_scored_candidates_group_by_what_they_read_of_it() {
+        let mut stager = stager();
+        // min_of(route.price.input if model.id == scored.model.id)
+        let same_model = aggregate(binary(
+            BinaryOp::Eq,
+            read(Read::ModelId),
+            at(Who::Scored, read(Read::ModelId)),
+        ));
+        let staged = stager.stage(&same_model);
+        assert_eq!(
+            staged.kind,
+            TermKind::Grouped(0, vec![read(Read::ModelId)], Box::new(same_model))
+        );
+        // One that reads another candidate than the scored one is not grouped.
+        let after_prev = aggregate(binary(
+            BinaryOp::Eq,
+            read(Read::ModelId),
+            at(Who::Prev, read(Read::ModelId)),
+        ));
+        assert_eq!(stager.stage(&after_prev), after_prev);
     }
 
     #[test]

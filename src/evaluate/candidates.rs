@@ -4,7 +4,7 @@
 
 use super::health::CandidateHealth;
 use super::machine::{Focus, Machine};
-use super::order::sort_by_keys;
+use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
 use crate::compile::{ModelName, Snapshot};
 use crate::language::ast::PinTarget;
@@ -30,51 +30,63 @@ struct RouteChoice {
     requested: Requested,
 }
 
-/// The requested ids, in order: each `from` source's string or list items.
-pub fn requested_ids(snapshot: &Snapshot, request: &RequestState) -> Vec<Arc<str>> {
+/// Calls `each` with the requested ids, in order: each `from` source's
+/// string or list items; stops at the first error it returns.
+fn for_each_requested_id<E>(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    mut each: impl FnMut(&Arc<str>) -> Result<(), E>,
+) -> Result<(), E> {
     let mut machine = Machine::new(snapshot, request, &[], &[]);
-    let mut ids = Vec::new();
     for source in &snapshot.program.models.sources {
         // An empty id (a body without `model`) requests nothing.
-        match machine.eval(source, Focus::default()) {
-            Value::String(id) if !id.is_empty() => ids.push(id),
-            Value::List(items) => ids.extend(items.iter().filter_map(|item| match item {
-                Value::String(id) if !id.is_empty() => Some(id.clone()),
-                _ => None,
-            })),
+        match &*machine.eval_ref(source, &Focus::default()) {
+            Value::String(id) if !id.is_empty() => each(id)?,
+            Value::List(items) => {
+                for item in items.iter() {
+                    if let Value::String(id) = item
+                        && !id.is_empty()
+                    {
+                        each(id)?;
+                    }
+                }
+            }
             _ => {}
         }
     }
-    ids
+    Ok(())
 }
 
 pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candidate>, Unresolved> {
     let models = &snapshot.program.models;
-    let ids = requested_ids(snapshot, request);
     let unknown = |id: &str| Unresolved {
         error: models.unknown_error,
         detail: format!("`{id}` names no model"),
     };
-    if ids.is_empty() {
-        return Err(unknown(""));
-    }
-    let mut choices = Vec::new();
-    let mut position = 0usize;
-    for id in ids {
-        let before = choices.len();
-        if !resolve_pin(snapshot, &id, &mut position, &mut choices)?
-            && !resolve_name(snapshot, &id, &mut position, &mut choices)
-        {
-            resolve_unknown(snapshot, request, &id, &mut position, &mut choices);
-        }
-        if choices.len() == before {
-            return Err(unknown(&id));
-        }
-    }
-
+    // Each route an id resolves to goes straight to its credentials, with no
+    // list of routes in between.
     let mut candidates: Vec<Candidate> = Vec::new();
-    for choice in choices {
-        with_credentials(snapshot, request, choice, &mut candidates);
+    let mut any_id = false;
+    let mut position = 0usize;
+    for_each_requested_id(snapshot, request, |id| {
+        any_id = true;
+        let mut routes = 0usize;
+        let mut choose = |choice: RouteChoice| {
+            routes += 1;
+            with_credentials(snapshot, request, choice, &mut candidates);
+        };
+        if !resolve_pin(snapshot, id, &mut position, &mut choose)?
+            && !resolve_name(snapshot, id, &mut position, &mut choose)
+        {
+            resolve_unknown(snapshot, request, id, &mut position, &mut choose);
+        }
+        if routes == 0 {
+            return Err(unknown(id));
+        }
+        Ok(())
+    })?;
+    if !any_id {
+        return Err(unknown(""));
     }
     if candidates.is_empty() {
         return Err(Unresolved {
@@ -90,7 +102,7 @@ fn resolve_pin(
     snapshot: &Snapshot,
     id: &Arc<str>,
     position: &mut usize,
-    choices: &mut Vec<RouteChoice>,
+    choose: &mut impl FnMut(RouteChoice),
 ) -> Result<bool, Unresolved> {
     for pin in &snapshot.program.models.pins {
         let Some(rest) = id.strip_prefix(pin.prefix.as_str()) else {
@@ -109,12 +121,12 @@ fn resolve_pin(
         if providers.is_empty() {
             continue;
         }
-        let models = match snapshot.model_named(model_id) {
-            Some(ModelName::Model(model)) => vec![*model],
-            Some(ModelName::Alias(models)) => models.clone(),
-            None => Vec::new(),
+        let models: &[usize] = match snapshot.model_named(model_id) {
+            Some(ModelName::Model(model)) => std::slice::from_ref(model),
+            Some(ModelName::Alias(models)) => models,
+            None => &[],
         };
-        for model in models {
+        for &model in models {
             let requested = Requested {
                 index: *position,
                 kind: ResolutionKind::Pin,
@@ -122,7 +134,7 @@ fn resolve_pin(
             };
             for entry in snapshot.routes_of(model) {
                 if providers.contains(&entry.provider) {
-                    choices.push(route_choice(
+                    choose(route_choice(
                         snapshot,
                         model,
                         entry.route,
@@ -144,8 +156,9 @@ fn resolve_name(
     snapshot: &Snapshot,
     id: &Arc<str>,
     position: &mut usize,
-    choices: &mut Vec<RouteChoice>,
+    choose: &mut impl FnMut(RouteChoice),
 ) -> bool {
+    // The snapshot's own list of models: none is built per request.
     let (models, kind) = match snapshot.model_named(id) {
         Some(ModelName::Model(model)) => {
             let is_alias = snapshot
@@ -155,7 +168,7 @@ fn resolve_name(
                 .get(*model)
                 .is_some_and(|m| *m.id != **id);
             (
-                vec![*model],
+                std::slice::from_ref(model),
                 if is_alias {
                     ResolutionKind::Alias
                 } else {
@@ -163,17 +176,17 @@ fn resolve_name(
                 },
             )
         }
-        Some(ModelName::Alias(models)) => (models.clone(), ResolutionKind::Alias),
+        Some(ModelName::Alias(models)) => (models.as_slice(), ResolutionKind::Alias),
         None => return false,
     };
-    for model in models {
+    for &model in models {
         let requested = Requested {
             index: *position,
             kind,
             id: id.clone(),
         };
         for entry in snapshot.routes_of(model) {
-            choices.push(route_choice(
+            choose(route_choice(
                 snapshot,
                 model,
                 entry.route,
@@ -218,7 +231,7 @@ fn resolve_unknown(
     request: &RequestState,
     id: &Arc<str>,
     position: &mut usize,
-    choices: &mut Vec<RouteChoice>,
+    choose: &mut impl FnMut(RouteChoice),
 ) {
     let providers: Vec<Candidate> = (0..snapshot.data.catalog.providers.len())
         .map(|provider| Candidate {
@@ -238,14 +251,14 @@ fn resolve_unknown(
     for tier in &snapshot.program.models.unknown_serve {
         let mut machine = Machine::new(snapshot, request, &providers, &health);
         let mut matching: Vec<usize> = (0..providers.len())
-            .filter(|index| machine.truth(&tier.condition, Focus::on(*index)))
+            .filter(|index| machine.truth(&tier.condition, &Focus::on(*index)))
             .collect();
         if matching.is_empty() {
             continue;
         }
         sort_by_keys(&mut machine, &mut matching, &tier.keys);
         if let Some(chosen) = matching.first().and_then(|index| providers.get(*index)) {
-            choices.push(RouteChoice {
+            choose(RouteChoice {
                 model: None,
                 route: None,
                 provider: chosen.provider,
@@ -296,7 +309,7 @@ fn with_credentials(
         upstream_model: choice.upstream_model.clone(),
         requested: choice.requested.clone(),
     };
-    let add = |candidate: Candidate| {
+    let mut add = |candidate: Candidate| {
         let duplicate = candidates.iter().any(|c| {
             c.model == candidate.model
                 && c.route == candidate.route
@@ -310,10 +323,18 @@ fn with_credentials(
     match &snapshot.program.models.credentials {
         CredentialSpec::Each => usable.map(candidate).for_each(add),
         CredentialSpec::One(keys) => {
-            let usable: Vec<Candidate> = usable.map(candidate).collect();
-            best_credential(snapshot, request, usable, keys)
-                .into_iter()
-                .for_each(add);
+            // Usually one credential is usable: it needs no list and no sort.
+            let mut usable = usable.map(candidate);
+            match (usable.next(), usable.next()) {
+                (None, _) => {}
+                (Some(only), None) => add(only),
+                (Some(first), Some(second)) => {
+                    let all = [first, second].into_iter().chain(usable).collect();
+                    if let Some(best) = best_credential(snapshot, request, all, keys) {
+                        add(best);
+                    }
+                }
+            }
         }
     }
 }
@@ -321,20 +342,13 @@ fn with_credentials(
 fn best_credential(
     snapshot: &Snapshot,
     request: &RequestState,
-    candidates: Vec<Candidate>,
+    mut candidates: Vec<Candidate>,
     keys: &[SortKeySpec],
-) -> Vec<Candidate> {
-    if candidates.len() <= 1 {
-        return candidates;
-    }
-    let health = vec![CandidateHealth::default(); candidates.len()];
-    let mut machine = Machine::new(snapshot, request, &candidates, &health);
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    sort_by_keys(&mut machine, &mut order, keys);
-    order
-        .first()
-        .and_then(|index| candidates.get(*index))
-        .cloned()
-        .into_iter()
-        .collect()
+) -> Option<Candidate> {
+    // No health is known while candidates are resolved: every read of it
+    // is its default, as for a candidate without a record.
+    let mut machine = Machine::new(snapshot, request, &candidates, &[]);
+    let best = first_by_keys(&mut machine, 0..candidates.len(), keys)?;
+    drop(machine);
+    (best < candidates.len()).then(|| candidates.swap_remove(best))
 }

@@ -140,7 +140,7 @@ impl Plan {
         let mut machine = self.machine(snapshot, &health);
         machine.outcome = Some(&outcome.facts);
         machine.progress = progress;
-        let focus = Focus {
+        let focus = &Focus {
             current: Some(candidate),
             served: Some(candidate),
             ..Focus::default()
@@ -198,7 +198,7 @@ impl Plan {
             // spent, or when a wait would outlast it; a request whose budget
             // is spent ends with the budget's error, whatever the rule says.
             if let Some((limit, error)) = &snapshot.program.failover.budget
-                && let Some(limit_ms) = machine.eval(limit, Focus::default()).as_duration()
+                && let Some(limit_ms) = machine.eval(limit, &Focus::default()).as_duration()
             {
                 let needed = match action {
                     Action::Retry { after_ms } => progress.elapsed_ms.saturating_add(after_ms),
@@ -277,7 +277,7 @@ impl Plan {
     pub fn allows(&self, snapshot: &Snapshot, first: usize, prev: usize, next: usize) -> bool {
         let health = [];
         let mut machine = self.machine(snapshot, &health);
-        let focus = Focus {
+        let focus = &Focus {
             current: Some(next),
             prev: Some(prev),
             first: Some(first),
@@ -294,7 +294,7 @@ impl Plan {
     pub fn timeouts(&self, snapshot: &Snapshot, candidate: usize) -> Timeouts {
         let health = [];
         let mut machine = self.machine(snapshot, &health);
-        let focus = Focus::on(candidate);
+        let focus = &Focus::on(candidate);
         let mut get = |kind: TimeoutKind| {
             snapshot
                 .program
@@ -345,7 +345,7 @@ impl Plan {
     pub fn listing(&self, snapshot: &Snapshot) -> Vec<(String, Value)> {
         let health = [];
         let mut machine = self.machine(snapshot, &health);
-        let focus = Focus::on(0);
+        let focus = &Focus::on(0);
         snapshot
             .program
             .listing
@@ -361,7 +361,7 @@ impl Plan {
         let term = snapshot.program.late_comment.as_ref()?;
         let health = [];
         let mut machine = self.machine(snapshot, &health);
-        let focus = Focus {
+        let focus = &Focus {
             served: Some(served),
             ..Focus::default()
         };
@@ -407,7 +407,7 @@ fn ending(
     snapshot: &Snapshot,
     machine: &mut Machine<'_>,
     choice: &ErrorChoiceSpec,
-    focus: Focus,
+    focus: &Focus,
 ) -> Ending {
     let chosen = match choice {
         ErrorChoiceSpec::Fixed(error) => *error,
@@ -430,7 +430,7 @@ fn headers(
     machine: &mut Machine<'_>,
     served: Option<usize>,
 ) -> Vec<(String, String)> {
-    let focus = Focus {
+    let focus = &Focus {
         served,
         ..Focus::default()
     };
@@ -494,7 +494,7 @@ fn error_response(
     snapshot: &Snapshot,
     error: ErrorRef,
     machine: &mut Machine<'_>,
-    focus: Focus,
+    focus: &Focus,
 ) -> ErrorResponse {
     let ErrorRef::Declared(index) = error else {
         return builtin_error(502, "upstream_error", "the provider failed");
@@ -564,7 +564,7 @@ pub fn refusal_with(
     machine: &mut Machine<'_>,
     served: Option<usize>,
 ) -> Refusal {
-    let focus = Focus {
+    let focus = &Focus {
         served,
         ..Focus::default()
     };

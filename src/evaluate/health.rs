@@ -219,7 +219,7 @@ impl HealthSettings {
     pub fn of(snapshot: &crate::compile::Snapshot) -> HealthSettings {
         let request = super::RequestState::placeholder();
         let mut machine = super::machine::Machine::new(snapshot, &request, &[], &[]);
-        let focus = super::machine::Focus::default();
+        let focus = &super::machine::Focus::default();
         let program = &snapshot.program;
         let mut duration =
             |term: &crate::language::ir::Term| machine.eval(term, focus).as_duration();

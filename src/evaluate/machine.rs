@@ -3,8 +3,10 @@
 //! outcome. Pure: everything it reads is in its inputs.
 
 use super::health::CandidateHealth;
-use super::{Candidate, RequestState, ResolutionKind};
-use crate::compile::{Guard, Snapshot};
+use super::{Candidate, RequestState};
+use crate::compile::{
+    Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
+};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::ir::{Function, PriceField, Read, Term, TermKind, Who};
 use crate::value::{EnumMember, Value};
@@ -77,8 +79,15 @@ pub struct Machine<'a> {
     /// definitions, the merges, the staged program's request-only parts,
     /// then per candidate (`candidate * lets + let`) the definitions that
     /// depend on the candidate but not on the set, then the same for those
-    /// that use aggregates (cleared when the set changes).
+    /// that use aggregates (cleared when the set changes). Allocated on the
+    /// first value stored: many machines never store one.
     cache: Vec<Option<Value>>,
+    cache_len: usize,
+    /// Aggregates computed for a group of candidates, by their slot and the
+    /// values that define the group (in `group_keys`); cleared when the
+    /// set changes.
+    groups: Vec<Group>,
+    group_keys: Vec<Value>,
     lets: usize,
     merges_at: usize,
     hoisted_at: usize,
@@ -103,12 +112,6 @@ impl<'a> Machine<'a> {
         let hoisted_at = merges_at + snapshot.program.merges.len();
         let candidate_lets_at = hoisted_at + snapshot.hoisted;
         let set_lets_at = candidate_lets_at + lets * candidates.len();
-        let mut cache = vec![None; set_lets_at + lets * candidates.len()];
-        if let Some(merges) = cache.get_mut(merges_at..hoisted_at) {
-            for (slot, value) in merges.iter_mut().zip(&request.merges) {
-                *slot = Some(value.clone());
-            }
-        }
         Machine {
             snapshot,
             request,
@@ -120,7 +123,10 @@ impl<'a> Machine<'a> {
             free_in_ms: None,
             shorthand: None,
             succeeded: false,
-            cache,
+            cache: Vec::new(),
+            cache_len: set_lets_at + lets * candidates.len(),
+            groups: Vec::new(),
+            group_keys: Vec::new(),
             lets,
             merges_at,
             hoisted_at,
@@ -138,10 +144,12 @@ impl<'a> Machine<'a> {
             if let Some(set_lets) = self.cache.get_mut(self.set_lets_at..) {
                 set_lets.iter_mut().for_each(|slot| *slot = None);
             }
+            self.groups.clear();
+            self.group_keys.clear();
         }
     }
 
-    pub fn truth(&mut self, term: &Term, focus: Focus) -> bool {
+    pub fn truth(&mut self, term: &Term, focus: &Focus) -> bool {
         // Connectives decide on their operands' truth without building values.
         match &term.kind {
             TermKind::Binary(BinaryOp::And, lhs, rhs) => {
@@ -153,6 +161,13 @@ impl<'a> Machine<'a> {
             TermKind::Binary(BinaryOp::Implies, lhs, rhs) => {
                 !self.truth(lhs, focus) || self.truth(rhs, focus)
             }
+            // So do comparisons and negations: no value is built and dropped.
+            TermKind::Binary(op, lhs, rhs) if is_comparison(*op) => {
+                let a = self.eval_ref(lhs, focus);
+                let b = self.eval_ref(rhs, focus);
+                holds(*op, &a, &b)
+            }
+            TermKind::Not(inner) => matches!(*self.eval_ref(inner, focus), Value::Bool(false)),
             _ => matches!(*self.eval_ref(term, focus), Value::Bool(true)),
         }
     }
@@ -162,7 +177,7 @@ impl<'a> Machine<'a> {
     pub fn settled(&mut self, guard: &Guard) -> Option<bool> {
         match guard {
             Guard::Open => None,
-            Guard::Request(term) => Some(self.truth(term, Focus::default())),
+            Guard::Request(term) => Some(self.truth(term, &Focus::default())),
             Guard::And(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
                 (Some(false), _) | (_, Some(false)) => Some(false),
                 (Some(true), Some(true)) => Some(true),
@@ -181,14 +196,40 @@ impl<'a> Machine<'a> {
         }
     }
 
-    pub fn eval(&mut self, term: &Term, focus: Focus) -> Value {
+    pub fn eval(&mut self, term: &Term, focus: &Focus) -> Value {
         self.eval_ref(term, focus).into_owned()
     }
 
     /// Evaluates a term to a value borrowed from the term, the snapshot or
     /// the request where it is one of theirs, so reading it costs no copy
     /// and no reference count.
-    pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: Focus) -> Cow<'t, Value>
+    pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
+    where
+        'a: 't,
+    {
+        // The leaves most terms end in are read here, in the caller, without
+        // entering the interpreter.
+        match &term.kind {
+            TermKind::Const(value) => Cow::Borrowed(value),
+            TermKind::Static(slot, _) => match self.precomputed(*slot, focus) {
+                Some(value) => Cow::Borrowed(value),
+                None => self.eval_node(term, focus),
+            },
+            _ => self.eval_node(term, focus),
+        }
+    }
+
+    /// A catalog-only part's value for the focused candidate, when the
+    /// catalog describes it.
+    fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
+        let snapshot: &'a Snapshot = self.snapshot;
+        let candidate = self.candidates.get(focus.current?)?;
+        snapshot
+            .statics
+            .get(candidate.model, candidate.route, candidate.credential, slot)
+    }
+
+    fn eval_node<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -205,28 +246,16 @@ impl<'a> Machine<'a> {
                 Cow::Owned(self.let_uncached(*index, focus))
             }
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
-            TermKind::Static(slot, inner) => {
-                let snapshot: &'a Snapshot = self.snapshot;
-                let precomputed = focus.current.and_then(|current| {
-                    let candidate = self.candidates.get(current)?;
-                    snapshot.statics.get(
-                        candidate.model,
-                        candidate.route,
-                        candidate.credential,
-                        *slot,
-                    )
-                });
-                match precomputed {
-                    Some(value) => Cow::Borrowed(value),
-                    None => self.eval_ref(inner, focus),
-                }
-            }
+            TermKind::Static(slot, inner) => match self.precomputed(*slot, focus) {
+                Some(value) => Cow::Borrowed(value),
+                None => self.eval_ref(inner, focus),
+            },
             TermKind::Hoisted(slot, inner) => {
                 let slot = self.hoisted_at + *slot;
                 if let Some(value) = self.cached(slot) {
                     return Cow::Owned(value.clone());
                 }
-                let value = self.eval(inner, Focus::default());
+                let value = self.eval(inner, &Focus::default());
                 self.store(slot, &value);
                 Cow::Owned(value)
             }
@@ -253,7 +282,7 @@ impl<'a> Machine<'a> {
     /// The kinds of term that candidate steps and sort keys seldom use,
     /// apart so the common ones stay small.
     #[inline(never)]
-    fn eval_rare(&mut self, term: &Term, focus: Focus) -> Value {
+    fn eval_rare(&mut self, term: &Term, focus: &Focus) -> Value {
         match &term.kind {
             TermKind::At(who, inner) => {
                 let target = match who {
@@ -265,16 +294,17 @@ impl<'a> Machine<'a> {
                 match target {
                     Some(candidate) => self.eval(
                         inner,
-                        Focus {
+                        &Focus {
                             current: Some(candidate),
                             scored: None,
-                            ..focus
+                            ..*focus
                         },
                     ),
                     None => Value::Null,
                 }
             }
             TermKind::Merge(index) => self.merge_value(*index),
+            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, aggregate, focus),
             TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
                 Value::Number(n) => Value::Number(-n),
                 _ => Value::Null,
@@ -311,9 +341,43 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// An aggregate that depends on the candidate it scores only through
+    /// `by`: computed once for each group of candidates with the same values
+    /// of `by`.
+    fn grouped(&mut self, slot: usize, by: &[Term], aggregate: &Term, focus: &Focus) -> Value {
+        let Some(current) = focus.current else {
+            return self.eval(aggregate, focus);
+        };
+        let start = self.group_keys.len();
+        for term in by {
+            let value = self.eval(term, &Focus::on(current));
+            self.group_keys.push(value);
+        }
+        let end = self.group_keys.len();
+        let (known, key) = self.group_keys.split_at(start);
+        let found = self.groups.iter().find(|group| {
+            group.slot == slot
+                && known.get(group.keys.clone()).is_some_and(|keys| {
+                    keys.len() == key.len() && keys.iter().zip(key).all(|(a, b)| same(a, b))
+                })
+        });
+        if let Some(group) = found {
+            let value = group.value.clone();
+            self.group_keys.truncate(start);
+            return value;
+        }
+        let value = self.eval(aggregate, focus);
+        self.groups.push(Group {
+            slot,
+            keys: start..end,
+            value: value.clone(),
+        });
+        value
+    }
+
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
-    fn let_uncached(&mut self, index: usize, focus: Focus) -> Value {
+    fn let_uncached(&mut self, index: usize, focus: &Focus) -> Value {
         // Terms are finite trees; only definitions can recur.
         self.depth += 1;
         let value = if self.depth > MAX_DEPTH {
@@ -339,6 +403,9 @@ impl<'a> Machine<'a> {
     }
 
     fn store(&mut self, slot: usize, value: &Value) {
+        if self.cache.is_empty() {
+            self.cache.resize_with(self.cache_len, || None);
+        }
         if let Some(cached) = self.cache.get_mut(slot) {
             *cached = Some(value.clone());
         }
@@ -346,7 +413,7 @@ impl<'a> Machine<'a> {
 
     /// Where a definition's value is cached for this focus; `None` for a
     /// candidate definition without one of this machine's candidates.
-    fn let_slot(&self, index: usize, focus: Focus) -> Option<usize> {
+    fn let_slot(&self, index: usize, focus: &Focus) -> Option<usize> {
         let spec = self.snapshot.program.lets.get(index)?;
         if !spec.candidate {
             return Some(index);
@@ -360,13 +427,13 @@ impl<'a> Machine<'a> {
         Some(at + candidate * self.lets + index)
     }
 
-    fn let_value(&mut self, index: usize, focus: Focus) -> Value {
+    fn let_value(&mut self, index: usize, focus: &Focus) -> Value {
         let Some(spec) = self.snapshot.program.lets.get(index) else {
             return Value::Null;
         };
         let focus = match (spec.candidate, focus.current) {
-            (false, _) => Focus::default(),
-            (true, Some(candidate)) => Focus::on(candidate),
+            (false, _) => &Focus::default(),
+            (true, Some(candidate)) => &Focus::on(candidate),
             (true, None) => return Value::Null,
         };
         let slot = self.let_slot(index, focus);
@@ -381,6 +448,10 @@ impl<'a> Machine<'a> {
     }
 
     fn merge_value(&mut self, index: usize) -> Value {
+        // Once the request's merges are known, they are its own.
+        if let Some(value) = self.request.merges.get(index) {
+            return value.clone();
+        }
         let slot = self.merges_at + index;
         if let Some(value) = self.cached(slot) {
             return value.clone();
@@ -388,14 +459,14 @@ impl<'a> Machine<'a> {
         let Some(spec) = self.snapshot.program.merges.get(index) else {
             return Value::Null;
         };
-        let request = self.eval(&spec.request, Focus::default());
-        let default = self.eval(&spec.default, Focus::default());
+        let request = self.eval(&spec.request, &Focus::default());
+        let default = self.eval(&spec.default, &Focus::default());
         let value = super::merge::combine(spec.op, &request, &default);
         self.store(slot, &value);
         value
     }
 
-    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: Focus) -> Value {
+    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: &Focus) -> Value {
         match op {
             BinaryOp::And => return Value::Bool(self.truth(lhs, focus) && self.truth(rhs, focus)),
             BinaryOp::Or => return Value::Bool(self.truth(lhs, focus) || self.truth(rhs, focus)),
@@ -406,21 +477,10 @@ impl<'a> Machine<'a> {
         }
         let a = self.eval_ref(lhs, focus);
         let b = self.eval_ref(rhs, focus);
+        if is_comparison(op) {
+            return Value::Bool(holds(op, &a, &b));
+        }
         match (op, &*a, &*b) {
-            (BinaryOp::Eq, a, b) => Value::Bool(a == b),
-            (BinaryOp::Ne, a, b) => Value::Bool(a != b),
-            (BinaryOp::Lt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Less)),
-            (BinaryOp::Le, a, b) => Value::Bool(matches!(
-                a.compare(b),
-                Some(Ordering::Less | Ordering::Equal)
-            )),
-            (BinaryOp::Gt, a, b) => Value::Bool(a.compare(b) == Some(Ordering::Greater)),
-            (BinaryOp::Ge, a, b) => Value::Bool(matches!(
-                a.compare(b),
-                Some(Ordering::Greater | Ordering::Equal)
-            )),
-            (BinaryOp::In, a, b) => Value::Bool(b.items().contains(a)),
-            (BinaryOp::NotIn, a, b) => Value::Bool(!b.items().contains(a)),
             (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
             (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
                 Value::Duration(x.saturating_add(*y))
@@ -446,7 +506,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: Focus) -> Cow<'t, Value>
+    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -456,7 +516,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: Focus) -> Cow<'t, Value>
+    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -542,7 +602,7 @@ impl<'a> Machine<'a> {
         Cow::Owned(value)
     }
 
-    fn backoff(&mut self, args: &[Term], focus: Focus) -> Value {
+    fn backoff(&mut self, args: &[Term], focus: &Focus) -> Value {
         let (
             Value::Duration(base),
             Value::Number(factor),
@@ -569,7 +629,7 @@ impl<'a> Machine<'a> {
         function: Aggregate,
         value: &Term,
         filter: Option<&Term>,
-        focus: Focus,
+        focus: &Focus,
     ) -> Value {
         let want = if function == Aggregate::MinOf {
             Ordering::Less
@@ -591,14 +651,14 @@ impl<'a> Machine<'a> {
             let inner = Focus {
                 current: Some(member),
                 scored: focus.current,
-                ..focus
+                ..*focus
             };
             if let Some(filter) = filter
-                && !self.truth(filter, inner)
+                && !self.truth(filter, &inner)
             {
                 continue;
             }
-            let value = self.eval_ref(value, inner);
+            let value = self.eval_ref(value, &inner);
             let truth = matches!(*value, Value::Bool(true));
             match function {
                 Aggregate::CountOf => count += usize::from(truth),
@@ -640,7 +700,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn read(&mut self, read: &Read, focus: Focus) -> Cow<'a, Value> {
+    fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
         let request: &'a RequestState = self.request;
         let snapshot: &'a Snapshot = self.snapshot;
         let data = &snapshot.data;
@@ -648,9 +708,9 @@ impl<'a> Machine<'a> {
         let value = match read {
             Read::RequestId => Value::String(request.id.clone()),
             Read::RequestModel => Value::String(request.model.clone()),
-            Read::RequestEndpoint => builtin(request.endpoint.name()),
-            Read::RequestWire => builtin(request.endpoint.wire().name()),
-            Read::RequestKind => builtin(request.endpoint.kind().name()),
+            Read::RequestEndpoint => return Cow::Borrowed(endpoint_member(request.endpoint)),
+            Read::RequestWire => return Cow::Borrowed(wire_member(request.endpoint.wire())),
+            Read::RequestKind => return Cow::Borrowed(kind_member(request.endpoint.kind())),
             Read::RequestStream => Value::Bool(request.stream),
             Read::RequestParameters => Value::List(request.parameters.clone()),
             Read::RequestEstimatedTokens => Value::Number(request.estimated_tokens),
@@ -770,7 +830,7 @@ impl<'a> Machine<'a> {
             },
             Read::ModelKind => match candidate.model {
                 Some(model) => return from(&interned.model_kind, Some(model)),
-                None => builtin(self.request.endpoint.kind().name()),
+                None => return Cow::Borrowed(kind_member(self.request.endpoint.kind())),
             },
             Read::ModelAliases => match candidate.model {
                 Some(model) => return from(&interned.model_aliases, Some(model)),
@@ -862,12 +922,9 @@ impl<'a> Machine<'a> {
             Read::CapacityFull => Value::Bool(health.is_some_and(|h| h.full)),
             Read::CapacityInFlight => Value::Number(f64::from(health.map_or(0, |h| h.in_flight))),
             Read::RequestedIndex => Value::Number(candidate.requested.index as f64),
-            Read::RequestedKind => builtin(match candidate.requested.kind {
-                ResolutionKind::Bare => "bare",
-                ResolutionKind::Alias => "alias",
-                ResolutionKind::Pin => "pin",
-                ResolutionKind::Unknown => "unknown",
-            }),
+            Read::RequestedKind => {
+                return Cow::Borrowed(resolution_member(candidate.requested.kind));
+            }
             Read::RequestedId => Value::String(candidate.requested.id.clone()),
             _ => Value::Null,
         };
@@ -885,7 +942,29 @@ impl<'a> Machine<'a> {
     }
 }
 
-use crate::compile::builtin_member as builtin;
+/// An aggregate's value for one group of candidates.
+struct Group {
+    slot: usize,
+    /// Where the values that define the group are in `Machine::group_keys`.
+    keys: std::ops::Range<usize>,
+    value: Value,
+}
+
+/// Whether two values are the same value of the same type, so a term reading
+/// one behaves exactly as it does reading the other. Lists and records are
+/// never taken as the same: groups are not formed on them.
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(a), Value::Bool(b)) => a == b,
+        (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
+        (Value::String(a), Value::String(b)) => a == b,
+        (Value::Duration(a), Value::Duration(b)) => a == b,
+        (Value::Date(a), Value::Date(b)) => a == b,
+        (Value::Enum(a), Value::Enum(b)) => a == b,
+        _ => false,
+    }
+}
 
 fn to_member(members: &[String], name: Arc<str>) -> Value {
     match members.iter().position(|m| **m == *name) {
@@ -894,6 +973,42 @@ fn to_member(members: &[String], name: Arc<str>) -> Value {
             name,
         }),
         None => Value::Null,
+    }
+}
+
+fn is_comparison(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::In
+            | BinaryOp::NotIn
+    )
+}
+
+/// Whether a comparison holds between two values.
+fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
+    match op {
+        BinaryOp::Eq => a == b,
+        BinaryOp::Ne => a != b,
+        BinaryOp::Lt => a.compare(b) == Some(Ordering::Less),
+        BinaryOp::Le => matches!(a.compare(b), Some(Ordering::Less | Ordering::Equal)),
+        BinaryOp::Gt => a.compare(b) == Some(Ordering::Greater),
+        BinaryOp::Ge => matches!(a.compare(b), Some(Ordering::Greater | Ordering::Equal)),
+        BinaryOp::In => b.items().contains(a),
+        BinaryOp::NotIn => !b.items().contains(a),
+        // Not comparisons: `is_comparison` keeps them from being asked.
+        BinaryOp::Implies
+        | BinaryOp::Or
+        | BinaryOp::And
+        | BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div => false,
     }
 }
 

@@ -423,7 +423,7 @@ fn decide(
             };
             let mut machine = Machine::new(snapshot, &request, &[], &[]);
             machine.shorthand = Some(value);
-            machine.eval(term, Focus::default())
+            machine.eval(term, &Focus::default())
         };
         match inputs::parse_input(snapshot, spec, raw, &mut expand) {
             Ok(value) => {
@@ -453,7 +453,7 @@ fn decide(
     if !program.rejects.is_empty() || !program.merges.is_empty() {
         let mut machine = Machine::new(snapshot, &request, &[], &[]);
         for reject in &program.rejects {
-            if machine.truth(&reject.condition, Focus::default()) {
+            if machine.truth(&reject.condition, &Focus::default()) {
                 trace.refused = Some(String::from("a `validate` rule rejected the request"));
                 return Err(execution::refusal_with(
                     snapshot,
@@ -467,7 +467,7 @@ fn decide(
         for (index, spec) in program.merges.iter().enumerate() {
             let value = machine.merge(index);
             if let Some(error) = spec.strict {
-                let requested = machine.eval(&spec.request, Focus::default());
+                let requested = machine.eval(&spec.request, &Focus::default());
                 if !requested.is_null() && requested != value {
                     trace.refused = Some(format!("`{}` may only tighten the default", spec.name));
                     return Err(execution::refusal_with(snapshot, error, &mut machine, None));
@@ -535,7 +535,7 @@ fn decide(
                     remaining
                         .iter()
                         .copied()
-                        .filter(|candidate| machine.truth(&step.condition, Focus::on(*candidate))),
+                        .filter(|candidate| machine.truth(&step.condition, &Focus::on(*candidate))),
                 );
             }
         }
@@ -597,7 +597,7 @@ fn decide(
     let mut ordered = remaining;
     for spec in &program.balance {
         let applies = match &spec.when {
-            Some(when) => machine.truth(when, Focus::default()),
+            Some(when) => machine.truth(when, &Focus::default()),
             None => true,
         };
         if applies {
@@ -618,7 +618,7 @@ fn decide(
         order::sort_by_keys(&mut machine, rest, &program.failover.reorder);
     }
     let attempts = machine
-        .eval(&program.failover.attempts, Focus::default())
+        .eval(&program.failover.attempts, &Focus::default())
         .as_number()
         .filter(|n| *n >= 1.0)
         .map_or(1, |n| n.min(1e6) as usize);
@@ -626,11 +626,11 @@ fn decide(
         .failover
         .budget
         .as_ref()
-        .and_then(|(limit, _)| machine.eval(limit, Focus::default()).as_duration());
+        .and_then(|(limit, _)| machine.eval(limit, &Focus::default()).as_duration());
     let capacity_wait_ms = program
         .capacity_wait
         .as_ref()
-        .and_then(|wait| machine.eval(wait, Focus::default()).as_duration())
+        .and_then(|wait| machine.eval(wait, &Focus::default()).as_duration())
         .unwrap_or(0);
     if tracing {
         for (position, candidate) in ordered.iter().enumerate() {

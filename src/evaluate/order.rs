@@ -13,82 +13,182 @@ pub fn sort_by_keys<K: AsRef<SortKeySpec>>(
     candidates: &mut [usize],
     keys: &[K],
 ) {
-    sort_rows(machine, candidates, keys);
-}
-
-/// Sorts as [`sort_by_keys`] does and returns each candidate's key values,
-/// for the trace.
-pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
-    machine: &mut Machine<'_>,
-    candidates: &mut [usize],
-    keys: &[K],
-) -> Vec<(usize, Vec<Value>)> {
-    let original: Vec<usize> = candidates.to_vec();
-    let values = sort_rows(machine, candidates, keys);
-    let width = keys.len();
-    original
-        .iter()
-        .enumerate()
-        .map(|(row, candidate)| {
-            (
-                *candidate,
-                values
-                    .get(row * width..(row + 1) * width)
-                    .unwrap_or(&[])
-                    .iter()
-                    .map(|value| value.clone().into_owned())
-                    .collect(),
-            )
-        })
-        .collect()
-}
-
-/// Sorts the candidates; returns the key matrix, row `i` holding the keys
-/// of the candidate that was at position `i` before the sort (empty when
-/// nothing needed sorting).
-fn sort_rows<'a: 'k, 'k, K: AsRef<SortKeySpec>>(
-    machine: &mut Machine<'a>,
-    candidates: &mut [usize],
-    keys: &'k [K],
-) -> Vec<Cow<'k, Value>> {
     if keys.is_empty() || candidates.len() < 2 {
-        return Vec::new();
+        return;
     }
     // Every key of every candidate, evaluated once.
     let width = keys.len();
     let mut values = Vec::with_capacity(candidates.len() * width);
     for candidate in candidates.iter() {
-        let focus = Focus::on(*candidate);
+        let focus = &Focus::on(*candidate);
         for key in keys {
-            values.push(machine.eval_ref(&key.as_ref().term, focus));
+            values.push(SortValue::of(machine.eval_ref(&key.as_ref().term, focus)));
         }
+    }
+    if candidates.len() <= INSERTION_SORT_MAX {
+        insertion_sort(candidates, &mut values, width, keys);
+        return;
     }
     // (candidate, row) pairs, sorted by the rows' keys.
     let mut rows: Vec<(usize, usize)> = candidates.iter().copied().zip(0..).collect();
     rows.sort_by(|(_, a), (_, b)| {
         let row = |r: usize| values.get(r * width..(r + 1) * width).unwrap_or(&[]);
-        compare_keys(row(*a), row(*b), keys)
+        compare_rows(row(*a), row(*b), keys)
     });
     for (slot, (candidate, _)) in candidates.iter_mut().zip(&rows) {
         *slot = *candidate;
     }
+}
+
+/// Up to this many candidates (the usual case) are sorted in place, rows
+/// moving with their candidates, without a vector of (candidate, row) pairs.
+const INSERTION_SORT_MAX: usize = 16;
+
+/// A stable insertion sort of the candidates and, in step, of the rows of
+/// `values` (row `i` the keys of candidate `i`).
+fn insertion_sort<K: AsRef<SortKeySpec>>(
+    candidates: &mut [usize],
+    values: &mut [SortValue<'_>],
+    width: usize,
+    keys: &[K],
+) {
+    for next in 1..candidates.len() {
+        let mut at = next;
+        while at > 0 {
+            let (before, from) = values.split_at_mut(at * width);
+            let (Some(earlier), Some(row)) =
+                (before.get_mut((at - 1) * width..), from.get_mut(..width))
+            else {
+                break;
+            };
+            if compare_rows(row, earlier, keys) != Ordering::Less {
+                break;
+            }
+            earlier.swap_with_slice(row);
+            candidates.swap(at - 1, at);
+            at -= 1;
+        }
+    }
+}
+
+/// The candidate a stable sort by the keys would put first (the earliest of
+/// those that tie), without sorting: each candidate's keys evaluated once,
+/// then one pass.
+pub fn first_by_keys<K: AsRef<SortKeySpec>>(
+    machine: &mut Machine<'_>,
+    candidates: impl Iterator<Item = usize> + Clone,
+    keys: &[K],
+) -> Option<usize> {
+    if keys.is_empty() {
+        return candidates.clone().next();
+    }
+    let width = keys.len();
+    let mut values = Vec::new();
+    for candidate in candidates.clone() {
+        let focus = Focus::on(candidate);
+        for key in keys {
+            values.push(SortValue::of(machine.eval_ref(&key.as_ref().term, &focus)));
+        }
+    }
+    let mut rows = values.chunks(width);
+    let mut best = (0, rows.next()?);
+    for (index, row) in rows.enumerate() {
+        if compare_rows(row, best.1, keys) == Ordering::Less {
+            best = (index + 1, row);
+        }
+    }
+    candidates.clone().nth(best.0)
+}
+
+/// Sorts as [`sort_by_keys`] does and returns each candidate's key values,
+/// for the trace (none when nothing needed sorting).
+pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
+    machine: &mut Machine<'_>,
+    candidates: &mut [usize],
+    keys: &[K],
+) -> Vec<(usize, Vec<Value>)> {
+    if keys.is_empty() || candidates.len() < 2 {
+        return Vec::new();
+    }
+    // Terms are pure: the values the sort compares are these.
+    let values = candidates
+        .iter()
+        .map(|candidate| {
+            let focus = &Focus::on(*candidate);
+            let row = keys
+                .iter()
+                .map(|key| machine.eval(&key.as_ref().term, focus))
+                .collect();
+            (*candidate, row)
+        })
+        .collect();
+    sort_by_keys(machine, candidates, keys);
     values
 }
 
-fn compare_keys<K: AsRef<SortKeySpec>>(
-    a: &[Cow<'_, Value>],
-    b: &[Cow<'_, Value>],
+/// A sort key's value in the form the sort compares: plain numbers, days,
+/// milliseconds and enumeration ranks; the value itself only for text,
+/// lists and records. Built once per candidate and key, so comparing rows
+/// neither follows `Cow`s nor matches `Value`s pairwise.
+enum SortValue<'k> {
+    Absent,
+    Bool(bool),
+    Number(f64),
+    Duration(u64),
+    Date(i64),
+    Rank(u32),
+    Other(Cow<'k, Value>),
+}
+
+impl<'k> SortValue<'k> {
+    fn of(value: Cow<'k, Value>) -> SortValue<'k> {
+        match *value {
+            Value::Null => SortValue::Absent,
+            Value::Bool(b) => SortValue::Bool(b),
+            Value::Number(n) => SortValue::Number(n),
+            Value::Duration(ms) => SortValue::Duration(ms),
+            Value::Date(days) => SortValue::Date(days),
+            Value::Enum(ref member) => SortValue::Rank(member.rank),
+            Value::String(_) | Value::List(_) | Value::Record(_) => SortValue::Other(value),
+        }
+    }
+
+    /// [`Value::compare`] of two present values; values of different types
+    /// tie.
+    fn compare(&self, other: &SortValue<'_>) -> Ordering {
+        match (self, other) {
+            (SortValue::Bool(a), SortValue::Bool(b)) => a.cmp(b),
+            (SortValue::Number(a), SortValue::Number(b)) => {
+                a.partial_cmp(b).unwrap_or(Ordering::Equal)
+            }
+            (SortValue::Duration(a), SortValue::Duration(b)) => a.cmp(b),
+            (SortValue::Date(a), SortValue::Date(b)) => a.cmp(b),
+            (SortValue::Rank(a), SortValue::Rank(b)) => a.cmp(b),
+            (SortValue::Other(a), SortValue::Other(b)) => a.compare(b).unwrap_or(Ordering::Equal),
+            _ => Ordering::Equal,
+        }
+    }
+}
+
+/// Orders two candidates' rows of key values: the first key that differs
+/// decides; absent values sort last (or first, if asked) in either
+/// direction.
+fn compare_rows<K: AsRef<SortKeySpec>>(
+    a: &[SortValue<'_>],
+    b: &[SortValue<'_>],
     keys: &[K],
 ) -> Ordering {
     for ((x, y), key) in a.iter().zip(b).zip(keys) {
         let key = key.as_ref();
-        let ordering = if x.is_null() || y.is_null() {
+        let ordering = match (x, y) {
+            (SortValue::Absent, SortValue::Absent) => Ordering::Equal,
             // Absent values keep their place (last, or first) whatever the direction.
-            x.sort_cmp(y, key.nulls_first)
-        } else if key.descending {
-            y.sort_cmp(x, key.nulls_first)
-        } else {
-            x.sort_cmp(y, key.nulls_first)
+            (SortValue::Absent, _) if key.nulls_first => Ordering::Less,
+            (SortValue::Absent, _) => Ordering::Greater,
+            (_, SortValue::Absent) if key.nulls_first => Ordering::Greater,
+            (_, SortValue::Absent) => Ordering::Less,
+            _ if key.descending => y.compare(x),
+            _ => x.compare(y),
         };
         if ordering != Ordering::Equal {
             return ordering;
@@ -116,7 +216,7 @@ pub fn order_keys<'p>(machine: &mut Machine<'_>, parts: &'p [OrderPart]) -> Vec<
         match part {
             OrderPart::By(spec) => keys.push(OrderKey { spec, sort: None }),
             OrderPart::UseSort { selector, sorts } => {
-                let chosen = machine.eval(selector, Focus::default());
+                let chosen = machine.eval(selector, &Focus::default());
                 let name = chosen.as_str().unwrap_or("");
                 if let Some((sort_name, sort_keys)) =
                     sorts.iter().find(|(sort_name, _)| sort_name == name)
@@ -202,7 +302,7 @@ pub fn balance(
                 .iter()
                 .map(|candidate| {
                     let w = machine
-                        .eval(weight, Focus::on(*candidate))
+                        .eval(weight, &Focus::on(*candidate))
                         .as_number()
                         .unwrap_or(0.0);
                     let u = rng.unit().max(f64::MIN_POSITIVE);
@@ -226,12 +326,12 @@ pub fn balance(
         } => {
             let Some(&head) = order.first() else { return };
             let score = |machine: &mut Machine<'_>, candidate: usize| {
-                machine.eval(&key.term, Focus::on(candidate))
+                machine.eval(&key.term, &Focus::on(candidate))
             };
             let group_of = |machine: &mut Machine<'_>, candidate: usize| -> Vec<Value> {
                 among
                     .iter()
-                    .map(|term| machine.eval(term, Focus::on(candidate)))
+                    .map(|term| machine.eval(term, &Focus::on(candidate)))
                     .collect()
             };
             let best = numeric(&score(machine, head));
@@ -267,5 +367,67 @@ fn numeric(value: &Value) -> Option<f64> {
         Value::Number(n) => Some(*n),
         Value::Duration(ms) => Some(*ms as f64),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::language::ir::{Term, TermKind};
+    use crate::source::Span;
+
+    fn key(descending: bool, nulls_first: bool) -> SortKeySpec {
+        SortKeySpec {
+            term: Term {
+                kind: TermKind::Const(Value::Null),
+                span: Span::default(),
+            },
+            descending,
+            nulls_first,
+        }
+    }
+
+    fn order(a: Value, b: Value, key: &SortKeySpec) -> Ordering {
+        let (a, b) = (SortValue::of(Cow::Owned(a)), SortValue::of(Cow::Owned(b)));
+        compare_rows(&[a], &[b], std::slice::from_ref(key))
+    }
+
+    #[test]
+    fn absent_values_sort_last_unless_asked_whatever_the_direction() {
+        let one = || Value::Number(1.0);
+        assert_eq!(
+            order(Value::Null, one(), &key(false, false)),
+            Ordering::Greater
+        );
+        assert_eq!(
+            order(Value::Null, one(), &key(true, false)),
+            Ordering::Greater
+        );
+        assert_eq!(order(Value::Null, one(), &key(false, true)), Ordering::Less);
+        assert_eq!(
+            order(Value::Null, Value::Null, &key(false, false)),
+            Ordering::Equal
+        );
+    }
+
+    #[test]
+    fn present_values_compare_within_their_type_and_tie_across_types() {
+        let ascending = key(false, false);
+        assert_eq!(
+            order(Value::Number(1.0), Value::Number(2.0), &ascending),
+            Ordering::Less
+        );
+        assert_eq!(
+            order(Value::Number(1.0), Value::Number(2.0), &key(true, false)),
+            Ordering::Greater
+        );
+        assert_eq!(
+            order(Value::string("b"), Value::string("a"), &ascending),
+            Ordering::Greater
+        );
+        assert_eq!(
+            order(Value::Number(1.0), Value::Duration(2), &ascending),
+            Ordering::Equal
+        );
     }
 }

@@ -45,6 +45,12 @@ pub enum TermKind {
     /// Made by the compiler: a part that reads only the request, computed
     /// once per request into this slot.
     Hoisted(usize, Box<Term>),
+    /// Made by the compiler: an aggregate over the candidate set (the last
+    /// term) that reads the candidate it scores only through the listed
+    /// terms (the `X` of each `scored.X`). It has one value per set and
+    /// values of those terms, so a machine computes it once per group of
+    /// candidates that agree on them (say, per model), kept under this slot.
+    Grouped(usize, Vec<Term>, Box<Term>),
 }
 
 /// Which candidate `At` reads.
