@@ -129,11 +129,7 @@ where
             writer.write_str("\",\"level\":\"")?;
             writer.write_str(meta.level().as_str())?;
             writer.write_str("\",\"fields\":{")?;
-            let mut fields = JsonFields {
-                out: &mut writer,
-                first: true,
-                result: Ok(()),
-            };
+            let mut fields = Fields::new(&mut writer, true);
             event.record(&mut fields);
             fields.result?;
             writer.write_str("},\"target\":")?;
@@ -150,11 +146,7 @@ where
             })?;
             writer.write_str(meta.target())?;
             writer.write_str(": ")?;
-            let mut fields = TextFields {
-                out: &mut writer,
-                first: true,
-                result: Ok(()),
-            };
+            let mut fields = Fields::new(&mut writer, false);
             event.record(&mut fields);
             fields.result?;
             writer.write_str("\n")
@@ -162,18 +154,43 @@ where
     }
 }
 
-/// Fields as tracing's text formatter writes them: the message bare, then
-/// `name=value`, strings quoted and escaped as `Debug` does.
-struct TextFields<'a, W> {
+/// Fields as tracing's formatters write them. Text: the message bare, then
+/// `name=value`, strings quoted and escaped as `Debug` does. JSON: numbers
+/// as numbers, everything else as a string (`Debug` for values that are not
+/// strings).
+struct Fields<'a, W> {
     out: &'a mut W,
+    json: bool,
     first: bool,
     result: fmt::Result,
 }
 
-impl<W: fmt::Write> TextFields<'_, W> {
+impl<'a, W: fmt::Write> Fields<'a, W> {
+    fn new(out: &'a mut W, json: bool) -> Self {
+        Fields {
+            out,
+            json,
+            first: true,
+            result: Ok(()),
+        }
+    }
+
+    /// Writes a field's name, then its value with `value`; after the first
+    /// error the line is abandoned.
+    fn write(&mut self, field: &Field, value: impl FnOnce(&mut W) -> fmt::Result) {
+        if self.result.is_err() {
+            return;
+        }
+        self.result = self.name(field).and_then(|()| value(&mut *self.out));
+    }
+
     fn name(&mut self, field: &Field) -> fmt::Result {
         if !std::mem::take(&mut self.first) {
-            self.out.write_char(' ')?;
+            self.out.write_char(if self.json { ',' } else { ' ' })?;
+        }
+        if self.json {
+            write_json_string(self.out, field.name())?;
+            return self.out.write_char(':');
         }
         if field.name() == "message" {
             return Ok(());
@@ -184,84 +201,38 @@ impl<W: fmt::Write> TextFields<'_, W> {
     }
 }
 
-impl<W: fmt::Write> Visit for TextFields<'_, W> {
+impl<W: fmt::Write> Visit for Fields<'_, W> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self.name(field).and_then(|()| {
-            if field.name() == "message" {
-                self.out.write_str(value)
+        let json = self.json;
+        self.write(field, |out| {
+            if json {
+                write_json_string(out, value)
+            } else if field.name() == "message" {
+                out.write_str(value)
             } else if value.bytes().all(is_plain) {
-                self.out.write_char('"')?;
-                self.out.write_str(value)?;
-                self.out.write_char('"')
+                out.write_char('"')?;
+                out.write_str(value)?;
+                out.write_char('"')
             } else {
-                write!(self.out, "{value:?}")
+                write!(out, "{value:?}")
             }
         });
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self.name(field).and_then(|()| write_u64(self.out, value));
+        self.write(field, |out| write_u64(out, value));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self
-            .name(field)
-            .and_then(|()| write!(self.out, "{value:?}"));
-    }
-}
-
-/// Fields as tracing's JSON formatter writes them: numbers as numbers,
-/// everything else as a string (`Debug` for values that are not strings).
-struct JsonFields<'a, W> {
-    out: &'a mut W,
-    first: bool,
-    result: fmt::Result,
-}
-
-impl<W: fmt::Write> JsonFields<'_, W> {
-    fn name(&mut self, field: &Field) -> fmt::Result {
-        if !std::mem::take(&mut self.first) {
-            self.out.write_char(',')?;
-        }
-        write_json_string(self.out, field.name())?;
-        self.out.write_char(':')
-    }
-}
-
-impl<W: fmt::Write> Visit for JsonFields<'_, W> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self
-            .name(field)
-            .and_then(|()| write_json_string(self.out, value));
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self.name(field).and_then(|()| write_u64(self.out, value));
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = self.name(field).and_then(|()| {
-            self.out.write_char('"')?;
-            write!(JsonEscaped(self.out), "{value:?}")?;
-            self.out.write_char('"')
+        let json = self.json;
+        self.write(field, |out| {
+            if json {
+                out.write_char('"')?;
+                write!(JsonEscaped(&mut *out), "{value:?}")?;
+                out.write_char('"')
+            } else {
+                write!(out, "{value:?}")
+            }
         });
     }
 }
