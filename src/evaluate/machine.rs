@@ -211,9 +211,9 @@ impl<'a> Machine<'a> {
         // entering the interpreter.
         match &term.kind {
             TermKind::Const(value) => Cow::Borrowed(value),
-            TermKind::Static(slot, _) => match self.precomputed(*slot, focus) {
+            TermKind::Static(slot, inner) => match self.precomputed(*slot, focus) {
                 Some(value) => Cow::Borrowed(value),
-                None => self.eval_node(term, focus),
+                None => self.eval_ref(inner, focus),
             },
             _ => self.eval_node(term, focus),
         }
@@ -234,7 +234,8 @@ impl<'a> Machine<'a> {
         'a: 't,
     {
         match &term.kind {
-            TermKind::Const(value) => Cow::Borrowed(value),
+            // The leaves `eval_ref` answers itself.
+            TermKind::Const(_) | TermKind::Static(..) => self.eval_ref(term, focus),
             TermKind::Read(read) => self.read(read, focus),
             TermKind::Let(index) => {
                 if let Some(value) = self
@@ -246,10 +247,6 @@ impl<'a> Machine<'a> {
                 Cow::Owned(self.let_uncached(*index, focus))
             }
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
-            TermKind::Static(slot, inner) => match self.precomputed(*slot, focus) {
-                Some(value) => Cow::Borrowed(value),
-                None => self.eval_ref(inner, focus),
-            },
             TermKind::Hoisted(slot, inner) => {
                 let slot = self.hoisted_at + *slot;
                 if let Some(value) = self.cached(slot) {
