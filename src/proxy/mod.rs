@@ -14,6 +14,7 @@ pub mod wire;
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
+use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
 use crate::state::{InProcess, StateView};
 use arc_swap::ArcSwap;
@@ -393,6 +394,19 @@ fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unau
     })
 }
 
+/// The names of the policy's inputs read from one part of the request:
+/// routing instructions, which the evaluator reads and the provider never
+/// sees.
+fn input_names(snapshot: &Snapshot, source: InputSourceKind) -> Vec<&str> {
+    snapshot
+        .program
+        .inputs
+        .iter()
+        .filter(|input| input.source == source)
+        .map(|input| input.field.as_str())
+        .collect()
+}
+
 /// Counts a request in flight until dropped.
 struct InFlight(Arc<Proxy>);
 
@@ -455,13 +469,7 @@ async fn complete(
         }
     };
     let body: Option<Json> = serde_json::from_slice(&bytes).ok();
-    let input_headers: Vec<&str> = snapshot
-        .program
-        .inputs
-        .iter()
-        .filter(|input| input.source == crate::language::ir::InputSourceKind::Header)
-        .map(|input| input.field.as_str())
-        .collect();
+    let input_headers = input_names(&snapshot, InputSourceKind::Header);
     // The evaluator reads headers only as the policy's header inputs: only
     // those are copied for it.
     let headers: Vec<(String, String)> = parts
@@ -520,13 +528,7 @@ async fn complete(
             return respond::error(wire, &request_id, &refusal.error, &refusal.headers);
         }
     };
-    let input_fields: Vec<&str> = snapshot
-        .program
-        .inputs
-        .iter()
-        .filter(|input| input.source == crate::language::ir::InputSourceKind::Body)
-        .map(|input| input.field.as_str())
-        .collect();
+    let input_fields = input_names(&snapshot, InputSourceKind::Body);
     let body_object = body.and_then(|b| match b {
         Json::Object(map) => Some(map),
         _ => None,
