@@ -6,7 +6,10 @@
 #   switchyard   wrk -> switchyard serve (Noirdoc policy) -> sim
 #
 # ROUNDS rounds of the three, interleaved so that the machine's noise falls
-# on all of them alike; medians are reported. Then STREAMS clients each keep
+# on all of them alike; medians are reported. First at saturation
+# (CONNECTIONS connections: throughput, and latency that is mostly queueing),
+# then unloaded (one connection, one request at a time: the latency each hop
+# adds, with no queue in front of it). Then STREAMS clients each keep
 # a streamed answer open (about a second each) through the proxy while its
 # resident memory is sampled, for Switchyard and for the pass-through.
 #
@@ -161,11 +164,22 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
-declare -A RPS P50 P99
+echo "$ROUNDS rounds of ${DURATION}s per target, unloaded: one connection"
+for round in $(seq "$ROUNDS"); do
+    for target in direct passthrough switchyard; do
+        result=$(run $target "$DURATION" 1 "$plain")
+        echo "$target $result" >>"$work/unloaded"
+        printf '  round %s %-12s %10s req/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
+    done
+done
+
+declare -A RPS P50 P99 LONE_P50 LONE_P99
 for target in direct passthrough switchyard; do
     RPS[$target]=$(awk -v t=$target '$1 == t {print $2}' "$work/results" | median)
     P50[$target]=$(awk -v t=$target '$1 == t {print $3}' "$work/results" | median)
     P99[$target]=$(awk -v t=$target '$1 == t {print $4}' "$work/results" | median)
+    LONE_P50[$target]=$(awk -v t=$target '$1 == t {print $3}' "$work/unloaded" | median)
+    LONE_P99[$target]=$(awk -v t=$target '$1 == t {print $4}' "$work/unloaded" | median)
 done
 
 # Resident memory while STREAMS streams are open: sampled every 0.2 s.
@@ -197,6 +211,7 @@ read -r pt_idle pt_peak pt_rps <"$work/rss-passthrough"
 
 mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+added() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", a - b }'; }
 cat <<EOF
 
 Load run: $ROUNDS rounds x ${DURATION}s per target, $CONNECTIONS connections, wrk -t1,
@@ -209,7 +224,17 @@ POST /v1/chat/completions (model $MODEL, key $KEY), medians of the rounds.
 | Switchyard (Noirdoc) | ${RPS[switchyard]} | ${P50[switchyard]} µs | ${P99[switchyard]} µs |
 
 - Switchyard / pass-through req/s: $(ratio "${RPS[switchyard]}" "${RPS[passthrough]}") (target >= 0.85)
-- Switchyard p50 added over direct: $(awk -v a="${P50[switchyard]}" -v b="${P50[direct]}" 'BEGIN { printf "%.0f", a - b }') µs (target <= 100 µs); pass-through's: $(awk -v a="${P50[passthrough]}" -v b="${P50[direct]}" 'BEGIN { printf "%.0f", a - b }') µs
+- p50 added over direct at saturation: Switchyard $(added "${P50[switchyard]}" "${P50[direct]}") µs, pass-through $(added "${P50[passthrough]}" "${P50[direct]}") µs
+
+Unloaded: one connection, one request at a time, medians of the rounds:
+
+| target | p50 | p99 |
+|---|---:|---:|
+| direct to the sim | ${LONE_P50[direct]} µs | ${LONE_P99[direct]} µs |
+| bare pass-through | ${LONE_P50[passthrough]} µs | ${LONE_P99[passthrough]} µs |
+| Switchyard (Noirdoc) | ${LONE_P50[switchyard]} µs | ${LONE_P99[switchyard]} µs |
+
+- p50 added over direct, unloaded: Switchyard $(added "${LONE_P50[switchyard]}" "${LONE_P50[direct]}") µs (target <= 100 µs), pass-through $(added "${LONE_P50[passthrough]}" "${LONE_P50[direct]}") µs
 
 $STREAMS concurrent streams (about 1 s each) for ${DURATION}s, wrk -t2:
 
