@@ -20,6 +20,7 @@ use crate::data::CapacityLimits;
 use crate::evaluate::Candidate;
 use crate::evaluate::health::{CandidateHealth, HealthView, PenaltySchedule};
 use crate::language::ast::HealthScope;
+use crate::value::Value;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -78,19 +79,22 @@ pub struct CandidateKeys {
 
 impl CandidateKeys {
     pub fn of(snapshot: &Snapshot, candidate: &Candidate) -> CandidateKeys {
-        let provider_id: Arc<str> = snapshot
-            .provider(candidate.provider)
-            .map_or_else(|| Arc::from("?"), |p| Arc::from(p.id.as_str()));
-        let model_id: Arc<str> = candidate
+        // The snapshot's interned ids: shared, not copied per request.
+        let interned = &snapshot.interned;
+        let unknown = || Arc::from("?");
+        let provider_id =
+            shared_text(interned.provider_id.get(candidate.provider)).unwrap_or_else(unknown);
+        let model_id = candidate
             .model
-            .and_then(|m| snapshot.data.catalog.models.get(m))
-            .map_or_else(
-                || candidate.requested.id.clone(),
-                |m| Arc::from(m.id.as_str()),
-            );
-        let credential_id: Arc<str> = snapshot
-            .credential(candidate.provider, candidate.credential)
-            .map_or_else(|| Arc::from("?"), |c| Arc::from(c.id.as_str()));
+            .and_then(|m| shared_text(interned.model_id.get(m)))
+            .unwrap_or_else(|| candidate.requested.id.clone());
+        let credential_id = shared_text(
+            interned
+                .credential_id
+                .get(candidate.provider)
+                .and_then(|credentials| credentials.get(candidate.credential)),
+        )
+        .unwrap_or_else(unknown);
         CandidateKeys {
             route: ScopeKey::Route(model_id, provider_id.clone()),
             credential: ScopeKey::Credential(provider_id.clone(), credential_id),
@@ -100,6 +104,13 @@ impl CandidateKeys {
 
     fn all(&self) -> [&ScopeKey; 3] {
         [&self.provider, &self.route, &self.credential]
+    }
+}
+
+fn shared_text(value: Option<&Value>) -> Option<Arc<str>> {
+    match value {
+        Some(Value::String(text)) => Some(text.clone()),
+        _ => None,
     }
 }
 
