@@ -5,6 +5,7 @@
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -53,30 +54,44 @@ impl<H: Clone> Handles<H> {
         labels: &[(&'static str, &str)],
         register: impl FnOnce(&Key) -> H,
     ) -> H {
-        // Each part with its length first: no two label sets share an id.
-        let mut id = Vec::with_capacity(64);
-        for part in std::iter::once(name).chain(labels.iter().map(|(_, value)| *value)) {
-            id.extend_from_slice(&part.len().to_le_bytes());
-            id.extend_from_slice(part.as_bytes());
-        }
-        let mut handles = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(handle) = handles.get(&id) {
-            return handle.clone();
-        }
-        let owned: Vec<(&'static str, String)> = labels
-            .iter()
-            .map(|(label, value)| (*label, value.to_string()))
-            .collect();
-        let handle = register(&key(name, &owned));
-        if handles.len() >= MAX_HANDLES {
-            handles.clear();
-        }
-        handles.insert(id, handle.clone());
-        handle
+        ID.with_borrow_mut(|id| {
+            // A client's long model name is not kept past the next lookup.
+            if id.capacity() > MAX_KEPT_ID {
+                *id = Vec::new();
+            }
+            // Each part with its length first: no two label sets share an id.
+            id.clear();
+            for part in std::iter::once(name).chain(labels.iter().map(|(_, value)| *value)) {
+                id.extend_from_slice(&part.len().to_le_bytes());
+                id.extend_from_slice(part.as_bytes());
+            }
+            let mut handles = self
+                .0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(handle) = handles.get(id.as_slice()) {
+                return handle.clone();
+            }
+            let owned: Vec<(&'static str, String)> = labels
+                .iter()
+                .map(|(label, value)| (*label, value.to_string()))
+                .collect();
+            let handle = register(&key(name, &owned));
+            if handles.len() >= MAX_HANDLES {
+                handles.clear();
+            }
+            handles.insert(id.clone(), handle.clone());
+            handle
+        })
     }
+}
+
+const MAX_KEPT_ID: usize = 1024;
+
+thread_local! {
+    /// The id being looked up, one buffer per thread: a lookup that finds
+    /// its handle allocates nothing.
+    static ID: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 static METADATA: Metadata<'static> =
