@@ -12,7 +12,8 @@
 //!    the set, and the whole decision matches a reference model of the test
 //!    policy written independently below;
 //! 5. evaluating the five shipped policies never panics on arbitrary bodies,
-//!    headers, callers and endpoints.
+//!    headers, callers and endpoints, and decides the same when given only
+//!    the body members it reads (what the proxy gives it).
 //! 6. a failover sequence follows plan order under any `keep`
 //!    (`failover_order_minimal_counterexample` is the case that once broke it).
 
@@ -34,7 +35,8 @@ use switchyard::diagnostics::Diagnostics;
 use switchyard::diagnostics::render::{self, Style};
 use switchyard::evaluate::health::{HealthEntry, HealthTable, HealthView, Healthy, Stats};
 use switchyard::evaluate::{
-    Caller, Candidate, Decision, Endpoint, Refusal, RequestContext, evaluate, evaluate_traced,
+    Caller, Candidate, Decision, Endpoint, Refusal, RequestContext, body_as_read, evaluate,
+    evaluate_traced,
 };
 use switchyard::language::check::Checker;
 use switchyard::language::ir::{InputSourceKind, InputType};
@@ -2227,6 +2229,7 @@ proptest! {
         for (name, snapshot) in SHIPPED.iter().zip(shipped()) {
             let (body, headers) = materialize(snapshot, &probe);
             let text = body.as_ref().map_or_else(|| String::from("not json"), Json::to_string);
+            let lean = body.as_ref().map(|body| body_as_read(snapshot, body));
             let providers = snapshot.data.catalog.providers.len();
             let entries: Vec<HealthEntry> = probe
                 .health
@@ -2259,6 +2262,17 @@ proptest! {
                             outcome(snapshot, &decision),
                             outcome(snapshot, &traced),
                             "{}: evaluate and evaluate_traced disagree",
+                            name
+                        );
+                        // The proxy gives the evaluator only the members it
+                        // reads; nothing else may change a decision.
+                        let read = lean.as_ref();
+                        let lean_decision =
+                            evaluate(snapshot, &RequestContext { body: read, ..context }, health);
+                        prop_assert_eq!(
+                            outcome(snapshot, &decision),
+                            outcome(snapshot, &lean_decision),
+                            "{}: a member the evaluator does not read changed its decision",
                             name
                         );
                         if let Ok(plan) = &decision.result {

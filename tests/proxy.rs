@@ -1799,6 +1799,50 @@ async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {}\n")
+    .await;
+    // A repeated key (the last counts, for the policy and the provider), an
+    // escaped one, and a conversation that goes on without being parsed.
+    let text = r#"{"stream": true, "model": "m", "str\u0065am": false,
+        "messages": [{"role": "user", "content": "a \"quoted\" }, {"}],
+        "temperature": 0.5, "temperature": 0.25}"#;
+    let reply = Reply::of(
+        gateway
+            .api
+            .client
+            .post(format!("{}/v1/chat/completions", gateway.api.url))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(text),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(
+        !reply.text.starts_with("data:"),
+        "the policy read stream: false: {}",
+        reply.text
+    );
+    let requests = gateway.sim.requests();
+    assert_eq!(
+        requests[0].body,
+        json!({
+            "model": "m",
+            "stream": false,
+            "messages": [{"role": "user", "content": "a \"quoted\" }, {"}],
+            "temperature": 0.25,
+        })
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
 // ------------------------------------------------ 10. limits and the surface
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
     Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
-    RequestContext, evaluate_traced,
+    RequestContext, body_as_read, evaluate_traced,
 };
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
@@ -272,10 +272,12 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
     let health = HealthTable::new(snapshot, &case.health)?;
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
+    // As the proxy gives it: cases pin what the proxy decides.
+    let body = body_as_read(snapshot, &spec.body);
     let context = RequestContext {
         id: "test",
         endpoint,
-        body: Some(&spec.body),
+        body: Some(&body),
         body_bytes,
         headers: &headers,
         caller,

@@ -143,6 +143,34 @@ fn capability_of(field: &str) -> Option<usize> {
     }
 }
 
+/// Whether the evaluator reads the body's top-level member `name`: the
+/// model, `stream`, the fields `request.parameters` looks at and the
+/// policy's body inputs. Nothing else of a body can change a decision, so
+/// the proxy makes a JSON tree of these members only.
+pub fn reads_body_member(snapshot: &Snapshot, name: &str) -> bool {
+    name == "model"
+        || name == "stream"
+        || capability_of(name).is_some()
+        || snapshot.program.inputs.iter().any(|spec| {
+            spec.source == crate::language::ir::InputSourceKind::Body && spec.field == name
+        })
+}
+
+/// `body` as the proxy gives it to the evaluator: of an object, only the
+/// members [`reads_body_member`] names; anything else as it is.
+pub fn body_as_read(snapshot: &Snapshot, body: &Json) -> Json {
+    match body {
+        Json::Object(members) => Json::Object(
+            members
+                .iter()
+                .filter(|(name, _)| reads_body_member(snapshot, name))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// `request.parameters` for a body: one pass over its fields, values shared
 /// between requests.
 fn parameters_of(body: &serde_json::Map<String, Json>) -> Arc<[Value]> {

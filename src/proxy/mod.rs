@@ -4,6 +4,7 @@
 //! that comes from the live snapshot's evaluation.
 
 pub mod body;
+mod client_body;
 mod execute;
 pub mod metrics;
 mod models;
@@ -13,13 +14,14 @@ pub mod wire;
 
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
-use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
+use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate, reads_body_member};
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
 use crate::state::{InProcess, StateView};
 use arc_swap::ArcSwap;
 use body::ProxyBody;
 use bytes::Bytes;
+use client_body::ClientBody;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -468,7 +470,11 @@ async fn complete(
             return respond::builtin_error(wire, &request_id, status, code, message);
         }
     };
-    let body: Option<Json> = serde_json::from_slice(&bytes).ok();
+    let client_body = ClientBody::read(&bytes);
+    // The evaluator's view of the body: the members it can read, no more.
+    let body: Option<Json> = client_body
+        .as_ref()
+        .and_then(|body| body.tree(|member| reads_body_member(&snapshot, member)));
     let input_headers = input_names(&snapshot, InputSourceKind::Header);
     // The evaluator reads headers only as the policy's header inputs: only
     // those are copied for it.
@@ -529,13 +535,8 @@ async fn complete(
         }
     };
     let input_fields = input_names(&snapshot, InputSourceKind::Body);
-    let body_object = body.and_then(|b| match b {
-        Json::Object(map) => Some(map),
-        _ => None,
-    });
     let outgoing = upstream::Outgoing::new(
-        &bytes,
-        body_object,
+        client_body.as_ref(),
         &parts.headers,
         &input_fields,
         &input_headers,
