@@ -7,7 +7,8 @@
 //!
 //! Besides crashes, the target checks that `evaluate` (what the proxy calls)
 //! and `evaluate_traced` (what `explain` and `switchyard test` call) decide
-//! the same.
+//! the same, and that the body's members the evaluator reads
+//! (`body_as_read`, what the proxy gives it) decide as the whole body does.
 //!
 //! Input format (fuzz/seed.sh writes seeds this way from policies/*.tests.yaml):
 //!
@@ -39,7 +40,7 @@ use switchyard::compile::{AllSecrets, Snapshot, compile_file};
 use switchyard::evaluate::health::Healthy;
 use switchyard::evaluate::{
     AttemptOutcome, Caller, Endpoint, OutcomeClass, OutcomeFacts, Plan, Progress, Refusal,
-    RequestContext, evaluate, evaluate_traced,
+    RequestContext, body_as_read, evaluate, evaluate_traced,
 };
 use switchyard::language::ir::InputSourceKind;
 
@@ -249,6 +250,22 @@ fuzz_target!(|bytes: &[u8]| {
         "evaluate and evaluate_traced disagree:\n{:?}\n{:?}",
         decision.result,
         untraced.result
+    );
+    // The proxy gives the evaluator only the body members it reads.
+    let read = body.as_ref().map(|body| body_as_read(snapshot, body));
+    let lean = evaluate(
+        snapshot,
+        &RequestContext {
+            body: read.as_ref(),
+            ..context
+        },
+        &Healthy,
+    );
+    assert!(
+        same_decision(&untraced.result, &lean.result),
+        "a body member the evaluator does not read changed its decision:\n{:?}\n{:?}",
+        untraced.result,
+        lean.result
     );
     let Ok(plan) = decision.result else {
         return;
