@@ -96,6 +96,8 @@ pub struct Machine<'a> {
     depth: usize,
 }
 
+const USUAL_GROUPS: usize = 8;
+
 /// Deepest nesting of definitions; a checked program
 /// stays far below it, so hitting it means a cycle the checker missed.
 const MAX_DEPTH: usize = 256;
@@ -342,6 +344,11 @@ impl<'a> Machine<'a> {
         let Some(current) = focus.current else {
             return self.eval(aggregate, focus);
         };
+        if self.groups.is_empty() {
+            // One allocation each for the few groups a decision forms.
+            self.groups.reserve(USUAL_GROUPS);
+            self.group_keys.reserve(USUAL_GROUPS * by.len());
+        }
         let start = self.group_keys.len();
         for term in by {
             let value = self.eval(term, &Focus::on(current));
