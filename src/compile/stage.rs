@@ -181,7 +181,16 @@ impl Stager<'_> {
     fn guard(&mut self, term: &Term, lets: &[LetSpec], depth: usize) -> Guard {
         let deps = self.deps(term);
         if !deps.catalog && !deps.live {
-            return Guard::Request(term.clone());
+            // Settling asks a request part once per request, so it asks the
+            // part itself, not through the slot the staged step caches it
+            // in: when the step is settled nothing reads that slot again,
+            // and storing into it cost a clone and, for many requests, the
+            // machine's whole cache. (A step not settled fills the slot on
+            // its first candidate, as before.)
+            return Guard::Request(match &term.kind {
+                TermKind::Hoisted(_, inner) => (**inner).clone(),
+                _ => term.clone(),
+            });
         }
         let (op, lhs, rhs) = match &term.kind {
             TermKind::Binary(op, lhs, rhs) => (op, lhs, rhs),
