@@ -15,7 +15,7 @@ use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
 use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
 use crate::language::CheckedPolicy;
-use crate::language::ir::{Program, Term};
+use crate::language::ir::{LetSpec, Program, Term};
 use crate::value::Value;
 use std::collections::HashMap;
 use std::fmt;
@@ -276,10 +276,47 @@ pub struct Snapshot {
     pub statics: StaticTable,
     /// How many request-only parts the staged program caches per request.
     pub hoisted: usize,
+    /// Where the program's definitions are cached in an evaluation.
+    pub let_slots: LetSlots,
     /// Per eligibility step, what the request alone settles of it.
     pub guards: Vec<Guard>,
     /// The `health` section's constants.
     pub health: HealthSettings,
+}
+
+/// Where each definition's value is cached: request-level definitions once
+/// per request, the others once per candidate, in two groups (those that use
+/// an aggregate are forgotten when the candidate set changes). Each
+/// definition's slot is its place within its group, so a candidate's cache
+/// holds only the definitions that can differ between candidates.
+#[derive(Debug, Default)]
+pub struct LetSlots {
+    slots: Vec<usize>,
+    /// How many definitions each group holds.
+    pub request: usize,
+    pub candidate: usize,
+    pub set: usize,
+}
+
+impl LetSlots {
+    fn of(lets: &[LetSpec]) -> LetSlots {
+        let mut table = LetSlots::default();
+        for spec in lets {
+            let group = match (spec.candidate, spec.aggregate) {
+                (false, _) => &mut table.request,
+                (true, false) => &mut table.candidate,
+                (true, true) => &mut table.set,
+            };
+            table.slots.push(*group);
+            *group += 1;
+        }
+        table
+    }
+
+    /// Definition `index`'s place within its group.
+    pub fn slot(&self, index: usize) -> Option<usize> {
+        self.slots.get(index).copied()
+    }
 }
 
 /// The values of the staged program's catalog-only terms: for model `m`,
@@ -411,6 +448,7 @@ impl Snapshot {
 
         let interned = Interned::new(&data);
         let staged = stage::stage(&program);
+        let let_slots = LetSlots::of(&program.lets);
         let mut snapshot = Snapshot {
             name,
             version,
@@ -426,6 +464,7 @@ impl Snapshot {
             deployment,
             statics: StaticTable::default(),
             hoisted: staged.hoisted,
+            let_slots,
             guards: staged.guards,
             health: HealthSettings::default(),
         };
@@ -433,6 +472,7 @@ impl Snapshot {
         // staged program that reads them takes its place.
         snapshot.statics = snapshot.precompute(&staged.statics);
         snapshot.program = staged.program;
+        snapshot.let_slots = LetSlots::of(&snapshot.program.lets);
         snapshot.health = HealthSettings::of(&snapshot);
         snapshot
     }

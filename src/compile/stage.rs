@@ -165,7 +165,7 @@ pub fn stage(original: &Program) -> Staged {
     let guards = program
         .steps
         .iter()
-        .map(|step| stager.guard(&step.condition))
+        .map(|step| stager.guard(&step.condition, &program.lets, 0))
         .collect();
     Staged {
         program,
@@ -176,13 +176,34 @@ pub fn stage(original: &Program) -> Staged {
 }
 
 impl Stager<'_> {
-    fn guard(&mut self, term: &Term) -> Guard {
+    /// What the request settles of `term`, looking through definitions
+    /// (`depth` of them so far) into their staged bodies in `lets`.
+    fn guard(&mut self, term: &Term, lets: &[LetSpec], depth: usize) -> Guard {
         let deps = self.deps(term);
         if !deps.catalog && !deps.live {
-            return Guard::Request(term.clone());
+            // Settling asks a request part once per request, so it asks the
+            // part itself, not through the slot the staged step caches it
+            // in: when the step is settled nothing reads that slot again,
+            // and storing into it cost a clone and, for many requests, the
+            // machine's whole cache. (A step not settled fills the slot on
+            // its first candidate, as before.)
+            return Guard::Request(match &term.kind {
+                TermKind::Hoisted(_, inner) => (**inner).clone(),
+                _ => term.clone(),
+            });
         }
-        let TermKind::Binary(op, lhs, rhs) = &term.kind else {
-            return Guard::Open;
+        let (op, lhs, rhs) = match &term.kind {
+            TermKind::Binary(op, lhs, rhs) => (op, lhs, rhs),
+            // A definition is true exactly when its body is: a step that
+            // reads one is settled as the body would be. More definitions
+            // deep than there are means a cycle, which the checker refuses.
+            TermKind::Let(index) => {
+                return match lets.get(*index) {
+                    Some(spec) if depth < lets.len() => self.guard(&spec.term, lets, depth + 1),
+                    _ => Guard::Open,
+                };
+            }
+            _ => return Guard::Open,
         };
         let connective = match op {
             BinaryOp::And => Guard::And,
@@ -190,7 +211,7 @@ impl Stager<'_> {
             BinaryOp::Implies => Guard::Implies,
             _ => return Guard::Open,
         };
-        match (self.guard(lhs), self.guard(rhs)) {
+        match (self.guard(lhs, lets, depth), self.guard(rhs, lets, depth)) {
             (Guard::Open, Guard::Open) => Guard::Open,
             (lhs, rhs) => connective(Box::new(lhs), Box::new(rhs)),
         }

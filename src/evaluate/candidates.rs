@@ -57,6 +57,8 @@ fn for_each_requested_id<E>(
     Ok(())
 }
 
+const USUAL_CANDIDATES: usize = 8;
+
 pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candidate>, Unresolved> {
     let models = &snapshot.program.models;
     let unknown = |id: &str| Unresolved {
@@ -65,7 +67,8 @@ pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candid
     };
     // Each route an id resolves to goes straight to its credentials, with no
     // list of routes in between.
-    let mut candidates: Vec<Candidate> = Vec::new();
+    // Room for the usual handful of candidates, so the vector seldom grows.
+    let mut candidates: Vec<Candidate> = Vec::with_capacity(USUAL_CANDIDATES);
     let mut any_id = false;
     let mut position = 0usize;
     for_each_requested_id(snapshot, request, |id| {

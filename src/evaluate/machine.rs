@@ -77,10 +77,11 @@ pub struct Machine<'a> {
     pub succeeded: bool,
     /// Cached values, one allocation for every cache: the request-level
     /// definitions, the merges, the staged program's request-only parts,
-    /// then per candidate (`candidate * lets + let`) the definitions that
-    /// depend on the candidate but not on the set, then the same for those
-    /// that use aggregates (cleared when the set changes). Allocated on the
-    /// first value stored: many machines never store one.
+    /// then per candidate the definitions that depend on the candidate but
+    /// not on the set, then per candidate those that use aggregates (cleared
+    /// when the set changes); [`crate::compile::LetSlots`] places each
+    /// definition in its group. Allocated on the first value stored: many
+    /// machines never store one.
     cache: Vec<Option<Value>>,
     cache_len: usize,
     /// Aggregates computed for a group of candidates, by their slot and the
@@ -88,13 +89,14 @@ pub struct Machine<'a> {
     /// set changes.
     groups: Vec<Group>,
     group_keys: Vec<Value>,
-    lets: usize,
     merges_at: usize,
     hoisted_at: usize,
     candidate_lets_at: usize,
     set_lets_at: usize,
     depth: usize,
 }
+
+const USUAL_GROUPS: usize = 8;
 
 /// Deepest nesting of definitions; a checked program
 /// stays far below it, so hitting it means a cycle the checker missed.
@@ -107,11 +109,11 @@ impl<'a> Machine<'a> {
         candidates: &'a [Candidate],
         health: &'a [CandidateHealth],
     ) -> Machine<'a> {
-        let lets = snapshot.program.lets.len();
-        let merges_at = lets;
+        let groups = &snapshot.let_slots;
+        let merges_at = groups.request;
         let hoisted_at = merges_at + snapshot.program.merges.len();
         let candidate_lets_at = hoisted_at + snapshot.hoisted;
-        let set_lets_at = candidate_lets_at + lets * candidates.len();
+        let set_lets_at = candidate_lets_at + groups.candidate * candidates.len();
         Machine {
             snapshot,
             request,
@@ -124,10 +126,9 @@ impl<'a> Machine<'a> {
             shorthand: None,
             succeeded: false,
             cache: Vec::new(),
-            cache_len: set_lets_at + lets * candidates.len(),
+            cache_len: set_lets_at + groups.set * candidates.len(),
             groups: Vec::new(),
             group_keys: Vec::new(),
-            lets,
             merges_at,
             hoisted_at,
             candidate_lets_at,
@@ -202,7 +203,9 @@ impl<'a> Machine<'a> {
 
     /// Evaluates a term to a value borrowed from the term, the snapshot or
     /// the request where it is one of theirs, so reading it costs no copy
-    /// and no reference count.
+    /// and no reference count. Inlined, so a caller reads a leaf without a
+    /// call; the interpreter proper, `eval_node`, stays out of line.
+    #[inline]
     pub fn eval_ref<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
@@ -213,7 +216,7 @@ impl<'a> Machine<'a> {
             TermKind::Const(value) => Cow::Borrowed(value),
             TermKind::Static(slot, inner) => match self.precomputed(*slot, focus) {
                 Some(value) => Cow::Borrowed(value),
-                None => self.eval_ref(inner, focus),
+                None => self.eval_node(inner, focus),
             },
             _ => self.eval_node(term, focus),
         }
@@ -229,6 +232,7 @@ impl<'a> Machine<'a> {
             .get(candidate.model, candidate.route, candidate.credential, slot)
     }
 
+    #[inline(never)]
     fn eval_node<'t>(&mut self, term: &'t Term, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
@@ -238,13 +242,11 @@ impl<'a> Machine<'a> {
             TermKind::Const(_) | TermKind::Static(..) => self.eval_ref(term, focus),
             TermKind::Read(read) => self.read(read, focus),
             TermKind::Let(index) => {
-                if let Some(value) = self
-                    .let_slot(*index, focus)
-                    .and_then(|slot| self.cached(slot))
-                {
+                let slot = self.let_slot(*index, focus);
+                if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
                     return Cow::Owned(value.clone());
                 }
-                Cow::Owned(self.let_uncached(*index, focus))
+                Cow::Owned(self.let_uncached(*index, slot, focus))
             }
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
             TermKind::Hoisted(slot, inner) => {
@@ -345,6 +347,11 @@ impl<'a> Machine<'a> {
         let Some(current) = focus.current else {
             return self.eval(aggregate, focus);
         };
+        if self.groups.is_empty() {
+            // One allocation each for the few groups a decision forms.
+            self.groups.reserve(USUAL_GROUPS);
+            self.group_keys.reserve(USUAL_GROUPS * by.len());
+        }
         let start = self.group_keys.len();
         for term in by {
             let value = self.eval(term, &Focus::on(current));
@@ -374,7 +381,7 @@ impl<'a> Machine<'a> {
 
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
-    fn let_uncached(&mut self, index: usize, focus: &Focus) -> Value {
+    fn let_uncached(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
         // Terms are finite trees; only definitions can recur.
         self.depth += 1;
         let value = if self.depth > MAX_DEPTH {
@@ -383,7 +390,7 @@ impl<'a> Machine<'a> {
             stacker::maybe_grow(
                 crate::language::check::STACK_RED_ZONE,
                 crate::language::check::STACK_SEGMENT,
-                || self.let_value(index, focus),
+                || self.let_value(index, slot, focus),
             )
         };
         self.depth -= 1;
@@ -412,19 +419,22 @@ impl<'a> Machine<'a> {
     /// candidate definition without one of this machine's candidates.
     fn let_slot(&self, index: usize, focus: &Focus) -> Option<usize> {
         let spec = self.snapshot.program.lets.get(index)?;
+        let groups = &self.snapshot.let_slots;
+        let slot = groups.slot(index)?;
         if !spec.candidate {
-            return Some(index);
+            return Some(slot);
         }
         let candidate = focus.current.filter(|c| *c < self.candidates.len())?;
-        let at = if spec.aggregate {
-            self.set_lets_at
+        Some(if spec.aggregate {
+            self.set_lets_at + candidate * groups.set + slot
         } else {
-            self.candidate_lets_at
-        };
-        Some(at + candidate * self.lets + index)
+            self.candidate_lets_at + candidate * groups.candidate + slot
+        })
     }
 
-    fn let_value(&mut self, index: usize, focus: &Focus) -> Value {
+    /// Evaluates definition `index` and caches it in `slot`, where
+    /// [`Machine::let_slot`] found no value.
+    fn let_value(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
         let Some(spec) = self.snapshot.program.lets.get(index) else {
             return Value::Null;
         };
@@ -433,10 +443,6 @@ impl<'a> Machine<'a> {
             (true, Some(candidate)) => &Focus::on(candidate),
             (true, None) => return Value::Null,
         };
-        let slot = self.let_slot(index, focus);
-        if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
-            return value.clone();
-        }
         let value = self.eval(&spec.term, focus);
         if let Some(slot) = slot {
             self.store(slot, &value);

@@ -427,7 +427,7 @@ fn decide(
         parameters: parameters_of(body),
         estimated_tokens: (context.body_bytes / 4) as f64,
         caller: context.caller,
-        inputs: Vec::new(),
+        inputs: Vec::with_capacity(program.inputs.len()),
         settings: Vec::new(),
         merges: Vec::new(),
     };
@@ -491,7 +491,7 @@ fn decide(
                 ));
             }
         }
-        let mut merges = Vec::new();
+        let mut merges = Vec::with_capacity(program.merges.len());
         for (index, spec) in program.merges.iter().enumerate() {
             let value = machine.merge(index);
             if let Some(error) = spec.strict {

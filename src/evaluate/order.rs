@@ -328,14 +328,17 @@ pub fn balance(
             let score = |machine: &mut Machine<'_>, candidate: usize| {
                 machine.eval(&key.term, &Focus::on(candidate))
             };
-            let group_of = |machine: &mut Machine<'_>, candidate: usize| -> Vec<Value> {
-                among
-                    .iter()
-                    .map(|term| machine.eval(term, &Focus::on(candidate)))
-                    .collect()
-            };
             let best = numeric(&score(machine, head));
-            let head_group = group_of(machine, head);
+            let head_group: Vec<Value> = among
+                .iter()
+                .map(|term| machine.eval(term, &Focus::on(head)))
+                .collect();
+            // Compared term by term, without collecting each candidate's values.
+            let same_group = |machine: &mut Machine<'_>, candidate: usize| {
+                among.iter().zip(&head_group).all(|(term, head_value)| {
+                    *machine.eval_ref(term, &Focus::on(candidate)) == *head_value
+                })
+            };
             let mut size = 1;
             for candidate in order.iter().skip(1) {
                 let value = numeric(&score(machine, *candidate));
@@ -350,7 +353,7 @@ pub fn balance(
                     }
                     _ => false,
                 };
-                if !within || group_of(machine, *candidate) != head_group {
+                if !within || !same_group(machine, *candidate) {
                     break;
                 }
                 size += 1;
