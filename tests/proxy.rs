@@ -283,6 +283,18 @@ impl Api {
     }
 }
 
+/// The simple policy over one OpenAI-format provider `a` serving model
+/// `m`, which answers every request.
+async fn simple_gateway() -> Gateway {
+    Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {}\n")
+    .await
+}
+
 fn chat_body(stream: bool) -> Json {
     json!({
         "model": "m",
@@ -1751,13 +1763,7 @@ input region from header "x-route-region" : string malformed error bad_input
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = simple_gateway().await;
     let sim = &gateway.sim;
 
     let given = Reply::of(
@@ -1801,13 +1807,7 @@ async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = simple_gateway().await;
     // A repeated key (the last counts, for the policy and the provider), an
     // escaped one, and a conversation that goes on without being parsed.
     let text = r#"{"stream": true, "model": "m", "str\u0065am": false,
@@ -1923,13 +1923,7 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = simple_gateway().await;
     let sim = &gateway.sim;
     let api = &gateway.api;
 
@@ -1970,13 +1964,7 @@ async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_reports_the_policy_and_its_version() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = simple_gateway().await;
 
     let reply = Reply::of(
         gateway
@@ -1997,13 +1985,7 @@ async fn healthz_reports_the_policy_and_its_version() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_requests() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = simple_gateway().await;
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
