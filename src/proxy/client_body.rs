@@ -99,22 +99,37 @@ impl<'a> ClientBody<'a> {
     }
 }
 
-/// `key` as a JSON string: as it is when nothing in it needs escaping.
+/// `key` as a JSON string, escaped as serde_json escapes: quotes,
+/// backslashes and control characters.
 fn write_key(out: &mut Vec<u8>, key: &str) {
-    if key
-        .bytes()
-        .all(|byte| byte >= b' ' && byte != b'"' && byte != b'\\')
-    {
-        out.push(b'"');
-        out.extend_from_slice(key.as_bytes());
-        out.push(b'"');
-        return;
+    out.push(b'"');
+    for byte in key.bytes() {
+        match byte {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            control if control < b' ' => {
+                out.extend_from_slice(b"\\u00");
+                out.push(hex_digit(control >> 4));
+                out.push(hex_digit(control & 0xf));
+            }
+            // UTF-8 bytes of other characters go as they are.
+            other => out.push(other),
+        }
     }
-    match serde_json::to_string(key) {
-        Ok(escaped) => out.extend_from_slice(escaped.as_bytes()),
-        // Serialising a string cannot fail; an empty key keeps the text
-        // JSON if it ever did.
-        Err(_) => out.extend_from_slice(b"\"\""),
+    out.push(b'"');
+}
+
+/// The lowercase hexadecimal digit of `nibble` (0 to 15).
+fn hex_digit(nibble: u8) -> u8 {
+    if nibble < 10 {
+        b'0' + nibble
+    } else {
+        b'a' + (nibble - 10)
     }
 }
 
@@ -191,13 +206,29 @@ mod tests {
             r#"{"stream":false,"model":"m","stream":true}"#,
             r#"{"str\u0065am":true,"model":"m","provider":1}"#,
             r#"{"model":"m","pr\u006fvider":{"only":[]},"top_p":1}"#,
-            r#"{"a\"b":1,"tab\there":2}"#,
+            r#"{"a\"b":1,"tab\there":2,"nul\u0000\u001f\b\f\n\r\\é":3}"#,
         ];
         for body in bodies {
             let mut expected: Map<String, Json> = serde_json::from_str(body).unwrap();
             expected.remove("model");
             expected.remove("provider");
             assert_eq!(sent(body), expected, "{body}");
+        }
+    }
+
+    #[test]
+    fn keys_are_escaped_as_serde_json_escapes_them() {
+        let controls: String = (0u8..0x20).map(char::from).collect();
+        for key in [
+            "plain",
+            "",
+            "quote\"back\\slash",
+            "é ü 😀 \u{7f}",
+            controls.as_str(),
+        ] {
+            let mut written = Vec::new();
+            write_key(&mut written, key);
+            assert_eq!(written, serde_json::to_vec(key).unwrap(), "{key:?}");
         }
     }
 
