@@ -218,8 +218,22 @@ impl<'a> Machine<'a> {
                 Some(value) => Cow::Borrowed(value),
                 None => self.eval_node(inner, focus),
             },
+            // So are the candidate's attributes and the definitions, which
+            // need no frame of the interpreter's own.
+            TermKind::Let(index) => Cow::Owned(self.definition(*index, focus)),
             _ => self.eval_node(term, focus),
         }
+    }
+
+    /// Definition `index`'s value for this focus: cached, or evaluated and
+    /// cached.
+    #[inline(never)]
+    fn definition(&mut self, index: usize, focus: &Focus) -> Value {
+        let slot = self.let_slot(index, focus);
+        if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
+            return value.clone();
+        }
+        self.let_uncached(index, slot, focus)
     }
 
     /// A catalog-only part's value for the focused candidate, when the
@@ -239,15 +253,10 @@ impl<'a> Machine<'a> {
     {
         match &term.kind {
             // The leaves `eval_ref` answers itself.
-            TermKind::Const(_) | TermKind::Static(..) => self.eval_ref(term, focus),
-            TermKind::Read(read) => self.read(read, focus),
-            TermKind::Let(index) => {
-                let slot = self.let_slot(*index, focus);
-                if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
-                    return Cow::Owned(value.clone());
-                }
-                Cow::Owned(self.let_uncached(*index, slot, focus))
+            TermKind::Const(_) | TermKind::Static(..) | TermKind::Let(_) => {
+                self.eval_ref(term, focus)
             }
+            TermKind::Read(read) => self.read(read, focus),
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
             TermKind::Hoisted(slot, inner) => {
                 let slot = self.hoisted_at + *slot;
@@ -810,6 +819,7 @@ impl<'a> Machine<'a> {
             .get(self.request.caller.workspace)
     }
 
+    #[inline(never)]
     fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
         let candidates: &'a [Candidate] = self.candidates;
         let snapshot: &'a Snapshot = self.snapshot;
