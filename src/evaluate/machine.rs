@@ -218,8 +218,8 @@ impl<'a> Machine<'a> {
                 Some(value) => Cow::Borrowed(value),
                 None => self.eval_node(inner, focus),
             },
-            // So are the candidate's attributes and the definitions, which
-            // need no frame of the interpreter's own.
+            // So are the definitions, which need no frame of the
+            // interpreter's own.
             TermKind::Let(index) => Cow::Owned(self.definition(*index, focus)),
             _ => self.eval_node(term, focus),
         }
