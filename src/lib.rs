@@ -11,6 +11,7 @@ pub mod compile;
 pub mod data;
 pub mod diagnostics;
 pub mod evaluate;
+pub mod json_text;
 pub mod language;
 #[cfg(feature = "server")]
 pub mod proxy;

@@ -1,6 +1,7 @@
 //! What the long-running commands (`serve`, `sim`, `demo`) share: logging,
 //! the runtime, and waiting for a signal to stop.
 
+use crate::json_text::{JsonEscaped, write_json_string};
 use crate::proxy::REQUEST_LOG_TARGET;
 use clap::ValueEnum;
 use std::fmt::{self, Write as _};
@@ -240,41 +241,6 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
 /// A byte that neither `Debug` nor JSON escapes.
 fn is_plain(byte: u8) -> bool {
     (b' '..=b'~').contains(&byte) && byte != b'"' && byte != b'\\'
-}
-
-fn write_json_string(out: &mut impl fmt::Write, text: &str) -> fmt::Result {
-    out.write_char('"')?;
-    JsonEscaped(out).write_str(text)?;
-    out.write_char('"')
-}
-
-/// Escapes what it is given as the inside of a JSON string, as serde_json
-/// does: quotes, backslashes and control characters; the rest as it is.
-struct JsonEscaped<'a, W: ?Sized>(&'a mut W);
-
-impl<W: fmt::Write + ?Sized> fmt::Write for JsonEscaped<'_, W> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        if text
-            .bytes()
-            .all(|byte| byte >= b' ' && byte != b'"' && byte != b'\\')
-        {
-            return self.0.write_str(text);
-        }
-        for c in text.chars() {
-            match c {
-                '"' => self.0.write_str("\\\"")?,
-                '\\' => self.0.write_str("\\\\")?,
-                '\n' => self.0.write_str("\\n")?,
-                '\r' => self.0.write_str("\\r")?,
-                '\t' => self.0.write_str("\\t")?,
-                '\u{8}' => self.0.write_str("\\b")?,
-                '\u{c}' => self.0.write_str("\\f")?,
-                c if c < ' ' => write!(self.0, "\\u{:04x}", u32::from(c))?,
-                c => self.0.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Writes `value`'s decimal digits, most significant first.

@@ -4,6 +4,7 @@
 //! to be JSON but never becomes a tree; it goes on to the provider as
 //! written.
 
+use crate::json_text::write_json_string;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -52,19 +53,20 @@ impl<'a> ClientBody<'a> {
             .members
             .iter()
             .map(|(key, value)| key.len() + value.get().len() + 4);
-        let mut out = Vec::with_capacity(capacity.sum());
+        let mut out = String::with_capacity(capacity.sum());
         for (index, (key, value)) in self.members.iter().enumerate() {
             if dropped(key) || superseded.as_ref().is_some_and(|set| set.contains(&index)) {
                 continue;
             }
             if !out.is_empty() {
-                out.push(b',');
+                out.push(',');
             }
-            write_key(&mut out, key);
-            out.push(b':');
-            out.extend_from_slice(value.get().as_bytes());
+            // Writing into a String cannot fail.
+            let _ = write_json_string(&mut out, key);
+            out.push(':');
+            out.push_str(value.get());
         }
-        out
+        out.into_bytes()
     }
 
     /// The members a later one with the same key replaces; `None` when no
@@ -96,40 +98,6 @@ impl<'a> ClientBody<'a> {
             .map(|(index, _)| index)
             .collect();
         (!superseded.is_empty()).then_some(superseded)
-    }
-}
-
-/// `key` as a JSON string, escaped as serde_json escapes: quotes,
-/// backslashes and control characters.
-fn write_key(out: &mut Vec<u8>, key: &str) {
-    out.push(b'"');
-    for byte in key.bytes() {
-        match byte {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            control if control < b' ' => {
-                out.extend_from_slice(b"\\u00");
-                out.push(hex_digit(control >> 4));
-                out.push(hex_digit(control & 0xf));
-            }
-            // UTF-8 bytes of other characters go as they are.
-            other => out.push(other),
-        }
-    }
-    out.push(b'"');
-}
-
-/// The lowercase hexadecimal digit of `nibble` (0 to 15).
-fn hex_digit(nibble: u8) -> u8 {
-    if nibble < 10 {
-        b'0' + nibble
-    } else {
-        b'a' + (nibble - 10)
     }
 }
 
@@ -213,22 +181,6 @@ mod tests {
             expected.remove("model");
             expected.remove("provider");
             assert_eq!(sent(body), expected, "{body}");
-        }
-    }
-
-    #[test]
-    fn keys_are_escaped_as_serde_json_escapes_them() {
-        let controls: String = (0u8..0x20).map(char::from).collect();
-        for key in [
-            "plain",
-            "",
-            "quote\"back\\slash",
-            "é ü 😀 \u{7f}",
-            controls.as_str(),
-        ] {
-            let mut written = Vec::new();
-            write_key(&mut written, key);
-            assert_eq!(written, serde_json::to_vec(key).unwrap(), "{key:?}");
         }
     }
 
