@@ -196,7 +196,13 @@ pub fn serve(
                     connections.spawn(async move {
                         let service = service_fn(move |request| {
                             let proxy = proxy.clone();
-                            async move { Ok::<_, Infallible>(handle(proxy, request).await) }
+                            // hyper keeps a slot the size of this future for
+                            // the connection's whole life; boxed, the request's
+                            // state (some 7 KB) exists only until its response
+                            // head is out, not through a stream or an idle
+                            // keep-alive.
+                            let handling = Box::pin(handle(proxy, request));
+                            async move { Ok::<_, Infallible>(handling.await) }
                         });
                         let mut builder = hyper::server::conn::http1::Builder::new();
                         builder
@@ -470,12 +476,82 @@ async fn complete(
             return respond::builtin_error(wire, &request_id, status, code, message);
         }
     };
+    let exchange = match prepare(
+        &proxy,
+        &snapshot,
+        Arrived {
+            parts,
+            bytes,
+            endpoint,
+            caller,
+            started,
+            started_ms,
+            in_flight,
+        },
+        &request_id,
+    ) {
+        Ok(exchange) => exchange,
+        Err(refused) => return *refused,
+    };
+    match execute::answer(exchange).await {
+        Some(mut response) => {
+            if proxy.version_header
+                && let Ok(version) = HeaderValue::from_str(&snapshot.version)
+            {
+                response
+                    .headers_mut()
+                    .insert(header::HeaderName::from_static(VERSION_HEADER), version);
+            }
+            response
+        }
+        // The exchange ended without answering: only a bug can do that.
+        None => respond::builtin_error(
+            wire,
+            &request_id,
+            500,
+            "internal_error",
+            "the gateway failed to answer",
+        ),
+    }
+}
+
+/// A request read in full, before its decision.
+struct Arrived {
+    parts: hyper::http::request::Parts,
+    bytes: Bytes,
+    endpoint: Endpoint,
+    caller: Caller,
+    started: Instant,
+    started_ms: u64,
+    in_flight: InFlight,
+}
+
+/// The decision on a request read in full: the exchange that carries out
+/// its plan, or the policy's refusal. Kept out of `complete` so that none
+/// of its locals (the body's tree, the trace) take room in the request's
+/// future while the exchange runs.
+fn prepare(
+    proxy: &Arc<Proxy>,
+    snapshot: &Arc<Snapshot>,
+    arrived: Arrived,
+    request_id: &str,
+) -> Result<execute::Exchange, Box<Response<ProxyBody>>> {
+    let Arrived {
+        parts,
+        bytes,
+        endpoint,
+        caller,
+        started,
+        started_ms,
+        in_flight,
+    } = arrived;
+    let wire = endpoint.wire();
     let client_body = ClientBody::read(&bytes);
     // The evaluator's view of the body: the members it can read, no more.
     let body: Option<Json> = client_body
         .as_ref()
-        .and_then(|body| body.tree(|member| reads_body_member(&snapshot, member)));
-    let input_headers = input_names(&snapshot, InputSourceKind::Header);
+        .and_then(|body| body.tree(|member| reads_body_member(snapshot, member)));
+    let input_headers = input_names(snapshot, InputSourceKind::Header);
     // The evaluator reads headers only as the policy's header inputs: only
     // those are copied for it.
     let headers: Vec<(String, String)> = parts
@@ -490,7 +566,7 @@ async fn complete(
         })
         .collect();
     let context = RequestContext {
-        id: &request_id,
+        id: request_id,
         endpoint,
         body: body.as_ref(),
         body_bytes: bytes.len(),
@@ -502,9 +578,9 @@ async fn complete(
     let deciding = Instant::now();
     let view = StateView {
         state: &proxy.state,
-        snapshot: &snapshot,
+        snapshot,
     };
-    let decision = evaluate(&snapshot, &context, &view);
+    let decision = evaluate(snapshot, &context, &view);
     proxy.metrics.decision(deciding.elapsed().as_secs_f64());
     let tenant = snapshot
         .data
@@ -522,7 +598,7 @@ async fn complete(
         Ok(plan) => plan,
         Err(refusal) => {
             log_refusal(
-                &request_id,
+                request_id,
                 endpoint,
                 Some((&tenant, &requested_model)),
                 refusal.error.status,
@@ -531,16 +607,21 @@ async fn complete(
             proxy
                 .metrics
                 .request("", &requested_model, "refused", refusal.error.status);
-            return respond::error(wire, &request_id, &refusal.error, &refusal.headers);
+            return Err(Box::new(respond::error(
+                wire,
+                request_id,
+                &refusal.error,
+                &refusal.headers,
+            )));
         }
     };
-    let input_fields = input_names(&snapshot, InputSourceKind::Body);
+    let input_fields = input_names(snapshot, InputSourceKind::Body);
     let outgoing = upstream::Outgoing::new(
         client_body.as_ref(),
         &parts.headers,
         &input_fields,
         &input_headers,
-        &request_id,
+        request_id,
     );
     let mut decision = String::with_capacity(64);
     decision.push_str("plan ");
@@ -563,36 +644,16 @@ async fn complete(
         started,
         _in_flight: in_flight,
     };
-    let exchange = execute::Exchange::new(
+    Ok(execute::Exchange::new(
         proxy.clone(),
         snapshot.clone(),
         endpoint,
-        request_id.clone(),
+        request_id.to_string(),
         plan,
         outgoing,
         started_ms,
         log,
-    );
-    match execute::answer(exchange).await {
-        Some(mut response) => {
-            if proxy.version_header
-                && let Ok(version) = HeaderValue::from_str(&snapshot.version)
-            {
-                response
-                    .headers_mut()
-                    .insert(header::HeaderName::from_static(VERSION_HEADER), version);
-            }
-            response
-        }
-        // The exchange ended without answering: only a bug can do that.
-        None => respond::builtin_error(
-            wire,
-            &request_id,
-            500,
-            "internal_error",
-            "the gateway failed to answer",
-        ),
-    }
+    ))
 }
 
 fn log_refusal(
