@@ -1027,6 +1027,8 @@ impl Exchange {
     /// Commits to the candidate: headers (if still held) and the events
     /// received so far go to the client.
     async fn commit(&mut self, index: usize, held: Vec<Bytes>, link: &mut Link) -> bool {
+        // Committed: no attempt follows this one.
+        self.outgoing.release();
         if self.head_sent {
             if let Some(comment) = self.plan.late_comment(&self.snapshot, index) {
                 let line: String = comment.replace(['\r', '\n'], " ");

@@ -126,6 +126,14 @@ impl Outgoing {
         Outgoing { members, headers }
     }
 
+    /// Frees the body and headers once no further attempt can follow: a
+    /// committed stream would otherwise hold a copy of the client's whole
+    /// body (the conversation) for as long as the answer streams.
+    pub fn release(&mut self) {
+        self.members = Vec::new();
+        self.headers = HeaderMap::new();
+    }
+
     /// The URL, headers and bytes of an attempt at `candidate`: the same
     /// for every attempt at the same route, whatever happened before.
     pub fn request_for(
