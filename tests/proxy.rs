@@ -1839,6 +1839,15 @@ async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
             "temperature": 0.25,
         })
     );
+    // Sent in parts, but with its length, as a single buffer would be.
+    assert!(
+        requests[0]
+            .header("content-length")
+            .is_some_and(|length| length.parse::<usize>().is_ok_and(|n| n > 0)),
+        "{:?}",
+        requests[0].header("content-length")
+    );
+    assert_eq!(requests[0].header("transfer-encoding"), None);
     gateway.stop().await;
     Ok(())
 }

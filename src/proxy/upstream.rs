@@ -88,8 +88,8 @@ const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 pub struct Outgoing {
     /// The body's members but `model` (each attempt names its own) and the
     /// routing inputs, as the client wrote them: the text between the
-    /// object's braces.
-    members: Vec<u8>,
+    /// object's braces. Every attempt's body shares it.
+    members: Bytes,
     headers: HeaderMap,
 }
 
@@ -104,8 +104,8 @@ impl Outgoing {
         input_headers: &[&str],
         request_id: &str,
     ) -> Outgoing {
-        let members = body.map_or_else(Vec::new, |body| {
-            body.members_but(|key| key == "model" || input_fields.contains(&key))
+        let members = body.map_or_else(Bytes::new, |body| {
+            Bytes::from(body.members_but(|key| key == "model" || input_fields.contains(&key)))
         });
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
@@ -130,7 +130,7 @@ impl Outgoing {
     /// committed stream would otherwise hold a copy of the client's whole
     /// body (the conversation) for as long as the answer streams.
     pub fn release(&mut self) {
-        self.members = Vec::new();
+        self.members = Bytes::new();
         self.headers = HeaderMap::new();
     }
 
@@ -141,7 +141,7 @@ impl Outgoing {
         snapshot: &Snapshot,
         candidate: &Candidate,
         endpoint: Endpoint,
-    ) -> Option<(String, HeaderMap, Bytes)> {
+    ) -> Option<(String, HeaderMap, reqwest::Body)> {
         let provider = snapshot.provider(candidate.provider)?;
         let secret = snapshot.secret(candidate.provider, candidate.credential)?;
         let url = format!(
@@ -149,15 +149,20 @@ impl Outgoing {
             provider.base_url.trim_end_matches('/'),
             endpoint.path()
         );
-        let members = &self.members;
-        let mut bytes = Vec::with_capacity(members.len() + 64);
-        bytes.extend_from_slice(b"{\"model\":");
-        serde_json::to_writer(&mut bytes, candidate.upstream_model.as_ref()).ok()?;
-        if !members.is_empty() {
-            bytes.push(b',');
-            bytes.extend_from_slice(members);
-        }
-        bytes.push(b'}');
+        let mut opening = Vec::with_capacity(64);
+        opening.extend_from_slice(b"{\"model\":");
+        serde_json::to_writer(&mut opening, candidate.upstream_model.as_ref()).ok()?;
+        let body = if self.members.is_empty() {
+            opening.push(b'}');
+            reqwest::Body::from(opening)
+        } else {
+            opening.push(b',');
+            reqwest::Body::wrap(AttemptBody::new([
+                Bytes::from(opening),
+                self.members.clone(),
+                Bytes::from_static(b"}"),
+            ]))
+        };
         let mut headers = self.headers.clone();
         match provider.format {
             WireFormat::OpenAi => {
@@ -174,7 +179,50 @@ impl Outgoing {
                     .or_insert(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
             }
         }
-        Some((url, headers, Bytes::from(bytes)))
+        Some((url, headers, body))
+    }
+}
+
+/// An attempt's body as parts sent in turn: its own opening (the upstream
+/// model), the request's members, shared by every attempt rather than
+/// copied into each, and the closing brace. Its exact length is known, so
+/// it goes with a `Content-Length` as a single buffer would.
+struct AttemptBody {
+    parts: std::collections::VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl AttemptBody {
+    fn new(parts: [Bytes; 3]) -> AttemptBody {
+        let remaining = parts.iter().map(|part| part.len() as u64).sum();
+        AttemptBody {
+            parts: parts.into(),
+            remaining,
+        }
+    }
+}
+
+impl hyper::body::Body for AttemptBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let part = self.parts.pop_front();
+        if let Some(part) = &part {
+            self.remaining = self.remaining.saturating_sub(part.len() as u64);
+        }
+        std::task::Poll::Ready(part.map(|part| Ok(hyper::body::Frame::data(part))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.remaining)
     }
 }
 
@@ -278,5 +326,29 @@ mod tests {
         assert!(outgoing.headers.get("x-route-hint").is_none());
         assert_eq!(outgoing.headers["anthropic-version"], "2024-01-01");
         assert_eq!(outgoing.headers["x-request-id"], "req-1");
+    }
+
+    #[test]
+    fn an_attempt_body_sends_its_parts_in_order_with_their_length() {
+        use hyper::body::Body as _;
+        let mut body = AttemptBody::new([
+            Bytes::from_static(b"{\"model\":\"m\","),
+            Bytes::from_static(b"\"n\":1"),
+            Bytes::from_static(b"}"),
+        ]);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        let whole = b"{\"model\":\"m\",\"n\":1}";
+        let mut sent = Vec::new();
+        assert_eq!(body.size_hint().exact(), Some(whole.len() as u64));
+        while let std::task::Poll::Ready(Some(frame)) =
+            std::pin::Pin::new(&mut body).poll_frame(&mut context)
+        {
+            let data = frame.unwrap().into_data().unwrap();
+            sent.extend_from_slice(&data);
+            let left = whole.len() - sent.len();
+            assert_eq!(body.size_hint().exact(), Some(left as u64));
+        }
+        assert!(body.is_end_stream());
+        assert_eq!(sent, whole);
     }
 }
