@@ -11,7 +11,9 @@
 # then unloaded (one connection, one request at a time: the latency each hop
 # adds, with no queue in front of it). Then STREAMS clients each keep
 # a streamed answer open (about a second each) through the proxy while its
-# resident memory is sampled, for Switchyard and for the pass-through.
+# resident memory is sampled, for Switchyard and for the pass-through: once
+# with the short request above, once with a 17 KB conversation (a proxy
+# that keeps copies of the request pays for them here).
 #
 #   benches/load.sh                       # the defaults below
 #   ROUNDS=5 DURATION=20 benches/load.sh
@@ -105,6 +107,17 @@ EOF
 }
 plain=$(request false)
 streamed=$(request true)
+# A streamed request carrying a conversation of 36 turns, about 17 KB.
+conversation="$work/request-conversation.lua"
+cat >"$conversation" <<EOF
+local turn = '{"role": "user", "content": "' .. string.rep("Lorem ipsum dolor sit amet. ", 16) .. '"}'
+local turns = {}
+for i = 1, 36 do turns[i] = turn end
+wrk.method = "POST"
+wrk.body = '{"model": "$MODEL", "stream": true, "messages": [' .. table.concat(turns, ", ") .. ']}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+EOF
 
 url_of() {
     case $1 in
@@ -184,10 +197,10 @@ done
 
 # Resident memory while STREAMS streams are open: sampled every 0.2 s.
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-streams() { # target pid -> "idle_kib peak_kib rps"
+streams() { # target pid script -> "idle_kib peak_kib rps"
     local idle peak=0 sample out
     idle=$(rss_kib "$2")
-    wrk -t2 -c"$STREAMS" -d"$DURATION"s --timeout 10s -s "$streamed" "$(url_of "$1")" >"$work/streams-$1" &
+    wrk -t2 -c"$STREAMS" -d"$DURATION"s --timeout 10s -s "$3" "$(url_of "$1")" >"$work/streams-$1" &
     local wrk_pid=$!
     while kill -0 $wrk_pid 2>/dev/null; do
         sample=$(rss_kib "$2")
@@ -204,10 +217,15 @@ streams() { # target pid -> "idle_kib peak_kib rps"
     echo "$idle $peak $(awk '/^Requests\/sec:/ {print $2}' <<<"$out")"
 }
 echo "$STREAMS concurrent streams for ${DURATION}s"
-streams switchyard $switchyard_pid >"$work/rss-switchyard"
-streams passthrough $passthrough_pid >"$work/rss-passthrough"
+streams switchyard $switchyard_pid "$streamed" >"$work/rss-switchyard"
+streams passthrough $passthrough_pid "$streamed" >"$work/rss-passthrough"
+echo "$STREAMS concurrent streams of a 17 KB conversation for ${DURATION}s"
+streams switchyard $switchyard_pid "$conversation" >"$work/rss-switchyard-long"
+streams passthrough $passthrough_pid "$conversation" >"$work/rss-passthrough-long"
 read -r sy_idle sy_peak sy_rps <"$work/rss-switchyard"
 read -r pt_idle pt_peak pt_rps <"$work/rss-passthrough"
+read -r sy_long_idle sy_long_peak sy_long_rps <"$work/rss-switchyard-long"
+read -r pt_long_idle pt_long_peak pt_long_rps <"$work/rss-passthrough-long"
 
 mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -244,4 +262,12 @@ $STREAMS concurrent streams (about 1 s each) for ${DURATION}s, wrk -t2:
 | bare pass-through | $(mib "$pt_idle") MiB | $(mib "$pt_peak") MiB | $pt_rps |
 
 - Switchyard's peak RSS with $STREAMS streams: $(mib "$sy_peak") MiB (target <= 50 MB)
+
+The same with a 17 KB conversation in each request (run after the above,
+in the same processes):
+
+| proxy | RSS before | RSS peak | streams/s |
+|---|---:|---:|---:|
+| Switchyard (Noirdoc) | $(mib "$sy_long_idle") MiB | $(mib "$sy_long_peak") MiB | $sy_long_rps |
+| bare pass-through | $(mib "$pt_long_idle") MiB | $(mib "$pt_long_peak") MiB | $pt_long_rps |
 EOF
