@@ -1,11 +1,12 @@
 //! What the long-running commands (`serve`, `sim`, `demo`) share: logging,
 //! the runtime, and waiting for a signal to stop.
 
+use super::log_batch::{Batched, FlushOnDrop};
 use crate::json_text::{JsonEscaped, write_json_string};
 use crate::proxy::REQUEST_LOG_TARGET;
 use clap::ValueEnum;
 use std::fmt::{self, Write as _};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Stderr};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::FmtContext;
@@ -22,14 +23,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs at `info` unless `RUST_LOG` says otherwise.
-pub fn init_logging(format: LogFormat) {
+/// Logs at `info` unless `RUST_LOG` says otherwise, to standard error in
+/// batches (`log_batch`); the lines still waiting are written when the
+/// returned guard drops.
+pub fn init_logging(format: LogFormat) -> FlushOnDrop<Stderr> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal();
+    let (writer, guard) = Batched::start(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal());
+        .with_writer(writer)
+        .with_ansi(ansi);
     // A second initialisation (tests running commands in-process) keeps the first.
     let _ = match format {
         LogFormat::Text => builder
@@ -40,6 +45,7 @@ pub fn init_logging(format: LogFormat) {
             .event_format(RequestLines::json(tracing_subscriber::fmt::format().json()))
             .try_init(),
     };
+    guard
 }
 
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -121,7 +121,7 @@ fn prepare(dir: &Path, tour: &Tour) -> std::io::Result<bool> {
 }
 
 pub fn run(args: &DemoArgs) -> ExitCode {
-    init_logging(args.log_format);
+    let _logs = init_logging(args.log_format);
     let tour = match Tour::shipped() {
         Ok(tour) => tour,
         Err(message) => return fail(message),

@@ -8,6 +8,8 @@ pub mod daemon;
 pub mod demo;
 pub mod explain;
 #[cfg(feature = "server")]
+mod log_batch;
+#[cfg(feature = "server")]
 pub mod serve;
 #[cfg(feature = "server")]
 pub mod sim;

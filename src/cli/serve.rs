@@ -160,7 +160,7 @@ fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
 }
 
 pub fn run(args: &ServeArgs) -> ExitCode {
-    init_logging(args.log_format);
+    let _logs = init_logging(args.log_format);
     let secrets = crate::reload::environment();
     let (snapshot, sources) = match load(&args.policy, secrets.as_ref()) {
         Ok(loaded) => loaded,
