@@ -1412,6 +1412,43 @@ failover {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_faster_than_its_client_arrives_whole_and_in_order() -> TestResult {
+    // 2,000 events with no pause between them: far more than the proxy
+    // queues for its client, so the exchange must wait for the client and
+    // be taken up again each time the client has read.
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {chunks: 2000}\n")
+    .await;
+    let mut response = gateway.api.chat_request(&chat_body(true)).send().await?;
+    assert_eq!(response.status(), 200);
+    // A slow reader: a pause after each of the first chunks it reads.
+    let mut text = Vec::new();
+    let mut reads = 0;
+    while let Some(chunk) = response.chunk().await? {
+        text.extend_from_slice(&chunk);
+        reads += 1;
+        if reads < 20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let text = String::from_utf8(text)?;
+    let deltas = sse_events(&text)
+        .iter()
+        .filter_map(|event| event_json(event))
+        .filter(|data| data.pointer("/choices/0/delta/content").is_some())
+        .count();
+    assert_eq!(deltas, 2000);
+    assert_eq!(chat_deltas(&text), "hello from a");
+    assert_eq!(sse_events(&text).last(), Some(&"data: [DONE]"));
+    gateway.stop().await;
+    Ok(())
+}
+
 // ------------------------------------------------------------- 7. headers
 
 const HEADERS: &str = r#"

@@ -4,7 +4,7 @@
 //! `Plan::react`, `Plan::timeouts`, `Plan::headers`); this module performs
 //! the I/O and the waits they ask for.
 
-use super::body::ProxyBody;
+use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::respond;
 use super::upstream::{Outgoing, outcome_facts};
 use super::wire::{self, EventKind, EventReader};
@@ -22,12 +22,10 @@ use hyper::header::{self, HeaderValue};
 use hyper::{HeaderMap, Response};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
 
-/// Chunks queued for a slow client before the upstream read waits for it.
-const STREAM_QUEUE: usize = 16;
 /// The most of a provider's error answer that is read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a provider's non-streamed answer that is accepted.
@@ -35,53 +33,56 @@ const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
 /// How long a stream that has finished its answer may take to close, ms.
 const FINISHED_GRACE_MS: u64 = 500;
 
-/// The way back to the client: the response not yet sent, or, once the
-/// headers went out, the body's channel. The exchange runs inside the
+/// The way back to the client: the slot for the response not yet sent, or,
+/// once the headers went out, the body's queue. The exchange runs inside the
 /// request's own future (and then its body), so a client that goes away
 /// drops the exchange with it: nothing here waits for that.
 pub enum Link {
-    Pending(oneshot::Sender<Response<ProxyBody>>),
-    Open(mpsc::Sender<Bytes>),
+    Pending(AnswerSlot),
+    Open(ChunkSender),
     Closed,
+}
+
+/// Where the exchange leaves its response for `answer`, which polls it: a
+/// plain slot for the reason `body::chunk_queue` gives.
+type AnswerSlot = Arc<Mutex<Option<Response<ProxyBody>>>>;
+
+fn take_answer(slot: &AnswerSlot) -> Option<Response<ProxyBody>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
 }
 
 impl Link {
     fn respond(&mut self, response: Response<ProxyBody>) {
-        if let Link::Pending(sender) = std::mem::replace(self, Link::Closed) {
-            // The client may be gone already; nothing is left to do then.
-            let _ = sender.send(response);
+        if let Link::Pending(slot) = std::mem::replace(self, Link::Closed) {
+            *slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(response);
         }
     }
 
     /// Sends the headers of a stream; the body follows through `send`.
     fn open(&mut self, head: Response<ProxyBody>) -> bool {
-        match std::mem::replace(self, Link::Closed) {
-            Link::Pending(sender) => {
-                let (chunks, receiver) = mpsc::channel(STREAM_QUEUE);
-                let (parts, _) = head.into_parts();
-                let response = Response::from_parts(
-                    parts,
-                    ProxyBody::Stream {
-                        chunks: receiver,
-                        exchange: None,
-                    },
-                );
-                let sent = sender.send(response).is_ok();
-                if sent {
-                    *self = Link::Open(chunks);
-                }
-                sent
-            }
-            other => {
-                *self = other;
-                false
-            }
+        if !matches!(self, Link::Pending(_)) {
+            return false;
         }
+        let (chunks, receiver) = chunk_queue();
+        let (parts, _) = head.into_parts();
+        self.respond(Response::from_parts(
+            parts,
+            ProxyBody::Stream {
+                chunks: receiver,
+                exchange: None,
+            },
+        ));
+        *self = Link::Open(chunks);
+        true
     }
 
     async fn send(&mut self, bytes: Bytes) -> bool {
         match self {
-            Link::Open(sender) => sender.send(bytes).await.is_ok(),
+            Link::Open(sender) => sender.send(bytes).await,
             _ => false,
         }
     }
@@ -1069,18 +1070,22 @@ impl Drop for Exchange {
 /// exchange as hyper polls the body: no task or cross-thread wake-up per
 /// request. `None` only if the exchange ended without answering (a bug).
 pub async fn answer(exchange: Exchange) -> Option<Response<ProxyBody>> {
-    let (sender, mut receiver) = oneshot::channel();
+    let slot = AnswerSlot::default();
     let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
-        Box::pin(exchange.run(Link::Pending(sender)));
+        Box::pin(exchange.run(Link::Pending(slot.clone())));
     let mut running = true;
-    let answered = std::future::poll_fn(|cx| {
+    // The slot is filled only while `run` is polled here: it needs no waker.
+    let mut response = std::future::poll_fn(|cx| {
         if running && run.as_mut().poll(cx).is_ready() {
             running = false;
         }
-        Pin::new(&mut receiver).poll(cx)
+        match take_answer(&slot) {
+            Some(response) => Poll::Ready(Some(response)),
+            None if running => Poll::Pending,
+            None => Poll::Ready(None),
+        }
     })
-    .await;
-    let mut response = answered.ok()?;
+    .await?;
     if running {
         match response.body_mut() {
             ProxyBody::Stream { exchange, .. } => *exchange = Some(run),
