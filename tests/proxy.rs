@@ -286,12 +286,17 @@ impl Api {
 /// The simple policy over one OpenAI-format provider `a` serving model
 /// `m`, which answers every request.
 async fn simple_gateway() -> Gateway {
+    simple_gateway_with("providers:\n  a: {}\n").await
+}
+
+/// The same, with the simulated provider as `scenario` says.
+async fn simple_gateway_with(scenario: &str) -> Gateway {
     Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start("providers:\n  a: {}\n")
+    .start(scenario)
     .await
 }
 
@@ -1417,13 +1422,7 @@ async fn a_stream_faster_than_its_client_arrives_whole_and_in_order() -> TestRes
     // 2,000 events with no pause between them: far more than the proxy
     // queues for its client, so the exchange must wait for the client and
     // be taken up again each time the client has read.
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {chunks: 2000}\n")
-    .await;
+    let gateway = simple_gateway_with("providers:\n  a: {chunks: 2000}\n").await;
     let mut response = gateway.api.chat_request(&chat_body(true)).send().await?;
     assert_eq!(response.status(), 200);
     // A slow reader: a pause after each of the first chunks it reads.

@@ -536,17 +536,10 @@ fn prepare(
     arrived: Arrived,
     request_id: &str,
 ) -> Result<execute::Exchange, Box<Response<ProxyBody>>> {
-    let Arrived {
-        parts,
-        bytes,
-        endpoint,
-        caller,
-        started,
-        started_ms,
-        in_flight,
-    } = arrived;
+    let endpoint = arrived.endpoint;
+    let caller = arrived.caller;
     let wire = endpoint.wire();
-    let client_body = ClientBody::read(&bytes);
+    let client_body = ClientBody::read(&arrived.bytes);
     // The evaluator's view of the body: the members it can read, no more.
     let body: Option<Json> = client_body
         .as_ref()
@@ -554,7 +547,8 @@ fn prepare(
     let input_headers = input_names(snapshot, InputSourceKind::Header);
     // The evaluator reads headers only as the policy's header inputs: only
     // those are copied for it.
-    let headers: Vec<(String, String)> = parts
+    let headers: Vec<(String, String)> = arrived
+        .parts
         .headers
         .iter()
         .filter(|(name, _)| input_headers.contains(&name.as_str()))
@@ -569,7 +563,7 @@ fn prepare(
         id: request_id,
         endpoint,
         body: body.as_ref(),
-        body_bytes: bytes.len(),
+        body_bytes: arrived.bytes.len(),
         headers: &headers,
         caller,
         seed: random_u64(),
@@ -618,7 +612,7 @@ fn prepare(
     let input_fields = input_names(snapshot, InputSourceKind::Body);
     let outgoing = upstream::Outgoing::new(
         client_body.as_ref(),
-        &parts.headers,
+        &arrived.parts.headers,
         &input_fields,
         &input_headers,
         request_id,
@@ -641,8 +635,8 @@ fn prepare(
         tenant,
         model: requested_model,
         decision,
-        started,
-        _in_flight: in_flight,
+        started: arrived.started,
+        _in_flight: arrived.in_flight,
     };
     Ok(execute::Exchange::new(
         proxy.clone(),
@@ -651,7 +645,7 @@ fn prepare(
         request_id.to_string(),
         plan,
         outgoing,
-        started_ms,
+        arrived.started_ms,
         log,
     ))
 }
