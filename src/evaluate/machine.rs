@@ -59,6 +59,43 @@ impl Focus {
     }
 }
 
+/// What evaluates to a value for a focus: a term, interpreted, or a term
+/// compiled once per snapshot ([`super::compiled`]). The interpreter's calls,
+/// arithmetic and connectives are written once over it, so both forms give
+/// every function and operator the same meaning.
+pub(crate) trait Operand: Send + Sync {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+
+    /// Whether the value is `true`.
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        matches!(*self.value(machine, focus), Value::Bool(true))
+    }
+}
+
+impl Operand for Term {
+    #[inline]
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        machine.eval_ref(self, focus)
+    }
+
+    #[inline]
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        machine.truth(self, focus)
+    }
+}
+
+impl<T: Operand + ?Sized> Operand for Box<T> {
+    #[inline]
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        (**self).value(machine, focus)
+    }
+
+    #[inline]
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        (**self).truth(machine, focus)
+    }
+}
+
 /// Evaluation state for one request: the request, its candidates, their
 /// health, caches of definitions, and (during execution) the outcome.
 pub struct Machine<'a> {
@@ -175,10 +212,10 @@ impl<'a> Machine<'a> {
 
     /// A condition's truth when the request alone settles it, the same for
     /// every candidate; `None` when it depends on the candidate.
-    pub fn settled(&mut self, guard: &Guard) -> Option<bool> {
+    pub fn settled<T: Operand>(&mut self, guard: &Guard<T>) -> Option<bool> {
         match guard {
             Guard::Open => None,
-            Guard::Request(term) => Some(self.truth(term, &Focus::default())),
+            Guard::Request(part) => Some(part.truth(self, &Focus::default())),
             Guard::And(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
                 (Some(false), _) | (_, Some(false)) => Some(false),
                 (Some(true), Some(true)) => Some(true),
@@ -220,25 +257,25 @@ impl<'a> Machine<'a> {
             },
             // So are the definitions, which need no frame of the
             // interpreter's own.
-            TermKind::Let(index) => Cow::Owned(self.definition(*index, focus)),
+            TermKind::Let(index) => Cow::Owned(self.definition(*index, focus, false)),
             _ => self.eval_node(term, focus),
         }
     }
 
-    /// Definition `index`'s value for this focus: cached, or evaluated and
-    /// cached.
+    /// Definition `index`'s value for this focus: cached, or evaluated
+    /// (its compiled body, if `compiled`) and cached.
     #[inline(never)]
-    fn definition(&mut self, index: usize, focus: &Focus) -> Value {
+    pub(crate) fn definition(&mut self, index: usize, focus: &Focus, compiled: bool) -> Value {
         let slot = self.let_slot(index, focus);
         if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
             return value.clone();
         }
-        self.let_uncached(index, slot, focus)
+        self.let_uncached(index, slot, focus, compiled)
     }
 
     /// A catalog-only part's value for the focused candidate, when the
     /// catalog describes it.
-    fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
+    pub(crate) fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
         let snapshot: &'a Snapshot = self.snapshot;
         let candidate = self.candidates.get(focus.current?)?;
         snapshot
@@ -258,15 +295,7 @@ impl<'a> Machine<'a> {
             }
             TermKind::Read(read) => self.read(read, focus),
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
-            TermKind::Hoisted(slot, inner) => {
-                let slot = self.hoisted_at + *slot;
-                if let Some(value) = self.cached(slot) {
-                    return Cow::Owned(value.clone());
-                }
-                let value = self.eval(inner, &Focus::default());
-                self.store(slot, &value);
-                Cow::Owned(value)
-            }
+            TermKind::Hoisted(slot, inner) => Cow::Owned(self.hoisted(*slot, inner)),
             TermKind::Not(inner) => Cow::Owned(match *self.eval_ref(inner, focus) {
                 Value::Bool(b) => Value::Bool(!b),
                 _ => Value::Null,
@@ -390,7 +419,13 @@ impl<'a> Machine<'a> {
 
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
-    fn let_uncached(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
+    fn let_uncached(
+        &mut self,
+        index: usize,
+        slot: Option<usize>,
+        focus: &Focus,
+        compiled: bool,
+    ) -> Value {
         // Terms are finite trees; only definitions can recur.
         self.depth += 1;
         let value = if self.depth > MAX_DEPTH {
@@ -399,7 +434,7 @@ impl<'a> Machine<'a> {
             stacker::maybe_grow(
                 crate::language::check::STACK_RED_ZONE,
                 crate::language::check::STACK_SEGMENT,
-                || self.let_value(index, slot, focus),
+                || self.let_value(index, slot, focus, compiled),
             )
         };
         self.depth -= 1;
@@ -443,8 +478,15 @@ impl<'a> Machine<'a> {
 
     /// Evaluates definition `index` and caches it in `slot`, where
     /// [`Machine::let_slot`] found no value.
-    fn let_value(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
-        let Some(spec) = self.snapshot.program.lets.get(index) else {
+    fn let_value(
+        &mut self,
+        index: usize,
+        slot: Option<usize>,
+        focus: &Focus,
+        compiled: bool,
+    ) -> Value {
+        let snapshot: &'a Snapshot = self.snapshot;
+        let Some(spec) = snapshot.program.lets.get(index) else {
             return Value::Null;
         };
         let focus = match (spec.candidate, focus.current) {
@@ -452,7 +494,10 @@ impl<'a> Machine<'a> {
             (true, Some(candidate)) => &Focus::on(candidate),
             (true, None) => return Value::Null,
         };
-        let value = self.eval(&spec.term, focus);
+        let value = match snapshot.compiled.lets.get(index).filter(|_| compiled) {
+            Some(body) => body.value(self, focus).into_owned(),
+            None => self.eval(&spec.term, focus),
+        };
         if let Some(slot) = slot {
             self.store(slot, &value);
         }
@@ -478,57 +523,56 @@ impl<'a> Machine<'a> {
         value
     }
 
-    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: &Focus) -> Value {
+    /// A request-only part's value, computed on its first use in the request.
+    pub(crate) fn hoisted(&mut self, slot: usize, inner: &Term) -> Value {
+        let slot = self.hoisted_at + slot;
+        if let Some(value) = self.cached(slot) {
+            return value.clone();
+        }
+        let value = self.eval(inner, &Focus::default());
+        self.store(slot, &value);
+        value
+    }
+
+    pub(crate) fn binary<A: Operand>(
+        &mut self,
+        op: BinaryOp,
+        lhs: &A,
+        rhs: &A,
+        focus: &Focus,
+    ) -> Value {
         match op {
-            BinaryOp::And => return Value::Bool(self.truth(lhs, focus) && self.truth(rhs, focus)),
-            BinaryOp::Or => return Value::Bool(self.truth(lhs, focus) || self.truth(rhs, focus)),
+            BinaryOp::And => return Value::Bool(lhs.truth(self, focus) && rhs.truth(self, focus)),
+            BinaryOp::Or => return Value::Bool(lhs.truth(self, focus) || rhs.truth(self, focus)),
             BinaryOp::Implies => {
-                return Value::Bool(!self.truth(lhs, focus) || self.truth(rhs, focus));
+                return Value::Bool(!lhs.truth(self, focus) || rhs.truth(self, focus));
             }
             _ => {}
         }
-        let a = self.eval_ref(lhs, focus);
-        let b = self.eval_ref(rhs, focus);
+        let a = lhs.value(self, focus);
+        let b = rhs.value(self, focus);
         if is_comparison(op) {
             return Value::Bool(holds(op, &a, &b));
         }
-        match (op, &*a, &*b) {
-            (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
-            (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
-                Value::Duration(x.saturating_add(*y))
-            }
-            (BinaryOp::Add, Value::String(x), Value::String(y)) => {
-                Value::String(Arc::from(format!("{x}{y}")))
-            }
-            (BinaryOp::Sub, Value::Number(x), Value::Number(y)) => number(x - y),
-            (BinaryOp::Sub, Value::Duration(x), Value::Duration(y)) => {
-                Value::Duration(x.saturating_sub(*y))
-            }
-            (BinaryOp::Mul, Value::Number(x), Value::Number(y)) => number(x * y),
-            (BinaryOp::Mul, Value::Number(n), Value::Duration(d))
-            | (BinaryOp::Mul, Value::Duration(d), Value::Number(n)) => duration(*d as f64 * n),
-            (BinaryOp::Div, Value::Number(x), Value::Number(y)) if *y != 0.0 => number(x / y),
-            (BinaryOp::Div, Value::Duration(d), Value::Number(n)) if *n != 0.0 => {
-                duration(*d as f64 / n)
-            }
-            (BinaryOp::Div, Value::Duration(x), Value::Duration(y)) if *y != 0 => {
-                number(*x as f64 / *y as f64)
-            }
-            _ => Value::Null,
-        }
+        arithmetic(op, &a, &b)
     }
 
-    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: &Focus) -> Cow<'t, Value>
+    fn arg<'t, A: Operand>(&mut self, args: &'t [A], index: usize, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
         match args.get(index) {
-            Some(term) => self.eval_ref(term, focus),
+            Some(arg) => arg.value(self, focus),
             None => Cow::Owned(Value::Null),
         }
     }
 
-    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: &Focus) -> Cow<'t, Value>
+    pub(crate) fn call<'t, A: Operand>(
+        &mut self,
+        function: Function,
+        args: &'t [A],
+        focus: &Focus,
+    ) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -536,7 +580,7 @@ impl<'a> Machine<'a> {
             // `coalesce` stops at the first present value.
             Function::Coalesce => {
                 for arg in args {
-                    let value = self.eval_ref(arg, focus);
+                    let value = arg.value(self, focus);
                     if !value.is_null() {
                         return value;
                     }
@@ -551,7 +595,7 @@ impl<'a> Machine<'a> {
                 };
                 let mut best: Cow<'t, Value> = Cow::Owned(Value::Null);
                 for arg in args {
-                    let value = self.eval_ref(arg, focus);
+                    let value = arg.value(self, focus);
                     if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
                         best = value;
                     }
@@ -614,7 +658,7 @@ impl<'a> Machine<'a> {
         Cow::Owned(value)
     }
 
-    fn backoff(&mut self, args: &[Term], focus: &Focus) -> Value {
+    fn backoff<A: Operand>(&mut self, args: &[A], focus: &Focus) -> Value {
         let (
             Value::Duration(base),
             Value::Number(factor),
@@ -712,7 +756,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
+    pub(crate) fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
         let request: &'a RequestState = self.request;
         let snapshot: &'a Snapshot = self.snapshot;
         let data = &snapshot.data;
@@ -820,7 +864,7 @@ impl<'a> Machine<'a> {
     }
 
     #[inline(never)]
-    fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
+    pub(crate) fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
         let candidates: &'a [Candidate] = self.candidates;
         let snapshot: &'a Snapshot = self.snapshot;
         let Some(candidate) = candidates.get(index) else {
@@ -989,7 +1033,7 @@ fn to_member(members: &[String], name: Arc<str>) -> Value {
     }
 }
 
-fn is_comparison(op: BinaryOp) -> bool {
+pub(crate) fn is_comparison(op: BinaryOp) -> bool {
     matches!(
         op,
         BinaryOp::Eq
@@ -1003,8 +1047,36 @@ fn is_comparison(op: BinaryOp) -> bool {
     )
 }
 
+/// An arithmetic operator's value; absent for operands it does not take.
+pub(crate) fn arithmetic(op: BinaryOp, a: &Value, b: &Value) -> Value {
+    match (op, a, b) {
+        (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
+        (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
+            Value::Duration(x.saturating_add(*y))
+        }
+        (BinaryOp::Add, Value::String(x), Value::String(y)) => {
+            Value::String(Arc::from(format!("{x}{y}")))
+        }
+        (BinaryOp::Sub, Value::Number(x), Value::Number(y)) => number(x - y),
+        (BinaryOp::Sub, Value::Duration(x), Value::Duration(y)) => {
+            Value::Duration(x.saturating_sub(*y))
+        }
+        (BinaryOp::Mul, Value::Number(x), Value::Number(y)) => number(x * y),
+        (BinaryOp::Mul, Value::Number(n), Value::Duration(d))
+        | (BinaryOp::Mul, Value::Duration(d), Value::Number(n)) => duration(*d as f64 * n),
+        (BinaryOp::Div, Value::Number(x), Value::Number(y)) if *y != 0.0 => number(x / y),
+        (BinaryOp::Div, Value::Duration(d), Value::Number(n)) if *n != 0.0 => {
+            duration(*d as f64 / n)
+        }
+        (BinaryOp::Div, Value::Duration(x), Value::Duration(y)) if *y != 0 => {
+            number(*x as f64 / *y as f64)
+        }
+        _ => Value::Null,
+    }
+}
+
 /// Whether a comparison holds between two values.
-fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
+pub(crate) fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
     match op {
         BinaryOp::Eq => a == b,
         BinaryOp::Ne => a != b,
