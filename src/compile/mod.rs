@@ -479,6 +479,8 @@ impl Snapshot {
         snapshot.program = staged.program;
         snapshot.let_slots = LetSlots::of(&snapshot.program.lets);
         snapshot.health = HealthSettings::of(&snapshot);
+        let settled_by_key = Compiled::settle_per_key(&snapshot);
+        snapshot.compiled.set_settled_by_key(settled_by_key);
         snapshot
     }
 

@@ -109,6 +109,19 @@ pub enum Guard<T = Term> {
 }
 
 impl<T> Guard<T> {
+    /// Its request parts, left to right.
+    pub fn parts(&self) -> Vec<&T> {
+        match self {
+            Guard::Open => Vec::new(),
+            Guard::Request(part) => vec![part],
+            Guard::And(lhs, rhs) | Guard::Or(lhs, rhs) | Guard::Implies(lhs, rhs) => {
+                let mut parts = lhs.parts();
+                parts.extend(rhs.parts());
+                parts
+            }
+        }
+    }
+
     /// The same guard with each request part mapped.
     pub fn map<U>(&self, part: &mut impl FnMut(&T) -> U) -> Guard<U> {
         match self {

@@ -14,7 +14,8 @@
 //! decides as `evaluate` does.
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
-use crate::compile::Guard;
+use super::{Caller, RequestState};
+use crate::compile::{Guard, Snapshot};
 use crate::language::ast::BinaryOp;
 use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
 use crate::value::Value;
@@ -30,6 +31,9 @@ pub struct Compiled {
     pub steps: Vec<Node>,
     /// Per eligibility step, what the request alone settles of it.
     pub guards: Vec<Guard<Node>>,
+    /// Per eligibility step whose guard reads only the caller (tenant,
+    /// workspace, key), what it settles for each key of the tenants file.
+    settled_by_key: Vec<Option<Box<[Option<bool>]>>>,
     /// Per definition, its body.
     pub lets: Vec<Node>,
     pub order: Order,
@@ -123,6 +127,7 @@ impl Compiled {
                 .map(|step| compile(&step.condition))
                 .collect(),
             guards: guards.iter().map(|guard| guard.map(&mut compile)).collect(),
+            settled_by_key: Vec::new(),
             lets: program
                 .lets
                 .iter()
@@ -131,6 +136,65 @@ impl Compiled {
             order,
             reorder: program.failover.reorder.iter().map(Key::of).collect(),
         }
+    }
+
+    /// Step `step`'s truth when the request alone settles it, the same for
+    /// every candidate, as [`Machine::settled`] finds it.
+    pub fn settled(&self, step: usize, machine: &mut Machine<'_>) -> Option<bool> {
+        if let Some(settled) = self.settled_for_key(step, machine) {
+            return settled;
+        }
+        self.guards
+            .get(step)
+            .and_then(|guard| machine.settled(guard))
+    }
+
+    /// Looked up for the caller's key, when the step has a table and the
+    /// caller is the key's own tenant and workspace.
+    fn settled_for_key(&self, step: usize, machine: &Machine<'_>) -> Option<Option<bool>> {
+        let table = self.settled_by_key.get(step)?.as_deref()?;
+        let caller = machine.request.caller;
+        let index = caller.key?;
+        let key = machine.snapshot.data.tenants.keys.get(index)?;
+        if key.tenant != caller.tenant || key.workspace != caller.workspace {
+            return None;
+        }
+        table.get(index).copied()
+    }
+
+    /// Settles, once per key, the steps whose guards read only the caller:
+    /// a request then looks the answer up instead of asking the guard.
+    /// Costs a byte per step and key, bounded by the tenants file.
+    pub fn settle_per_key(snapshot: &Snapshot) -> Vec<Option<Box<[Option<bool>]>>> {
+        let keys = &snapshot.data.tenants.keys;
+        snapshot
+            .guards
+            .iter()
+            .map(|guard| {
+                let parts = guard.parts();
+                if parts.is_empty() || !parts.into_iter().all(reads_only_caller) {
+                    return None;
+                }
+                let settled = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(index, key)| {
+                        let mut request = RequestState::placeholder();
+                        request.caller = Caller {
+                            tenant: key.tenant,
+                            workspace: key.workspace,
+                            key: Some(index),
+                        };
+                        Machine::new(snapshot, &request, &[], &[]).settled(guard)
+                    })
+                    .collect();
+                Some(settled)
+            })
+            .collect()
+    }
+
+    pub fn set_settled_by_key(&mut self, table: Vec<Option<Box<[Option<bool>]>>>) {
+        self.settled_by_key = table;
     }
 
     /// The keys `order` applies for this request, as
@@ -166,6 +230,47 @@ impl fmt::Debug for Compiled {
             .field("lets", &self.lets.len())
             .field("reorder", &self.reorder.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// Whether a term reads nothing but the caller's tenant, workspace and key
+/// (and constants): its value is known per key.
+fn reads_only_caller(term: &Term) -> bool {
+    match &term.kind {
+        TermKind::Const(_) => true,
+        TermKind::Read(read) => matches!(
+            read,
+            Read::TenantId
+                | Read::TenantAttr(_)
+                | Read::WorkspaceId
+                | Read::WorkspaceAttr(_)
+                | Read::KeyId
+                | Read::KeyAttr(_)
+                | Read::DeploymentAttr(_)
+        ),
+        TermKind::Not(inner)
+        | TermKind::Negate(inner)
+        | TermKind::Field(inner, _)
+        | TermKind::ToEnum(_, inner) => reads_only_caller(inner),
+        TermKind::Binary(_, lhs, rhs) => reads_only_caller(lhs) && reads_only_caller(rhs),
+        TermKind::If(condition, then, otherwise) => {
+            reads_only_caller(condition) && reads_only_caller(then) && reads_only_caller(otherwise)
+        }
+        // `backoff` reads the execution's retries and jitter.
+        TermKind::Call(function, args) => {
+            *function != Function::Backoff && args.iter().all(reads_only_caller)
+        }
+        TermKind::List(items) => items.iter().all(reads_only_caller),
+        TermKind::Record(fields) => fields.iter().all(|(_, item)| reads_only_caller(item)),
+        // Definitions, merges and the staged parts may read the request;
+        // candidate switches and aggregates read candidates.
+        TermKind::Let(_)
+        | TermKind::Merge(_)
+        | TermKind::Static(..)
+        | TermKind::Hoisted(..)
+        | TermKind::Grouped(..)
+        | TermKind::At(..)
+        | TermKind::Aggregate(..) => false,
     }
 }
 

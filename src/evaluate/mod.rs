@@ -556,7 +556,7 @@ fn decide(
         // (for a single candidate, asking is no dearer than settling).
         let settled = if remaining.len() > 1 {
             match compiled {
-                Some(code) => code.guards.get(step_index).and_then(|g| machine.settled(g)),
+                Some(code) => code.settled(step_index, &mut machine),
                 None => snapshot
                     .guards
                     .get(step_index)
