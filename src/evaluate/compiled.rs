@@ -4,8 +4,8 @@
 //! built, so a request pays for what a term does and not for finding out
 //! what it is: a node is one indirect call, with no match over every kind of
 //! term and no frame of the whole interpreter. The kinds of term these
-//! seldom hold (candidate switches, aggregates, lists, records …) stay
-//! interpreted.
+//! seldom hold (lists, records, negations, conversions to enumerations)
+//! stay interpreted.
 //!
 //! Functions and operators mean the same in both forms: the interpreter's
 //! calls, arithmetic and comparisons are written once, over
@@ -16,8 +16,8 @@
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
 use super::{Caller, RequestState};
 use crate::compile::{Guard, Snapshot};
-use crate::language::ast::BinaryOp;
-use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
+use crate::language::ast::{Aggregate, BinaryOp};
+use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
 use crate::value::Value;
 use std::borrow::Cow;
 use std::fmt;
@@ -313,6 +313,20 @@ fn compile(term: &Term) -> Node {
             base: compile(base),
             name: name.clone(),
         }),
+        TermKind::At(who, inner) => Box::new(At {
+            who: *who,
+            inner: compile(inner),
+        }),
+        TermKind::Grouped(slot, by, aggregate) => Box::new(Grouped {
+            slot: *slot,
+            by: by.iter().map(compile).collect(),
+            aggregate: compile(aggregate),
+        }),
+        TermKind::Aggregate(function, value, filter) => Box::new(AggregateOf {
+            function: *function,
+            value: compile(value),
+            filter: filter.as_deref().map(compile),
+        }),
         _ => Box::new(Interpreted(term.clone())),
     }
 }
@@ -504,6 +518,44 @@ impl Operand for Field {
             Cow::Borrowed(value) => Cow::Borrowed(value.field(&self.name)),
             Cow::Owned(value) => Cow::Owned(value.field(&self.name).clone()),
         }
+    }
+}
+
+/// A read of another candidate than the focused one.
+struct At {
+    who: Who,
+    inner: Node,
+}
+
+impl Operand for At {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.at(self.who, &self.inner, focus))
+    }
+}
+
+/// An aggregate computed once per group of candidates (see
+/// [`TermKind::Grouped`]).
+struct Grouped {
+    slot: usize,
+    by: Vec<Node>,
+    aggregate: Node,
+}
+
+impl Operand for Grouped {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.grouped(self.slot, &self.by, &self.aggregate, focus))
+    }
+}
+
+struct AggregateOf {
+    function: Aggregate,
+    value: Node,
+    filter: Option<Node>,
+}
+
+impl Operand for AggregateOf {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.aggregate(self.function, &self.value, self.filter.as_ref(), focus))
     }
 }
 

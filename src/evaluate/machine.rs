@@ -321,33 +321,15 @@ impl<'a> Machine<'a> {
     #[inline(never)]
     fn eval_rare(&mut self, term: &Term, focus: &Focus) -> Value {
         match &term.kind {
-            TermKind::At(who, inner) => {
-                let target = match who {
-                    Who::Prev => focus.prev,
-                    Who::First => focus.first,
-                    Who::Served => focus.served,
-                    Who::Scored => focus.scored,
-                };
-                match target {
-                    Some(candidate) => self.eval(
-                        inner,
-                        &Focus {
-                            current: Some(candidate),
-                            scored: None,
-                            ..*focus
-                        },
-                    ),
-                    None => Value::Null,
-                }
-            }
+            TermKind::At(who, inner) => self.at(*who, &**inner, focus),
             TermKind::Merge(index) => self.merge_value(*index),
-            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, aggregate, focus),
+            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, &**aggregate, focus),
             TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
                 Value::Number(n) => Value::Number(-n),
                 _ => Value::Null,
             },
             TermKind::Aggregate(function, value, filter) => {
-                self.aggregate(*function, value, filter.as_deref(), focus)
+                self.aggregate(*function, &**value, filter.as_deref(), focus)
             }
             TermKind::List(items) => {
                 let values: Vec<Value> = items.iter().map(|item| self.eval(item, focus)).collect();
@@ -381,9 +363,38 @@ impl<'a> Machine<'a> {
     /// An aggregate that depends on the candidate it scores only through
     /// `by`: computed once for each group of candidates with the same values
     /// of `by`.
-    fn grouped(&mut self, slot: usize, by: &[Term], aggregate: &Term, focus: &Focus) -> Value {
+    /// `inner` read for another candidate than the focused one.
+    pub(crate) fn at<A: Operand + ?Sized>(&mut self, who: Who, inner: &A, focus: &Focus) -> Value {
+        let target = match who {
+            Who::Prev => focus.prev,
+            Who::First => focus.first,
+            Who::Served => focus.served,
+            Who::Scored => focus.scored,
+        };
+        match target {
+            Some(candidate) => inner
+                .value(
+                    self,
+                    &Focus {
+                        current: Some(candidate),
+                        scored: None,
+                        ..*focus
+                    },
+                )
+                .into_owned(),
+            None => Value::Null,
+        }
+    }
+
+    pub(crate) fn grouped<A: Operand>(
+        &mut self,
+        slot: usize,
+        by: &[A],
+        aggregate: &A,
+        focus: &Focus,
+    ) -> Value {
         let Some(current) = focus.current else {
-            return self.eval(aggregate, focus);
+            return aggregate.value(self, focus).into_owned();
         };
         if self.groups.is_empty() {
             // One allocation each for the few groups a decision forms.
@@ -392,7 +403,7 @@ impl<'a> Machine<'a> {
         }
         let start = self.group_keys.len();
         for term in by {
-            let value = self.eval(term, &Focus::on(current));
+            let value = term.value(self, &Focus::on(current)).into_owned();
             self.group_keys.push(value);
         }
         let end = self.group_keys.len();
@@ -408,7 +419,7 @@ impl<'a> Machine<'a> {
             self.group_keys.truncate(start);
             return value;
         }
-        let value = self.eval(aggregate, focus);
+        let value = aggregate.value(self, focus).into_owned();
         self.groups.push(Group {
             slot,
             keys: start..end,
@@ -680,11 +691,11 @@ impl<'a> Machine<'a> {
         duration(full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0))
     }
 
-    fn aggregate(
+    pub(crate) fn aggregate<A: Operand>(
         &mut self,
         function: Aggregate,
-        value: &Term,
-        filter: Option<&Term>,
+        value: &A,
+        filter: Option<&A>,
         focus: &Focus,
     ) -> Value {
         let want = if function == Aggregate::MinOf {
@@ -710,11 +721,11 @@ impl<'a> Machine<'a> {
                 ..*focus
             };
             if let Some(filter) = filter
-                && !self.truth(filter, &inner)
+                && !filter.truth(self, &inner)
             {
                 continue;
             }
-            let value = self.eval_ref(value, &inner);
+            let value = value.value(self, &inner);
             let truth = matches!(*value, Value::Bool(true));
             match function {
                 Aggregate::CountOf => count += usize::from(truth),
