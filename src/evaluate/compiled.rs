@@ -3,9 +3,9 @@
 //! of small nodes, each made for its kind of term when the snapshot is
 //! built, so a request pays for what a term does and not for finding out
 //! what it is: a node is one indirect call, with no match over every kind of
-//! term and no frame of the whole interpreter. The kinds of term these
-//! seldom hold (lists, records, negations, conversions to enumerations)
-//! stay interpreted.
+//! term and no frame of the whole interpreter. Only what a request computes
+//! once stays interpreted: its request-only parts, and a catalog part for a
+//! candidate the catalog does not describe.
 //!
 //! Functions and operators mean the same in both forms: the interpreter's
 //! calls, arithmetic and comparisons are written once, over
@@ -17,6 +17,7 @@ use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
 use super::{Caller, RequestState};
 use crate::compile::{Guard, Snapshot};
 use crate::language::ast::{Aggregate, BinaryOp};
+use crate::language::check::EnumTy;
 use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
 use crate::value::Value;
 use std::borrow::Cow;
@@ -327,7 +328,19 @@ fn compile(term: &Term) -> Node {
             value: compile(value),
             filter: filter.as_deref().map(compile),
         }),
-        _ => Box::new(Interpreted(term.clone())),
+        TermKind::Merge(index) => Box::new(Merge(*index)),
+        TermKind::Negate(inner) => Box::new(Negate(compile(inner))),
+        TermKind::List(items) => Box::new(List(items.iter().map(compile).collect())),
+        TermKind::Record(fields) => Box::new(Record(
+            fields
+                .iter()
+                .map(|(name, item)| (name.clone(), compile(item)))
+                .collect(),
+        )),
+        TermKind::ToEnum(target, inner) => Box::new(ToEnum {
+            target: target.clone(),
+            inner: compile(inner),
+        }),
     }
 }
 
@@ -559,15 +572,50 @@ impl Operand for AggregateOf {
     }
 }
 
-/// A kind of term left to the interpreter.
-struct Interpreted(Term);
+/// A merge's value: the request's own once its merges are known.
+struct Merge(usize);
 
-impl Operand for Interpreted {
-    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
-        machine.eval_ref(&self.0, focus)
+impl Operand for Merge {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        let request: &'a RequestState = machine.request;
+        match request.merges.get(self.0) {
+            Some(value) => Cow::Borrowed(value),
+            None => Cow::Owned(machine.merge(self.0)),
+        }
     }
+}
 
-    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
-        machine.truth(&self.0, focus)
+struct Negate(Node);
+
+impl Operand for Negate {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.negate(&self.0, focus))
+    }
+}
+
+struct List(Vec<Node>);
+
+impl Operand for List {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.list(&self.0, focus))
+    }
+}
+
+struct Record(Vec<(Arc<str>, Node)>);
+
+impl Operand for Record {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.record(&self.0, focus))
+    }
+}
+
+struct ToEnum {
+    target: Arc<EnumTy>,
+    inner: Node,
+}
+
+impl Operand for ToEnum {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.enum_member(&self.target, &self.inner, focus))
     }
 }

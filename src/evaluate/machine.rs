@@ -8,6 +8,7 @@ use crate::compile::{
     Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
 };
 use crate::language::ast::{Aggregate, BinaryOp};
+use crate::language::check::EnumTy;
 use crate::language::ir::{Function, PriceField, Read, Term, TermKind, Who};
 use crate::value::{EnumMember, Value};
 use std::borrow::Cow;
@@ -324,29 +325,13 @@ impl<'a> Machine<'a> {
             TermKind::At(who, inner) => self.at(*who, &**inner, focus),
             TermKind::Merge(index) => self.merge_value(*index),
             TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, &**aggregate, focus),
-            TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
-                Value::Number(n) => Value::Number(-n),
-                _ => Value::Null,
-            },
+            TermKind::Negate(inner) => self.negate(&**inner, focus),
             TermKind::Aggregate(function, value, filter) => {
                 self.aggregate(*function, &**value, filter.as_deref(), focus)
             }
-            TermKind::List(items) => {
-                let values: Vec<Value> = items.iter().map(|item| self.eval(item, focus)).collect();
-                Value::List(Arc::from(values))
-            }
-            TermKind::Record(fields) => {
-                let values: Vec<(Arc<str>, Value)> = fields
-                    .iter()
-                    .map(|(name, term)| (name.clone(), self.eval(term, focus)))
-                    .collect();
-                Value::Record(Arc::from(values))
-            }
-            TermKind::ToEnum(target, inner) => match self.eval(inner, focus) {
-                Value::String(text) => to_member(&target.members, text),
-                Value::Enum(member) => to_member(&target.members, member.name),
-                _ => Value::Null,
-            },
+            TermKind::List(items) => self.list(items, focus),
+            TermKind::Record(fields) => self.record(fields, focus),
+            TermKind::ToEnum(target, inner) => self.enum_member(target, &**inner, focus),
             TermKind::Const(_)
             | TermKind::Read(_)
             | TermKind::Let(_)
@@ -363,6 +348,43 @@ impl<'a> Machine<'a> {
     /// An aggregate that depends on the candidate it scores only through
     /// `by`: computed once for each group of candidates with the same values
     /// of `by`.
+    pub(crate) fn negate<A: Operand + ?Sized>(&mut self, inner: &A, focus: &Focus) -> Value {
+        match *inner.value(self, focus) {
+            Value::Number(n) => Value::Number(-n),
+            _ => Value::Null,
+        }
+    }
+
+    pub(crate) fn list<A: Operand>(&mut self, items: &[A], focus: &Focus) -> Value {
+        let values: Vec<Value> = items
+            .iter()
+            .map(|item| item.value(self, focus).into_owned())
+            .collect();
+        Value::List(Arc::from(values))
+    }
+
+    pub(crate) fn record<A: Operand>(&mut self, fields: &[(Arc<str>, A)], focus: &Focus) -> Value {
+        let values: Vec<(Arc<str>, Value)> = fields
+            .iter()
+            .map(|(name, item)| (name.clone(), item.value(self, focus).into_owned()))
+            .collect();
+        Value::Record(Arc::from(values))
+    }
+
+    /// A string as a member of `target` (absent if it is none).
+    pub(crate) fn enum_member<A: Operand + ?Sized>(
+        &mut self,
+        target: &EnumTy,
+        inner: &A,
+        focus: &Focus,
+    ) -> Value {
+        match inner.value(self, focus).into_owned() {
+            Value::String(text) => to_member(&target.members, text),
+            Value::Enum(member) => to_member(&target.members, member.name),
+            _ => Value::Null,
+        }
+    }
+
     /// `inner` read for another candidate than the focused one.
     pub(crate) fn at<A: Operand + ?Sized>(&mut self, who: Who, inner: &A, focus: &Focus) -> Value {
         let target = match who {
