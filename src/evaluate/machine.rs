@@ -905,11 +905,12 @@ impl<'a> Machine<'a> {
         };
         let catalog = &snapshot.data.catalog;
         let interned = &snapshot.interned;
-        let model = candidate.model.and_then(|m| catalog.models.get(m));
-        let route = model.and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
-        let provider = catalog.providers.get(candidate.provider);
-        let credential = provider.and_then(|p| p.credentials.get(candidate.credential));
-        let health = self.health.get(index);
+        // Looked up by the reads that need them, not ahead of every read.
+        let model = || candidate.model.and_then(|m| catalog.models.get(m));
+        let route = || model().and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
+        let provider = || catalog.providers.get(candidate.provider);
+        let credential = || provider().and_then(|p| p.credentials.get(candidate.credential));
+        let health = || self.health.get(index);
         let from = |values: &'a Vec<Value>, at: Option<usize>| -> Cow<'a, Value> {
             borrowed(at.and_then(|i| values.get(i)))
         };
@@ -926,7 +927,7 @@ impl<'a> Machine<'a> {
                 Some(model) => return from(&interned.model_aliases, Some(model)),
                 None => Value::List(Arc::from(Vec::new())),
             },
-            Read::ModelAttr(attr) => match model {
+            Read::ModelAttr(attr) => match model() {
                 Some(model) => return borrowed(model.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.model, *attr),
             },
@@ -938,16 +939,16 @@ impl<'a> Machine<'a> {
             Read::ProviderFormat => {
                 return from(&interned.provider_format, Some(candidate.provider));
             }
-            Read::ProviderPriority => provider.map_or(Value::Null, |p| Value::Number(p.priority)),
-            Read::ProviderListed => provider
+            Read::ProviderPriority => provider().map_or(Value::Null, |p| Value::Number(p.priority)),
+            Read::ProviderListed => provider()
                 .and_then(|p| p.listed)
                 .map_or(Value::Null, Value::Date),
             Read::ProviderAttr(attr) => {
-                return borrowed(provider.and_then(|p| p.attributes.get(*attr)));
+                return borrowed(provider().and_then(|p| p.attributes.get(*attr)));
             }
             Read::RouteUpstreamModel => Value::String(candidate.upstream_model.clone()),
             Read::RoutePrice(field) => {
-                let price = route.map(|r| r.price).unwrap_or_default();
+                let price = route().map(|r| r.price).unwrap_or_default();
                 let value = match field {
                     PriceField::Input => price.input,
                     PriceField::Output => price.output,
@@ -967,7 +968,7 @@ impl<'a> Machine<'a> {
                     None => Value::List(Arc::from(Vec::new())),
                 }
             }
-            Read::RouteAttr(attr) => match route {
+            Read::RouteAttr(attr) => match route() {
                 Some(route) => return borrowed(route.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.route, *attr),
             },
@@ -979,7 +980,7 @@ impl<'a> Machine<'a> {
                         .and_then(|ids| ids.get(candidate.credential)),
                 );
             }
-            Read::CredentialOwned => Value::Bool(credential.is_some_and(|c| {
+            Read::CredentialOwned => Value::Bool(credential().is_some_and(|c| {
                 let tenant = self
                     .snapshot
                     .data
@@ -991,26 +992,26 @@ impl<'a> Machine<'a> {
                     .is_some_and(|owner| tenant.is_some_and(|t| t.id == owner))
             })),
             Read::CredentialAttr(attr) => {
-                return borrowed(credential.and_then(|c| c.attributes.get(*attr)));
+                return borrowed(credential().and_then(|c| c.attributes.get(*attr)));
             }
-            Read::HealthPaused => Value::Bool(health.is_some_and(CandidateHealth::paused)),
-            Read::HealthPenalized => Value::Bool(health.is_some_and(|h| h.penalized)),
-            Read::HealthStrikes => Value::Number(f64::from(health.map_or(0, |h| h.strikes))),
-            Read::StatsSamples => Value::Number(f64::from(health.map_or(0, |h| h.stats.samples))),
-            Read::StatsSuccessRate => health
+            Read::HealthPaused => Value::Bool(health().is_some_and(CandidateHealth::paused)),
+            Read::HealthPenalized => Value::Bool(health().is_some_and(|h| h.penalized)),
+            Read::HealthStrikes => Value::Number(f64::from(health().map_or(0, |h| h.strikes))),
+            Read::StatsSamples => Value::Number(f64::from(health().map_or(0, |h| h.stats.samples))),
+            Read::StatsSuccessRate => health()
                 .and_then(|h| h.stats.success_rate)
                 .map_or(Value::Null, Value::Number),
-            Read::StatsTtft => health
+            Read::StatsTtft => health()
                 .and_then(|h| h.stats.ttft_ms)
                 .map_or(Value::Null, Value::Duration),
-            Read::StatsLatency => health
+            Read::StatsLatency => health()
                 .and_then(|h| h.stats.latency_ms)
                 .map_or(Value::Null, Value::Duration),
-            Read::StatsThroughput => health
+            Read::StatsThroughput => health()
                 .and_then(|h| h.stats.throughput)
                 .map_or(Value::Null, Value::Number),
-            Read::CapacityFull => Value::Bool(health.is_some_and(|h| h.full)),
-            Read::CapacityInFlight => Value::Number(f64::from(health.map_or(0, |h| h.in_flight))),
+            Read::CapacityFull => Value::Bool(health().is_some_and(|h| h.full)),
+            Read::CapacityInFlight => Value::Number(f64::from(health().map_or(0, |h| h.in_flight))),
             Read::RequestedIndex => Value::Number(candidate.requested.index as f64),
             Read::RequestedKind => {
                 return Cow::Borrowed(resolution_member(candidate.requested.kind));
