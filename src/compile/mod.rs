@@ -11,6 +11,7 @@ mod stage;
 pub use stage::Guard;
 
 use crate::data::{Credential, Data, ModelKind, Provider, WireFormat};
+use crate::evaluate::compiled::Compiled;
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
 use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
@@ -280,6 +281,8 @@ pub struct Snapshot {
     pub let_slots: LetSlots,
     /// Per eligibility step, what the request alone settles of it.
     pub guards: Vec<Guard>,
+    /// The staged steps, guards and sort keys, compiled.
+    pub(crate) compiled: Compiled,
     /// The `health` section's constants.
     pub health: HealthSettings,
 }
@@ -449,6 +452,7 @@ impl Snapshot {
         let interned = Interned::new(&data);
         let staged = stage::stage(&program);
         let let_slots = LetSlots::of(&program.lets);
+        let compiled = Compiled::of(&staged.program, &staged.guards);
         let mut snapshot = Snapshot {
             name,
             version,
@@ -466,6 +470,7 @@ impl Snapshot {
             hoisted: staged.hoisted,
             let_slots,
             guards: staged.guards,
+            compiled,
             health: HealthSettings::default(),
         };
         // Static terms are evaluated by the program as checked, then the
@@ -474,6 +479,8 @@ impl Snapshot {
         snapshot.program = staged.program;
         snapshot.let_slots = LetSlots::of(&snapshot.program.lets);
         snapshot.health = HealthSettings::of(&snapshot);
+        let settled_by_key = Compiled::settle_per_key(&snapshot);
+        snapshot.compiled.set_settled_by_key(settled_by_key);
         snapshot
     }
 

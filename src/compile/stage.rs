@@ -95,16 +95,45 @@ fn read_deps(read: &Read) -> Deps {
 /// What the request alone settles of an eligibility condition: its
 /// connectives over the parts that read only the request. When those decide
 /// the condition, it is the same for every candidate and is not asked per
-/// candidate.
+/// candidate. (`T` is what a request part is: a term, or the evaluator's
+/// compiled form of it.)
 #[derive(Debug, Clone, PartialEq)]
-pub enum Guard {
+pub enum Guard<T = Term> {
     /// Depends on the candidate.
     Open,
     /// Reads only the request: its truth holds for every candidate.
-    Request(Term),
-    And(Box<Guard>, Box<Guard>),
-    Or(Box<Guard>, Box<Guard>),
-    Implies(Box<Guard>, Box<Guard>),
+    Request(T),
+    And(Box<Guard<T>>, Box<Guard<T>>),
+    Or(Box<Guard<T>>, Box<Guard<T>>),
+    Implies(Box<Guard<T>>, Box<Guard<T>>),
+}
+
+impl<T> Guard<T> {
+    /// Its request parts, left to right.
+    pub fn parts(&self) -> Vec<&T> {
+        match self {
+            Guard::Open => Vec::new(),
+            Guard::Request(part) => vec![part],
+            Guard::And(lhs, rhs) | Guard::Or(lhs, rhs) | Guard::Implies(lhs, rhs) => {
+                let mut parts = lhs.parts();
+                parts.extend(rhs.parts());
+                parts
+            }
+        }
+    }
+
+    /// The same guard with each request part mapped.
+    pub fn map<U>(&self, part: &mut impl FnMut(&T) -> U) -> Guard<U> {
+        match self {
+            Guard::Open => Guard::Open,
+            Guard::Request(term) => Guard::Request(part(term)),
+            Guard::And(lhs, rhs) => Guard::And(Box::new(lhs.map(part)), Box::new(rhs.map(part))),
+            Guard::Or(lhs, rhs) => Guard::Or(Box::new(lhs.map(part)), Box::new(rhs.map(part))),
+            Guard::Implies(lhs, rhs) => {
+                Guard::Implies(Box::new(lhs.map(part)), Box::new(rhs.map(part)))
+            }
+        }
+    }
 }
 
 /// The staged program and what the snapshot must precompute for it.

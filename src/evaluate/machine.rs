@@ -8,6 +8,7 @@ use crate::compile::{
     Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
 };
 use crate::language::ast::{Aggregate, BinaryOp};
+use crate::language::check::EnumTy;
 use crate::language::ir::{Function, PriceField, Read, Term, TermKind, Who};
 use crate::value::{EnumMember, Value};
 use std::borrow::Cow;
@@ -56,6 +57,43 @@ impl Focus {
             current: Some(candidate),
             ..Focus::default()
         }
+    }
+}
+
+/// What evaluates to a value for a focus: a term, interpreted, or a term
+/// compiled once per snapshot ([`super::compiled`]). The interpreter's calls,
+/// arithmetic and connectives are written once over it, so both forms give
+/// every function and operator the same meaning.
+pub(crate) trait Operand: Send + Sync {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+
+    /// Whether the value is `true`.
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        matches!(*self.value(machine, focus), Value::Bool(true))
+    }
+}
+
+impl Operand for Term {
+    #[inline]
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        machine.eval_ref(self, focus)
+    }
+
+    #[inline]
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        machine.truth(self, focus)
+    }
+}
+
+impl<T: Operand + ?Sized> Operand for Box<T> {
+    #[inline]
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        (**self).value(machine, focus)
+    }
+
+    #[inline]
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        (**self).truth(machine, focus)
     }
 }
 
@@ -175,10 +213,10 @@ impl<'a> Machine<'a> {
 
     /// A condition's truth when the request alone settles it, the same for
     /// every candidate; `None` when it depends on the candidate.
-    pub fn settled(&mut self, guard: &Guard) -> Option<bool> {
+    pub fn settled<T: Operand>(&mut self, guard: &Guard<T>) -> Option<bool> {
         match guard {
             Guard::Open => None,
-            Guard::Request(term) => Some(self.truth(term, &Focus::default())),
+            Guard::Request(part) => Some(part.truth(self, &Focus::default())),
             Guard::And(lhs, rhs) => match (self.settled(lhs), self.settled(rhs)) {
                 (Some(false), _) | (_, Some(false)) => Some(false),
                 (Some(true), Some(true)) => Some(true),
@@ -220,25 +258,25 @@ impl<'a> Machine<'a> {
             },
             // So are the definitions, which need no frame of the
             // interpreter's own.
-            TermKind::Let(index) => Cow::Owned(self.definition(*index, focus)),
+            TermKind::Let(index) => Cow::Owned(self.definition(*index, focus, false)),
             _ => self.eval_node(term, focus),
         }
     }
 
-    /// Definition `index`'s value for this focus: cached, or evaluated and
-    /// cached.
+    /// Definition `index`'s value for this focus: cached, or evaluated
+    /// (its compiled body, if `compiled`) and cached.
     #[inline(never)]
-    fn definition(&mut self, index: usize, focus: &Focus) -> Value {
+    pub(crate) fn definition(&mut self, index: usize, focus: &Focus, compiled: bool) -> Value {
         let slot = self.let_slot(index, focus);
         if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
             return value.clone();
         }
-        self.let_uncached(index, slot, focus)
+        self.let_uncached(index, slot, focus, compiled)
     }
 
     /// A catalog-only part's value for the focused candidate, when the
     /// catalog describes it.
-    fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
+    pub(crate) fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
         let snapshot: &'a Snapshot = self.snapshot;
         let candidate = self.candidates.get(focus.current?)?;
         snapshot
@@ -258,15 +296,7 @@ impl<'a> Machine<'a> {
             }
             TermKind::Read(read) => self.read(read, focus),
             TermKind::Binary(op, lhs, rhs) => Cow::Owned(self.binary(*op, lhs, rhs, focus)),
-            TermKind::Hoisted(slot, inner) => {
-                let slot = self.hoisted_at + *slot;
-                if let Some(value) = self.cached(slot) {
-                    return Cow::Owned(value.clone());
-                }
-                let value = self.eval(inner, &Focus::default());
-                self.store(slot, &value);
-                Cow::Owned(value)
-            }
+            TermKind::Hoisted(slot, inner) => Cow::Owned(self.hoisted(*slot, inner)),
             TermKind::Not(inner) => Cow::Owned(match *self.eval_ref(inner, focus) {
                 Value::Bool(b) => Value::Bool(!b),
                 _ => Value::Null,
@@ -292,50 +322,16 @@ impl<'a> Machine<'a> {
     #[inline(never)]
     fn eval_rare(&mut self, term: &Term, focus: &Focus) -> Value {
         match &term.kind {
-            TermKind::At(who, inner) => {
-                let target = match who {
-                    Who::Prev => focus.prev,
-                    Who::First => focus.first,
-                    Who::Served => focus.served,
-                    Who::Scored => focus.scored,
-                };
-                match target {
-                    Some(candidate) => self.eval(
-                        inner,
-                        &Focus {
-                            current: Some(candidate),
-                            scored: None,
-                            ..*focus
-                        },
-                    ),
-                    None => Value::Null,
-                }
-            }
+            TermKind::At(who, inner) => self.at(*who, &**inner, focus),
             TermKind::Merge(index) => self.merge_value(*index),
-            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, aggregate, focus),
-            TermKind::Negate(inner) => match *self.eval_ref(inner, focus) {
-                Value::Number(n) => Value::Number(-n),
-                _ => Value::Null,
-            },
+            TermKind::Grouped(slot, by, aggregate) => self.grouped(*slot, by, &**aggregate, focus),
+            TermKind::Negate(inner) => self.negate(&**inner, focus),
             TermKind::Aggregate(function, value, filter) => {
-                self.aggregate(*function, value, filter.as_deref(), focus)
+                self.aggregate(*function, &**value, filter.as_deref(), focus)
             }
-            TermKind::List(items) => {
-                let values: Vec<Value> = items.iter().map(|item| self.eval(item, focus)).collect();
-                Value::List(Arc::from(values))
-            }
-            TermKind::Record(fields) => {
-                let values: Vec<(Arc<str>, Value)> = fields
-                    .iter()
-                    .map(|(name, term)| (name.clone(), self.eval(term, focus)))
-                    .collect();
-                Value::Record(Arc::from(values))
-            }
-            TermKind::ToEnum(target, inner) => match self.eval(inner, focus) {
-                Value::String(text) => to_member(&target.members, text),
-                Value::Enum(member) => to_member(&target.members, member.name),
-                _ => Value::Null,
-            },
+            TermKind::List(items) => self.list(items, focus),
+            TermKind::Record(fields) => self.record(fields, focus),
+            TermKind::ToEnum(target, inner) => self.enum_member(target, &**inner, focus),
             TermKind::Const(_)
             | TermKind::Read(_)
             | TermKind::Let(_)
@@ -352,9 +348,75 @@ impl<'a> Machine<'a> {
     /// An aggregate that depends on the candidate it scores only through
     /// `by`: computed once for each group of candidates with the same values
     /// of `by`.
-    fn grouped(&mut self, slot: usize, by: &[Term], aggregate: &Term, focus: &Focus) -> Value {
+    pub(crate) fn negate<A: Operand + ?Sized>(&mut self, inner: &A, focus: &Focus) -> Value {
+        match *inner.value(self, focus) {
+            Value::Number(n) => Value::Number(-n),
+            _ => Value::Null,
+        }
+    }
+
+    pub(crate) fn list<A: Operand>(&mut self, items: &[A], focus: &Focus) -> Value {
+        let values: Vec<Value> = items
+            .iter()
+            .map(|item| item.value(self, focus).into_owned())
+            .collect();
+        Value::List(Arc::from(values))
+    }
+
+    pub(crate) fn record<A: Operand>(&mut self, fields: &[(Arc<str>, A)], focus: &Focus) -> Value {
+        let values: Vec<(Arc<str>, Value)> = fields
+            .iter()
+            .map(|(name, item)| (name.clone(), item.value(self, focus).into_owned()))
+            .collect();
+        Value::Record(Arc::from(values))
+    }
+
+    /// A string as a member of `target` (absent if it is none).
+    pub(crate) fn enum_member<A: Operand + ?Sized>(
+        &mut self,
+        target: &EnumTy,
+        inner: &A,
+        focus: &Focus,
+    ) -> Value {
+        match inner.value(self, focus).into_owned() {
+            Value::String(text) => to_member(&target.members, text),
+            Value::Enum(member) => to_member(&target.members, member.name),
+            _ => Value::Null,
+        }
+    }
+
+    /// `inner` read for another candidate than the focused one.
+    pub(crate) fn at<A: Operand + ?Sized>(&mut self, who: Who, inner: &A, focus: &Focus) -> Value {
+        let target = match who {
+            Who::Prev => focus.prev,
+            Who::First => focus.first,
+            Who::Served => focus.served,
+            Who::Scored => focus.scored,
+        };
+        match target {
+            Some(candidate) => inner
+                .value(
+                    self,
+                    &Focus {
+                        current: Some(candidate),
+                        scored: None,
+                        ..*focus
+                    },
+                )
+                .into_owned(),
+            None => Value::Null,
+        }
+    }
+
+    pub(crate) fn grouped<A: Operand>(
+        &mut self,
+        slot: usize,
+        by: &[A],
+        aggregate: &A,
+        focus: &Focus,
+    ) -> Value {
         let Some(current) = focus.current else {
-            return self.eval(aggregate, focus);
+            return aggregate.value(self, focus).into_owned();
         };
         if self.groups.is_empty() {
             // One allocation each for the few groups a decision forms.
@@ -363,7 +425,7 @@ impl<'a> Machine<'a> {
         }
         let start = self.group_keys.len();
         for term in by {
-            let value = self.eval(term, &Focus::on(current));
+            let value = term.value(self, &Focus::on(current)).into_owned();
             self.group_keys.push(value);
         }
         let end = self.group_keys.len();
@@ -379,7 +441,7 @@ impl<'a> Machine<'a> {
             self.group_keys.truncate(start);
             return value;
         }
-        let value = self.eval(aggregate, focus);
+        let value = aggregate.value(self, focus).into_owned();
         self.groups.push(Group {
             slot,
             keys: start..end,
@@ -390,7 +452,13 @@ impl<'a> Machine<'a> {
 
     /// A definition not cached yet: evaluated on a stack that can grow.
     #[inline(never)]
-    fn let_uncached(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
+    fn let_uncached(
+        &mut self,
+        index: usize,
+        slot: Option<usize>,
+        focus: &Focus,
+        compiled: bool,
+    ) -> Value {
         // Terms are finite trees; only definitions can recur.
         self.depth += 1;
         let value = if self.depth > MAX_DEPTH {
@@ -399,7 +467,7 @@ impl<'a> Machine<'a> {
             stacker::maybe_grow(
                 crate::language::check::STACK_RED_ZONE,
                 crate::language::check::STACK_SEGMENT,
-                || self.let_value(index, slot, focus),
+                || self.let_value(index, slot, focus, compiled),
             )
         };
         self.depth -= 1;
@@ -443,8 +511,15 @@ impl<'a> Machine<'a> {
 
     /// Evaluates definition `index` and caches it in `slot`, where
     /// [`Machine::let_slot`] found no value.
-    fn let_value(&mut self, index: usize, slot: Option<usize>, focus: &Focus) -> Value {
-        let Some(spec) = self.snapshot.program.lets.get(index) else {
+    fn let_value(
+        &mut self,
+        index: usize,
+        slot: Option<usize>,
+        focus: &Focus,
+        compiled: bool,
+    ) -> Value {
+        let snapshot: &'a Snapshot = self.snapshot;
+        let Some(spec) = snapshot.program.lets.get(index) else {
             return Value::Null;
         };
         let focus = match (spec.candidate, focus.current) {
@@ -452,7 +527,10 @@ impl<'a> Machine<'a> {
             (true, Some(candidate)) => &Focus::on(candidate),
             (true, None) => return Value::Null,
         };
-        let value = self.eval(&spec.term, focus);
+        let value = match snapshot.compiled.lets.get(index).filter(|_| compiled) {
+            Some(body) => body.value(self, focus).into_owned(),
+            None => self.eval(&spec.term, focus),
+        };
         if let Some(slot) = slot {
             self.store(slot, &value);
         }
@@ -478,57 +556,56 @@ impl<'a> Machine<'a> {
         value
     }
 
-    fn binary(&mut self, op: BinaryOp, lhs: &Term, rhs: &Term, focus: &Focus) -> Value {
+    /// A request-only part's value, computed on its first use in the request.
+    pub(crate) fn hoisted(&mut self, slot: usize, inner: &Term) -> Value {
+        let slot = self.hoisted_at + slot;
+        if let Some(value) = self.cached(slot) {
+            return value.clone();
+        }
+        let value = self.eval(inner, &Focus::default());
+        self.store(slot, &value);
+        value
+    }
+
+    pub(crate) fn binary<A: Operand>(
+        &mut self,
+        op: BinaryOp,
+        lhs: &A,
+        rhs: &A,
+        focus: &Focus,
+    ) -> Value {
         match op {
-            BinaryOp::And => return Value::Bool(self.truth(lhs, focus) && self.truth(rhs, focus)),
-            BinaryOp::Or => return Value::Bool(self.truth(lhs, focus) || self.truth(rhs, focus)),
+            BinaryOp::And => return Value::Bool(lhs.truth(self, focus) && rhs.truth(self, focus)),
+            BinaryOp::Or => return Value::Bool(lhs.truth(self, focus) || rhs.truth(self, focus)),
             BinaryOp::Implies => {
-                return Value::Bool(!self.truth(lhs, focus) || self.truth(rhs, focus));
+                return Value::Bool(!lhs.truth(self, focus) || rhs.truth(self, focus));
             }
             _ => {}
         }
-        let a = self.eval_ref(lhs, focus);
-        let b = self.eval_ref(rhs, focus);
+        let a = lhs.value(self, focus);
+        let b = rhs.value(self, focus);
         if is_comparison(op) {
             return Value::Bool(holds(op, &a, &b));
         }
-        match (op, &*a, &*b) {
-            (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
-            (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
-                Value::Duration(x.saturating_add(*y))
-            }
-            (BinaryOp::Add, Value::String(x), Value::String(y)) => {
-                Value::String(Arc::from(format!("{x}{y}")))
-            }
-            (BinaryOp::Sub, Value::Number(x), Value::Number(y)) => number(x - y),
-            (BinaryOp::Sub, Value::Duration(x), Value::Duration(y)) => {
-                Value::Duration(x.saturating_sub(*y))
-            }
-            (BinaryOp::Mul, Value::Number(x), Value::Number(y)) => number(x * y),
-            (BinaryOp::Mul, Value::Number(n), Value::Duration(d))
-            | (BinaryOp::Mul, Value::Duration(d), Value::Number(n)) => duration(*d as f64 * n),
-            (BinaryOp::Div, Value::Number(x), Value::Number(y)) if *y != 0.0 => number(x / y),
-            (BinaryOp::Div, Value::Duration(d), Value::Number(n)) if *n != 0.0 => {
-                duration(*d as f64 / n)
-            }
-            (BinaryOp::Div, Value::Duration(x), Value::Duration(y)) if *y != 0 => {
-                number(*x as f64 / *y as f64)
-            }
-            _ => Value::Null,
-        }
+        arithmetic(op, &a, &b)
     }
 
-    fn arg<'t>(&mut self, args: &'t [Term], index: usize, focus: &Focus) -> Cow<'t, Value>
+    fn arg<'t, A: Operand>(&mut self, args: &'t [A], index: usize, focus: &Focus) -> Cow<'t, Value>
     where
         'a: 't,
     {
         match args.get(index) {
-            Some(term) => self.eval_ref(term, focus),
+            Some(arg) => arg.value(self, focus),
             None => Cow::Owned(Value::Null),
         }
     }
 
-    fn call<'t>(&mut self, function: Function, args: &'t [Term], focus: &Focus) -> Cow<'t, Value>
+    pub(crate) fn call<'t, A: Operand>(
+        &mut self,
+        function: Function,
+        args: &'t [A],
+        focus: &Focus,
+    ) -> Cow<'t, Value>
     where
         'a: 't,
     {
@@ -536,7 +613,7 @@ impl<'a> Machine<'a> {
             // `coalesce` stops at the first present value.
             Function::Coalesce => {
                 for arg in args {
-                    let value = self.eval_ref(arg, focus);
+                    let value = arg.value(self, focus);
                     if !value.is_null() {
                         return value;
                     }
@@ -551,7 +628,7 @@ impl<'a> Machine<'a> {
                 };
                 let mut best: Cow<'t, Value> = Cow::Owned(Value::Null);
                 for arg in args {
-                    let value = self.eval_ref(arg, focus);
+                    let value = arg.value(self, focus);
                     if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
                         best = value;
                     }
@@ -614,7 +691,7 @@ impl<'a> Machine<'a> {
         Cow::Owned(value)
     }
 
-    fn backoff(&mut self, args: &[Term], focus: &Focus) -> Value {
+    fn backoff<A: Operand>(&mut self, args: &[A], focus: &Focus) -> Value {
         let (
             Value::Duration(base),
             Value::Number(factor),
@@ -636,11 +713,11 @@ impl<'a> Machine<'a> {
         duration(full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0))
     }
 
-    fn aggregate(
+    pub(crate) fn aggregate<A: Operand>(
         &mut self,
         function: Aggregate,
-        value: &Term,
-        filter: Option<&Term>,
+        value: &A,
+        filter: Option<&A>,
         focus: &Focus,
     ) -> Value {
         let want = if function == Aggregate::MinOf {
@@ -666,11 +743,11 @@ impl<'a> Machine<'a> {
                 ..*focus
             };
             if let Some(filter) = filter
-                && !self.truth(filter, &inner)
+                && !filter.truth(self, &inner)
             {
                 continue;
             }
-            let value = self.eval_ref(value, &inner);
+            let value = value.value(self, &inner);
             let truth = matches!(*value, Value::Bool(true));
             match function {
                 Aggregate::CountOf => count += usize::from(truth),
@@ -712,7 +789,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
+    pub(crate) fn read(&mut self, read: &Read, focus: &Focus) -> Cow<'a, Value> {
         let request: &'a RequestState = self.request;
         let snapshot: &'a Snapshot = self.snapshot;
         let data = &snapshot.data;
@@ -820,7 +897,7 @@ impl<'a> Machine<'a> {
     }
 
     #[inline(never)]
-    fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
+    pub(crate) fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
         let candidates: &'a [Candidate] = self.candidates;
         let snapshot: &'a Snapshot = self.snapshot;
         let Some(candidate) = candidates.get(index) else {
@@ -828,11 +905,12 @@ impl<'a> Machine<'a> {
         };
         let catalog = &snapshot.data.catalog;
         let interned = &snapshot.interned;
-        let model = candidate.model.and_then(|m| catalog.models.get(m));
-        let route = model.and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
-        let provider = catalog.providers.get(candidate.provider);
-        let credential = provider.and_then(|p| p.credentials.get(candidate.credential));
-        let health = self.health.get(index);
+        // Looked up by the reads that need them, not ahead of every read.
+        let model = || candidate.model.and_then(|m| catalog.models.get(m));
+        let route = || model().and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
+        let provider = || catalog.providers.get(candidate.provider);
+        let credential = || provider().and_then(|p| p.credentials.get(candidate.credential));
+        let health = || self.health.get(index);
         let from = |values: &'a Vec<Value>, at: Option<usize>| -> Cow<'a, Value> {
             borrowed(at.and_then(|i| values.get(i)))
         };
@@ -849,7 +927,7 @@ impl<'a> Machine<'a> {
                 Some(model) => return from(&interned.model_aliases, Some(model)),
                 None => Value::List(Arc::from(Vec::new())),
             },
-            Read::ModelAttr(attr) => match model {
+            Read::ModelAttr(attr) => match model() {
                 Some(model) => return borrowed(model.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.model, *attr),
             },
@@ -861,16 +939,16 @@ impl<'a> Machine<'a> {
             Read::ProviderFormat => {
                 return from(&interned.provider_format, Some(candidate.provider));
             }
-            Read::ProviderPriority => provider.map_or(Value::Null, |p| Value::Number(p.priority)),
-            Read::ProviderListed => provider
+            Read::ProviderPriority => provider().map_or(Value::Null, |p| Value::Number(p.priority)),
+            Read::ProviderListed => provider()
                 .and_then(|p| p.listed)
                 .map_or(Value::Null, Value::Date),
             Read::ProviderAttr(attr) => {
-                return borrowed(provider.and_then(|p| p.attributes.get(*attr)));
+                return borrowed(provider().and_then(|p| p.attributes.get(*attr)));
             }
             Read::RouteUpstreamModel => Value::String(candidate.upstream_model.clone()),
             Read::RoutePrice(field) => {
-                let price = route.map(|r| r.price).unwrap_or_default();
+                let price = route().map(|r| r.price).unwrap_or_default();
                 let value = match field {
                     PriceField::Input => price.input,
                     PriceField::Output => price.output,
@@ -890,7 +968,7 @@ impl<'a> Machine<'a> {
                     None => Value::List(Arc::from(Vec::new())),
                 }
             }
-            Read::RouteAttr(attr) => match route {
+            Read::RouteAttr(attr) => match route() {
                 Some(route) => return borrowed(route.attributes.get(*attr)),
                 None => self.fallback(&self.snapshot.data.schema.route, *attr),
             },
@@ -902,7 +980,7 @@ impl<'a> Machine<'a> {
                         .and_then(|ids| ids.get(candidate.credential)),
                 );
             }
-            Read::CredentialOwned => Value::Bool(credential.is_some_and(|c| {
+            Read::CredentialOwned => Value::Bool(credential().is_some_and(|c| {
                 let tenant = self
                     .snapshot
                     .data
@@ -914,26 +992,26 @@ impl<'a> Machine<'a> {
                     .is_some_and(|owner| tenant.is_some_and(|t| t.id == owner))
             })),
             Read::CredentialAttr(attr) => {
-                return borrowed(credential.and_then(|c| c.attributes.get(*attr)));
+                return borrowed(credential().and_then(|c| c.attributes.get(*attr)));
             }
-            Read::HealthPaused => Value::Bool(health.is_some_and(CandidateHealth::paused)),
-            Read::HealthPenalized => Value::Bool(health.is_some_and(|h| h.penalized)),
-            Read::HealthStrikes => Value::Number(f64::from(health.map_or(0, |h| h.strikes))),
-            Read::StatsSamples => Value::Number(f64::from(health.map_or(0, |h| h.stats.samples))),
-            Read::StatsSuccessRate => health
+            Read::HealthPaused => Value::Bool(health().is_some_and(CandidateHealth::paused)),
+            Read::HealthPenalized => Value::Bool(health().is_some_and(|h| h.penalized)),
+            Read::HealthStrikes => Value::Number(f64::from(health().map_or(0, |h| h.strikes))),
+            Read::StatsSamples => Value::Number(f64::from(health().map_or(0, |h| h.stats.samples))),
+            Read::StatsSuccessRate => health()
                 .and_then(|h| h.stats.success_rate)
                 .map_or(Value::Null, Value::Number),
-            Read::StatsTtft => health
+            Read::StatsTtft => health()
                 .and_then(|h| h.stats.ttft_ms)
                 .map_or(Value::Null, Value::Duration),
-            Read::StatsLatency => health
+            Read::StatsLatency => health()
                 .and_then(|h| h.stats.latency_ms)
                 .map_or(Value::Null, Value::Duration),
-            Read::StatsThroughput => health
+            Read::StatsThroughput => health()
                 .and_then(|h| h.stats.throughput)
                 .map_or(Value::Null, Value::Number),
-            Read::CapacityFull => Value::Bool(health.is_some_and(|h| h.full)),
-            Read::CapacityInFlight => Value::Number(f64::from(health.map_or(0, |h| h.in_flight))),
+            Read::CapacityFull => Value::Bool(health().is_some_and(|h| h.full)),
+            Read::CapacityInFlight => Value::Number(f64::from(health().map_or(0, |h| h.in_flight))),
             Read::RequestedIndex => Value::Number(candidate.requested.index as f64),
             Read::RequestedKind => {
                 return Cow::Borrowed(resolution_member(candidate.requested.kind));
@@ -989,7 +1067,7 @@ fn to_member(members: &[String], name: Arc<str>) -> Value {
     }
 }
 
-fn is_comparison(op: BinaryOp) -> bool {
+pub(crate) fn is_comparison(op: BinaryOp) -> bool {
     matches!(
         op,
         BinaryOp::Eq
@@ -1003,8 +1081,36 @@ fn is_comparison(op: BinaryOp) -> bool {
     )
 }
 
+/// An arithmetic operator's value; absent for operands it does not take.
+pub(crate) fn arithmetic(op: BinaryOp, a: &Value, b: &Value) -> Value {
+    match (op, a, b) {
+        (BinaryOp::Add, Value::Number(x), Value::Number(y)) => number(x + y),
+        (BinaryOp::Add, Value::Duration(x), Value::Duration(y)) => {
+            Value::Duration(x.saturating_add(*y))
+        }
+        (BinaryOp::Add, Value::String(x), Value::String(y)) => {
+            Value::String(Arc::from(format!("{x}{y}")))
+        }
+        (BinaryOp::Sub, Value::Number(x), Value::Number(y)) => number(x - y),
+        (BinaryOp::Sub, Value::Duration(x), Value::Duration(y)) => {
+            Value::Duration(x.saturating_sub(*y))
+        }
+        (BinaryOp::Mul, Value::Number(x), Value::Number(y)) => number(x * y),
+        (BinaryOp::Mul, Value::Number(n), Value::Duration(d))
+        | (BinaryOp::Mul, Value::Duration(d), Value::Number(n)) => duration(*d as f64 * n),
+        (BinaryOp::Div, Value::Number(x), Value::Number(y)) if *y != 0.0 => number(x / y),
+        (BinaryOp::Div, Value::Duration(d), Value::Number(n)) if *n != 0.0 => {
+            duration(*d as f64 / n)
+        }
+        (BinaryOp::Div, Value::Duration(x), Value::Duration(y)) if *y != 0 => {
+            number(*x as f64 / *y as f64)
+        }
+        _ => Value::Null,
+    }
+}
+
 /// Whether a comparison holds between two values.
-fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
+pub(crate) fn holds(op: BinaryOp, a: &Value, b: &Value) -> bool {
     match op {
         BinaryOp::Eq => a == b,
         BinaryOp::Ne => a != b,

@@ -8,6 +8,7 @@
 //! constraint allows, and which error and headers to answer with.
 
 mod candidates;
+pub(crate) mod compiled;
 mod execution;
 pub mod health;
 mod inputs;
@@ -27,7 +28,7 @@ use crate::language::ir::StepKind;
 use crate::source::Span;
 use crate::value::Value;
 use health::{CandidateHealth, HealthView};
-use machine::{Focus, Machine};
+use machine::{Focus, Machine, Operand};
 use serde_json::Value as Json;
 use std::sync::Arc;
 
@@ -540,6 +541,9 @@ fn decide(
     }
 
     let mut machine = Machine::new(snapshot, &request, &candidates, &health);
+    // Untraced, the steps and sort keys run as compiled; traced, as written
+    // (the property tests and the fuzz target compare the two).
+    let compiled = (!tracing).then_some(&snapshot.compiled);
 
     // Eligibility.
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
@@ -550,20 +554,30 @@ fn decide(
         kept.clear();
         // A condition the request alone settles is not asked per candidate
         // (for a single candidate, asking is no dearer than settling).
-        let settled = snapshot
-            .guards
-            .get(step_index)
-            .filter(|_| remaining.len() > 1)
-            .and_then(|guard| machine.settled(guard));
+        let settled = if remaining.len() > 1 {
+            match compiled {
+                Some(code) => code.settled(step_index, &mut machine),
+                None => snapshot
+                    .guards
+                    .get(step_index)
+                    .and_then(|g| machine.settled(g)),
+            }
+        } else {
+            None
+        };
         match settled {
             Some(true) => kept.extend_from_slice(&remaining),
             Some(false) => {}
             None => {
+                let condition: &dyn Operand = match compiled.and_then(|c| c.steps.get(step_index)) {
+                    Some(code) => code,
+                    None => &step.condition,
+                };
                 kept.extend(
                     remaining
                         .iter()
                         .copied()
-                        .filter(|candidate| machine.truth(&step.condition, &Focus::on(*candidate))),
+                        .filter(|candidate| condition.truth(&mut machine, &Focus::on(*candidate))),
                 );
             }
         }
@@ -602,8 +616,11 @@ fn decide(
 
     // Order, then balance.
     machine.set_candidates(&remaining);
-    let keys = order::order_keys(&mut machine, &program.order);
-    if tracing {
+    if let Some(code) = compiled {
+        let keys = code.order_keys(&mut machine);
+        order::sort_by_chosen(&mut machine, &mut remaining, &keys);
+    } else {
+        let keys = order::order_keys(&mut machine, &program.order);
         trace.keys = keys
             .iter()
             .map(|key| KeyTrace {
@@ -619,8 +636,6 @@ fn decide(
                 entry.keys = key_values.iter().map(Value::to_string).collect();
             }
         }
-    } else {
-        order::sort_by_keys(&mut machine, &mut remaining, &keys);
     }
     let mut ordered = remaining;
     for spec in &program.balance {
@@ -643,7 +658,10 @@ fn decide(
 
     // The plan: the first, then the rest as `reorder` says.
     if let Some(rest) = ordered.get_mut(1..) {
-        order::sort_by_keys(&mut machine, rest, &program.failover.reorder);
+        match compiled {
+            Some(code) => order::sort_by_keys(&mut machine, rest, &code.reorder),
+            None => order::sort_by_keys(&mut machine, rest, &program.failover.reorder),
+        }
     }
     let attempts = machine
         .eval(&program.failover.attempts, &Focus::default())

@@ -1,18 +1,86 @@
 //! Ordering candidates by sort keys, and the load-balancing reshuffles.
 
-use super::machine::{Focus, Machine};
+use super::compiled::{Key, Keys};
+use super::machine::{Focus, Machine, Operand};
 use crate::language::ir::{OrderPart, SortKeySpec, StrategySpec};
 use crate::value::Value;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
+/// A sort key: as written (interpreted) or compiled.
+pub trait SortKey {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+    fn descending(&self) -> bool;
+    fn nulls_first(&self) -> bool;
+}
+
+impl SortKey for SortKeySpec {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        self.term.value(machine, focus)
+    }
+
+    fn descending(&self) -> bool {
+        self.descending
+    }
+
+    fn nulls_first(&self) -> bool {
+        self.nulls_first
+    }
+}
+
+impl SortKey for Key {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Key::value(self, machine, focus)
+    }
+
+    fn descending(&self) -> bool {
+        self.descending
+    }
+
+    fn nulls_first(&self) -> bool {
+        self.nulls_first
+    }
+}
+
+impl<K: SortKey + ?Sized> SortKey for &K {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        (**self).value(machine, focus)
+    }
+
+    fn descending(&self) -> bool {
+        (**self).descending()
+    }
+
+    fn nulls_first(&self) -> bool {
+        (**self).nulls_first()
+    }
+}
+
+impl SortKey for OrderKey<'_> {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        self.spec.value(machine, focus)
+    }
+
+    fn descending(&self) -> bool {
+        self.spec.descending
+    }
+
+    fn nulls_first(&self) -> bool {
+        self.spec.nulls_first
+    }
+}
+
+/// Sorts by the compiled keys a request chose.
+pub fn sort_by_chosen(machine: &mut Machine<'_>, candidates: &mut [usize], keys: &Keys<'_>) {
+    match keys {
+        Keys::Fixed(keys) => sort_by_keys(machine, candidates, keys),
+        Keys::Chosen(keys) => sort_by_keys(machine, candidates, keys),
+    }
+}
+
 /// Stable-sorts candidate indices by the keys (the first key that differs
 /// decides).
-pub fn sort_by_keys<K: AsRef<SortKeySpec>>(
-    machine: &mut Machine<'_>,
-    candidates: &mut [usize],
-    keys: &[K],
-) {
+pub fn sort_by_keys<K: SortKey>(machine: &mut Machine<'_>, candidates: &mut [usize], keys: &[K]) {
     if keys.is_empty() || candidates.len() < 2 {
         return;
     }
@@ -22,7 +90,7 @@ pub fn sort_by_keys<K: AsRef<SortKeySpec>>(
     for candidate in candidates.iter() {
         let focus = &Focus::on(*candidate);
         for key in keys {
-            values.push(SortValue::of(machine.eval_ref(&key.as_ref().term, focus)));
+            values.push(SortValue::of(key.value(machine, focus)));
         }
     }
     if candidates.len() <= INSERTION_SORT_MAX {
@@ -46,7 +114,7 @@ const INSERTION_SORT_MAX: usize = 16;
 
 /// A stable insertion sort of the candidates and, in step, of the rows of
 /// `values` (row `i` the keys of candidate `i`).
-fn insertion_sort<K: AsRef<SortKeySpec>>(
+fn insertion_sort<K: SortKey>(
     candidates: &mut [usize],
     values: &mut [SortValue<'_>],
     width: usize,
@@ -74,7 +142,7 @@ fn insertion_sort<K: AsRef<SortKeySpec>>(
 /// The candidate a stable sort by the keys would put first (the earliest of
 /// those that tie), without sorting: each candidate's keys evaluated once,
 /// then one pass.
-pub fn first_by_keys<K: AsRef<SortKeySpec>>(
+pub fn first_by_keys<K: SortKey>(
     machine: &mut Machine<'_>,
     candidates: impl Iterator<Item = usize> + Clone,
     keys: &[K],
@@ -87,7 +155,7 @@ pub fn first_by_keys<K: AsRef<SortKeySpec>>(
     for candidate in candidates.clone() {
         let focus = Focus::on(candidate);
         for key in keys {
-            values.push(SortValue::of(machine.eval_ref(&key.as_ref().term, &focus)));
+            values.push(SortValue::of(key.value(machine, &focus)));
         }
     }
     let mut rows = values.chunks(width);
@@ -102,7 +170,7 @@ pub fn first_by_keys<K: AsRef<SortKeySpec>>(
 
 /// Sorts as [`sort_by_keys`] does and returns each candidate's key values,
 /// for the trace (none when nothing needed sorting).
-pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
+pub fn sort_by_keys_traced<K: SortKey>(
     machine: &mut Machine<'_>,
     candidates: &mut [usize],
     keys: &[K],
@@ -117,7 +185,7 @@ pub fn sort_by_keys_traced<K: AsRef<SortKeySpec>>(
             let focus = &Focus::on(*candidate);
             let row = keys
                 .iter()
-                .map(|key| machine.eval(&key.as_ref().term, focus))
+                .map(|key| key.value(machine, focus).into_owned())
                 .collect();
             (*candidate, row)
         })
@@ -173,21 +241,16 @@ impl<'k> SortValue<'k> {
 /// Orders two candidates' rows of key values: the first key that differs
 /// decides; absent values sort last (or first, if asked) in either
 /// direction.
-fn compare_rows<K: AsRef<SortKeySpec>>(
-    a: &[SortValue<'_>],
-    b: &[SortValue<'_>],
-    keys: &[K],
-) -> Ordering {
+fn compare_rows<K: SortKey>(a: &[SortValue<'_>], b: &[SortValue<'_>], keys: &[K]) -> Ordering {
     for ((x, y), key) in a.iter().zip(b).zip(keys) {
-        let key = key.as_ref();
         let ordering = match (x, y) {
             (SortValue::Absent, SortValue::Absent) => Ordering::Equal,
             // Absent values keep their place (last, or first) whatever the direction.
-            (SortValue::Absent, _) if key.nulls_first => Ordering::Less,
+            (SortValue::Absent, _) if key.nulls_first() => Ordering::Less,
             (SortValue::Absent, _) => Ordering::Greater,
-            (_, SortValue::Absent) if key.nulls_first => Ordering::Greater,
+            (_, SortValue::Absent) if key.nulls_first() => Ordering::Greater,
             (_, SortValue::Absent) => Ordering::Less,
-            _ if key.descending => y.compare(x),
+            _ if key.descending() => y.compare(x),
             _ => x.compare(y),
         };
         if ordering != Ordering::Equal {
@@ -201,12 +264,6 @@ fn compare_rows<K: AsRef<SortKeySpec>>(
 pub struct OrderKey<'p> {
     pub spec: &'p SortKeySpec,
     pub sort: Option<&'p str>,
-}
-
-impl AsRef<SortKeySpec> for OrderKey<'_> {
-    fn as_ref(&self) -> &SortKeySpec {
-        self.spec
-    }
 }
 
 /// The sort keys `order` applies for this request.

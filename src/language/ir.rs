@@ -350,12 +350,6 @@ pub struct SortKeySpec {
     pub nulls_first: bool,
 }
 
-impl AsRef<SortKeySpec> for SortKeySpec {
-    fn as_ref(&self) -> &SortKeySpec {
-        self
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct PinSpec {
     pub target: PinTarget,

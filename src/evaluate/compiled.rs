@@ -1,0 +1,621 @@
+//! Terms compiled once per snapshot. The eligibility steps, what the request
+//! settles of them, and the sort keys of `order` and `reorder` become trees
+//! of small nodes, each made for its kind of term when the snapshot is
+//! built, so a request pays for what a term does and not for finding out
+//! what it is: a node is one indirect call, with no match over every kind of
+//! term and no frame of the whole interpreter. Only what a request computes
+//! once stays interpreted: its request-only parts, and a catalog part for a
+//! candidate the catalog does not describe.
+//!
+//! Functions and operators mean the same in both forms: the interpreter's
+//! calls, arithmetic and comparisons are written once, over
+//! [`Operand`]. `evaluate_traced` interprets the staged terms themselves,
+//! and the property tests and the `request` fuzz target check that it
+//! decides as `evaluate` does.
+
+use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
+use super::{Caller, RequestState};
+use crate::compile::{Guard, Snapshot};
+use crate::language::ast::{Aggregate, BinaryOp};
+use crate::language::check::EnumTy;
+use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
+use crate::value::Value;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+type Node = Box<dyn Operand>;
+
+/// The staged program's per-candidate terms, compiled.
+pub struct Compiled {
+    /// Per eligibility step, its condition.
+    pub steps: Vec<Node>,
+    /// Per eligibility step, what the request alone settles of it.
+    pub guards: Vec<Guard<Node>>,
+    /// Per eligibility step whose guard reads only the caller (tenant,
+    /// workspace, key), what it settles for each key of the tenants file.
+    settled_by_key: Vec<Option<Box<[Option<bool>]>>>,
+    /// Per definition, its body.
+    pub lets: Vec<Node>,
+    pub order: Order,
+    pub reorder: Vec<Key>,
+}
+
+/// A sort key, compiled.
+pub struct Key {
+    code: Node,
+    pub descending: bool,
+    pub nulls_first: bool,
+}
+
+impl Key {
+    fn of(spec: &SortKeySpec) -> Key {
+        Key {
+            code: compile(&spec.term),
+            descending: spec.descending,
+            nulls_first: spec.nulls_first,
+        }
+    }
+
+    pub fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        self.code.value(machine, focus)
+    }
+}
+
+/// The keys `order` sorts by.
+pub enum Order {
+    /// The same for every request: no `use sort`.
+    Fixed(Vec<Key>),
+    /// Some chosen per request.
+    Parts(Vec<Part>),
+}
+
+pub enum Part {
+    By(Key),
+    UseSort {
+        selector: Term,
+        sorts: Vec<(String, Vec<Key>)>,
+    },
+}
+
+/// The keys a request sorts by.
+pub enum Keys<'c> {
+    Fixed(&'c [Key]),
+    Chosen(Vec<&'c Key>),
+}
+
+impl Compiled {
+    pub fn of(program: &Program, guards: &[Guard]) -> Compiled {
+        let fixed = program
+            .order
+            .iter()
+            .all(|part| matches!(part, OrderPart::By(_)));
+        let order = if fixed {
+            Order::Fixed(
+                program
+                    .order
+                    .iter()
+                    .filter_map(|part| match part {
+                        OrderPart::By(spec) => Some(Key::of(spec)),
+                        OrderPart::UseSort { .. } => None,
+                    })
+                    .collect(),
+            )
+        } else {
+            Order::Parts(
+                program
+                    .order
+                    .iter()
+                    .map(|part| match part {
+                        OrderPart::By(spec) => Part::By(Key::of(spec)),
+                        OrderPart::UseSort { selector, sorts } => Part::UseSort {
+                            selector: selector.clone(),
+                            sorts: sorts
+                                .iter()
+                                .map(|(name, keys)| {
+                                    (name.clone(), keys.iter().map(Key::of).collect())
+                                })
+                                .collect(),
+                        },
+                    })
+                    .collect(),
+            )
+        };
+        Compiled {
+            steps: program
+                .steps
+                .iter()
+                .map(|step| compile(&step.condition))
+                .collect(),
+            guards: guards.iter().map(|guard| guard.map(&mut compile)).collect(),
+            settled_by_key: Vec::new(),
+            lets: program
+                .lets
+                .iter()
+                .map(|spec| compile(&spec.term))
+                .collect(),
+            order,
+            reorder: program.failover.reorder.iter().map(Key::of).collect(),
+        }
+    }
+
+    /// Step `step`'s truth when the request alone settles it, the same for
+    /// every candidate, as [`Machine::settled`] finds it.
+    pub fn settled(&self, step: usize, machine: &mut Machine<'_>) -> Option<bool> {
+        if let Some(settled) = self.settled_for_key(step, machine) {
+            return settled;
+        }
+        self.guards
+            .get(step)
+            .and_then(|guard| machine.settled(guard))
+    }
+
+    /// Looked up for the caller's key, when the step has a table and the
+    /// caller is the key's own tenant and workspace.
+    fn settled_for_key(&self, step: usize, machine: &Machine<'_>) -> Option<Option<bool>> {
+        let table = self.settled_by_key.get(step)?.as_deref()?;
+        let caller = machine.request.caller;
+        let index = caller.key?;
+        let key = machine.snapshot.data.tenants.keys.get(index)?;
+        if key.tenant != caller.tenant || key.workspace != caller.workspace {
+            return None;
+        }
+        table.get(index).copied()
+    }
+
+    /// Settles, once per key, the steps whose guards read only the caller:
+    /// a request then looks the answer up instead of asking the guard.
+    /// Costs a byte per step and key, bounded by the tenants file.
+    pub fn settle_per_key(snapshot: &Snapshot) -> Vec<Option<Box<[Option<bool>]>>> {
+        let keys = &snapshot.data.tenants.keys;
+        snapshot
+            .guards
+            .iter()
+            .map(|guard| {
+                let parts = guard.parts();
+                if parts.is_empty() || !parts.into_iter().all(reads_only_caller) {
+                    return None;
+                }
+                let settled = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(index, key)| {
+                        let mut request = RequestState::placeholder();
+                        request.caller = Caller {
+                            tenant: key.tenant,
+                            workspace: key.workspace,
+                            key: Some(index),
+                        };
+                        Machine::new(snapshot, &request, &[], &[]).settled(guard)
+                    })
+                    .collect();
+                Some(settled)
+            })
+            .collect()
+    }
+
+    pub fn set_settled_by_key(&mut self, table: Vec<Option<Box<[Option<bool>]>>>) {
+        self.settled_by_key = table;
+    }
+
+    /// The keys `order` applies for this request, as
+    /// [`super::order::order_keys`] chooses them.
+    pub fn order_keys(&self, machine: &mut Machine<'_>) -> Keys<'_> {
+        let parts = match &self.order {
+            Order::Fixed(keys) => return Keys::Fixed(keys),
+            Order::Parts(parts) => parts,
+        };
+        let mut keys = Vec::with_capacity(parts.len());
+        for part in parts {
+            match part {
+                Part::By(key) => keys.push(key),
+                Part::UseSort { selector, sorts } => {
+                    let chosen = machine.eval(selector, &Focus::default());
+                    let name = chosen.as_str().unwrap_or("");
+                    if let Some((_, sort_keys)) =
+                        sorts.iter().find(|(sort_name, _)| sort_name == name)
+                    {
+                        keys.extend(sort_keys);
+                    }
+                }
+            }
+        }
+        Keys::Chosen(keys)
+    }
+}
+
+impl fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Compiled")
+            .field("steps", &self.steps.len())
+            .field("lets", &self.lets.len())
+            .field("reorder", &self.reorder.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a term reads nothing but the caller's tenant, workspace and key
+/// (and constants): its value is known per key.
+fn reads_only_caller(term: &Term) -> bool {
+    match &term.kind {
+        TermKind::Const(_) => true,
+        TermKind::Read(read) => matches!(
+            read,
+            Read::TenantId
+                | Read::TenantAttr(_)
+                | Read::WorkspaceId
+                | Read::WorkspaceAttr(_)
+                | Read::KeyId
+                | Read::KeyAttr(_)
+                | Read::DeploymentAttr(_)
+        ),
+        TermKind::Not(inner)
+        | TermKind::Negate(inner)
+        | TermKind::Field(inner, _)
+        | TermKind::ToEnum(_, inner) => reads_only_caller(inner),
+        TermKind::Binary(_, lhs, rhs) => reads_only_caller(lhs) && reads_only_caller(rhs),
+        TermKind::If(condition, then, otherwise) => {
+            reads_only_caller(condition) && reads_only_caller(then) && reads_only_caller(otherwise)
+        }
+        // `backoff` reads the execution's retries and jitter.
+        TermKind::Call(function, args) => {
+            *function != Function::Backoff && args.iter().all(reads_only_caller)
+        }
+        TermKind::List(items) => items.iter().all(reads_only_caller),
+        TermKind::Record(fields) => fields.iter().all(|(_, item)| reads_only_caller(item)),
+        // Definitions, merges and the staged parts may read the request;
+        // candidate switches and aggregates read candidates.
+        TermKind::Let(_)
+        | TermKind::Merge(_)
+        | TermKind::Static(..)
+        | TermKind::Hoisted(..)
+        | TermKind::Grouped(..)
+        | TermKind::At(..)
+        | TermKind::Aggregate(..) => false,
+    }
+}
+
+/// A term's compiled form.
+fn compile(term: &Term) -> Node {
+    match &term.kind {
+        TermKind::Const(value) => Box::new(Constant(value.clone())),
+        TermKind::Static(slot, inner) => Box::new(Precomputed {
+            slot: *slot,
+            inner: (**inner).clone(),
+        }),
+        TermKind::Hoisted(slot, inner) => Box::new(Hoisted {
+            slot: *slot,
+            inner: (**inner).clone(),
+        }),
+        TermKind::Let(index) => Box::new(Definition(*index)),
+        TermKind::Read(read) if read.is_candidate() => Box::new(CandidateRead(read.clone())),
+        TermKind::Read(read) => Box::new(RequestRead(read.clone())),
+        TermKind::Not(inner) => Box::new(Not(compile(inner))),
+        TermKind::Binary(op, lhs, rhs) => {
+            let (lhs, rhs) = (compile(lhs), compile(rhs));
+            match op {
+                BinaryOp::And => Box::new(And(lhs, rhs)),
+                BinaryOp::Or => Box::new(Or(lhs, rhs)),
+                BinaryOp::Implies => Box::new(Implies(lhs, rhs)),
+                op if is_comparison(*op) => Box::new(Compare { op: *op, lhs, rhs }),
+                op => Box::new(Arithmetic { op: *op, lhs, rhs }),
+            }
+        }
+        TermKind::If(condition, then, otherwise) => Box::new(If {
+            condition: compile(condition),
+            then: compile(then),
+            otherwise: compile(otherwise),
+        }),
+        TermKind::Call(function, args) => Box::new(Call {
+            function: *function,
+            args: args.iter().map(compile).collect(),
+        }),
+        TermKind::Field(base, name) => Box::new(Field {
+            base: compile(base),
+            name: name.clone(),
+        }),
+        TermKind::At(who, inner) => Box::new(At {
+            who: *who,
+            inner: compile(inner),
+        }),
+        TermKind::Grouped(slot, by, aggregate) => Box::new(Grouped {
+            slot: *slot,
+            by: by.iter().map(compile).collect(),
+            aggregate: compile(aggregate),
+        }),
+        TermKind::Aggregate(function, value, filter) => Box::new(AggregateOf {
+            function: *function,
+            value: compile(value),
+            filter: filter.as_deref().map(compile),
+        }),
+        TermKind::Merge(index) => Box::new(Merge(*index)),
+        TermKind::Negate(inner) => Box::new(Negate(compile(inner))),
+        TermKind::List(items) => Box::new(List(items.iter().map(compile).collect())),
+        TermKind::Record(fields) => Box::new(Record(
+            fields
+                .iter()
+                .map(|(name, item)| (name.clone(), compile(item)))
+                .collect(),
+        )),
+        TermKind::ToEnum(target, inner) => Box::new(ToEnum {
+            target: target.clone(),
+            inner: compile(inner),
+        }),
+    }
+}
+
+struct Constant(Value);
+
+impl Operand for Constant {
+    fn value<'t, 'a: 't>(&'t self, _: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        Cow::Borrowed(&self.0)
+    }
+}
+
+/// A catalog-only part, read from the snapshot's table; evaluated for a
+/// candidate the catalog does not describe.
+struct Precomputed {
+    slot: usize,
+    inner: Term,
+}
+
+impl Operand for Precomputed {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        match machine.precomputed(self.slot, focus) {
+            Some(value) => Cow::Borrowed(value),
+            None => machine.eval_ref(&self.inner, focus),
+        }
+    }
+}
+
+/// A request-only part, computed on its first use in the request.
+struct Hoisted {
+    slot: usize,
+    inner: Term,
+}
+
+impl Operand for Hoisted {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.hoisted(self.slot, &self.inner))
+    }
+}
+
+/// A definition, its body compiled too.
+struct Definition(usize);
+
+impl Operand for Definition {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.definition(self.0, focus, true))
+    }
+}
+
+/// A read of the focused candidate.
+struct CandidateRead(Read);
+
+impl Operand for CandidateRead {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        match focus.current {
+            Some(candidate) => machine.read_candidate(&self.0, candidate),
+            None => Cow::Owned(Value::Null),
+        }
+    }
+}
+
+/// Any other read: the request, the caller, the state of the execution.
+struct RequestRead(Read);
+
+impl Operand for RequestRead {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        machine.read(&self.0, focus)
+    }
+}
+
+struct Not(Node);
+
+impl Operand for Not {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(match *self.0.value(machine, focus) {
+            Value::Bool(b) => Value::Bool(!b),
+            _ => Value::Null,
+        })
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        matches!(*self.0.value(machine, focus), Value::Bool(false))
+    }
+}
+
+struct And(Node, Node);
+
+impl Operand for And {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        self.0.truth(machine, focus) && self.1.truth(machine, focus)
+    }
+}
+
+struct Or(Node, Node);
+
+impl Operand for Or {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        self.0.truth(machine, focus) || self.1.truth(machine, focus)
+    }
+}
+
+struct Implies(Node, Node);
+
+impl Operand for Implies {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        !self.0.truth(machine, focus) || self.1.truth(machine, focus)
+    }
+}
+
+struct Compare {
+    op: BinaryOp,
+    lhs: Node,
+    rhs: Node,
+}
+
+impl Operand for Compare {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        let a = self.lhs.value(machine, focus);
+        let b = self.rhs.value(machine, focus);
+        holds(self.op, &a, &b)
+    }
+}
+
+struct Arithmetic {
+    op: BinaryOp,
+    lhs: Node,
+    rhs: Node,
+}
+
+impl Operand for Arithmetic {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        let a = self.lhs.value(machine, focus);
+        let b = self.rhs.value(machine, focus);
+        Cow::Owned(arithmetic(self.op, &a, &b))
+    }
+}
+
+struct If {
+    condition: Node,
+    then: Node,
+    otherwise: Node,
+}
+
+impl Operand for If {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        if self.condition.truth(machine, focus) {
+            self.then.value(machine, focus)
+        } else {
+            self.otherwise.value(machine, focus)
+        }
+    }
+}
+
+struct Call {
+    function: Function,
+    args: Vec<Node>,
+}
+
+impl Operand for Call {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        machine.call(self.function, &self.args, focus)
+    }
+}
+
+struct Field {
+    base: Node,
+    name: Arc<str>,
+}
+
+impl Operand for Field {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        match self.base.value(machine, focus) {
+            Cow::Borrowed(value) => Cow::Borrowed(value.field(&self.name)),
+            Cow::Owned(value) => Cow::Owned(value.field(&self.name).clone()),
+        }
+    }
+}
+
+/// A read of another candidate than the focused one.
+struct At {
+    who: Who,
+    inner: Node,
+}
+
+impl Operand for At {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.at(self.who, &self.inner, focus))
+    }
+}
+
+/// An aggregate computed once per group of candidates (see
+/// [`TermKind::Grouped`]).
+struct Grouped {
+    slot: usize,
+    by: Vec<Node>,
+    aggregate: Node,
+}
+
+impl Operand for Grouped {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.grouped(self.slot, &self.by, &self.aggregate, focus))
+    }
+}
+
+struct AggregateOf {
+    function: Aggregate,
+    value: Node,
+    filter: Option<Node>,
+}
+
+impl Operand for AggregateOf {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.aggregate(self.function, &self.value, self.filter.as_ref(), focus))
+    }
+}
+
+/// A merge's value: the request's own once its merges are known.
+struct Merge(usize);
+
+impl Operand for Merge {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        let request: &'a RequestState = machine.request;
+        match request.merges.get(self.0) {
+            Some(value) => Cow::Borrowed(value),
+            None => Cow::Owned(machine.merge(self.0)),
+        }
+    }
+}
+
+struct Negate(Node);
+
+impl Operand for Negate {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.negate(&self.0, focus))
+    }
+}
+
+struct List(Vec<Node>);
+
+impl Operand for List {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.list(&self.0, focus))
+    }
+}
+
+struct Record(Vec<(Arc<str>, Node)>);
+
+impl Operand for Record {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.record(&self.0, focus))
+    }
+}
+
+struct ToEnum {
+    target: Arc<EnumTy>,
+    inner: Node,
+}
+
+impl Operand for ToEnum {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(machine.enum_member(&self.target, &self.inner, focus))
+    }
+}
