@@ -5,9 +5,10 @@
 //! error code, type and message) comes from the input too: it is as
 //! untrusted as the request.
 //!
-//! Besides crashes, the target checks that `evaluate` (what the proxy calls)
-//! and `evaluate_traced` (what `explain` and `switchyard test` call) decide
-//! the same, and that the body's members the evaluator reads
+//! Besides crashes, the target checks that `evaluate` (what the proxy calls,
+//! running the snapshot's compiled terms) and `evaluate_traced` (what
+//! `explain` and `switchyard test` call, interpreting the staged terms)
+//! decide the same, and that the body's members the evaluator reads
 //! (`body_as_read`, what the proxy gives it) decide as the whole body does.
 //!
 //! Input format (fuzz/seed.sh writes seeds this way from policies/*.tests.yaml):
