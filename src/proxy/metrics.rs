@@ -17,7 +17,9 @@ const SECONDS_BUCKETS: &[f64] = &[
 const ATTEMPTS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 13.0];
 
 /// How often `serve` folds raw histogram observations into their buckets.
-pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Until then each is kept raw, and the memory they took stays with the
+/// process after a burst: at 5 s, a proxy idle after load kept 6 MiB more.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Metrics {
     recorder: PrometheusRecorder,
