@@ -7,6 +7,7 @@ use crate::proxy::REQUEST_LOG_TARGET;
 use clap::ValueEnum;
 use std::fmt::{self, Write as _};
 use std::io::{IsTerminal, Stderr};
+use std::sync::OnceLock;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::FmtContext;
@@ -31,12 +32,13 @@ pub fn init_logging(format: LogFormat) -> FlushOnDrop<Stderr> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal();
     let (writer, guard) = Batched::start(std::io::stderr());
+    let installed_writer = writer.clone();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
         .with_ansi(ansi);
     // A second initialisation (tests running commands in-process) keeps the first.
-    let _ = match format {
+    let installed = match format {
         LogFormat::Text => builder
             .event_format(RequestLines::text(tracing_subscriber::fmt::format()))
             .try_init(),
@@ -45,7 +47,22 @@ pub fn init_logging(format: LogFormat) -> FlushOnDrop<Stderr> {
             .event_format(RequestLines::json(tracing_subscriber::fmt::format().json()))
             .try_init(),
     };
+    if installed.is_ok() {
+        let _ = LOG_WRITER.set(installed_writer);
+    }
     guard
+}
+
+/// The log's writer once `init_logging` installed it.
+static LOG_WRITER: OnceLock<Batched<Stderr>> = OnceLock::new();
+
+/// Writes a status line (starting, stopping, a fatal error) to standard
+/// error at once, after the log lines still waiting to be written.
+pub fn status(message: fmt::Arguments<'_>) {
+    match LOG_WRITER.get() {
+        Some(writer) => writer.write_now(format!("{message}\n").as_bytes()),
+        None => eprintln!("{message}"),
+    }
 }
 
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

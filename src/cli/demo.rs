@@ -1,7 +1,7 @@
 //! `switchyard demo`: the proxy with a shipped policy in front of simulated
 //! providers, one of them flaky, in one process. No provider keys needed.
 
-use super::daemon::{LogFormat, init_logging, runtime};
+use super::daemon::{LogFormat, init_logging, runtime, status};
 use super::exit;
 use super::serve::{Service, load};
 use crate::compile::AllSecrets;
@@ -100,7 +100,7 @@ pub struct DemoArgs {
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
+    status(format_args!("error: {message}"));
     ExitCode::from(exit::USAGE)
 }
 

@@ -25,6 +25,14 @@ pub struct Batched<W: Write + Send + 'static> {
     shared: Arc<Shared<W>>,
 }
 
+impl<W: Write + Send + 'static> Clone for Batched<W> {
+    fn clone(&self) -> Self {
+        Batched {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
 /// Writes the lines still waiting when dropped: held by the command that
 /// logs, until it ends.
 pub struct FlushOnDrop<W: Write + Send + 'static> {
@@ -63,6 +71,14 @@ impl<W: Write + Send + 'static> Batched<W> {
             },
             FlushOnDrop { shared },
         )
+    }
+}
+
+impl<W: Write + Send + 'static> Batched<W> {
+    /// Writes `line` at once, after the lines waiting: a status line that
+    /// must not wait, and must not come before what was logged earlier.
+    pub fn write_now(&self, line: &[u8]) {
+        self.shared.write_waiting_and(line);
     }
 }
 
@@ -105,11 +121,16 @@ impl<W: Write> Shared<W> {
     }
 
     fn write_waiting(&self) {
+        self.write_waiting_and(&[]);
+    }
+
+    fn write_waiting_and(&self, line: &[u8]) {
         let mut out = lock(&self.out);
         let batch = std::mem::take(&mut *lock(&self.waiting));
-        if !batch.is_empty() {
+        if !batch.is_empty() || !line.is_empty() {
             // A log that cannot be written has nowhere to say so.
             let _ = out.write_all(&batch);
+            let _ = out.write_all(line);
             let _ = out.flush();
         }
     }
@@ -198,6 +219,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(sink.text(), "alone\n");
+    }
+
+    #[test]
+    fn a_status_line_goes_out_at_once_after_the_lines_before_it() {
+        let sink = Sink::default();
+        let (batched, _guard) = Batched::start(sink.clone());
+        log(&batched, "logged\n");
+        batched.write_now(b"status\n");
+        assert_eq!(sink.text(), "logged\nstatus\n");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! to its files.
 
 use super::common::print_report;
-use super::daemon::{LogFormat, duration_arg, init_logging, runtime, stop_signal};
+use super::daemon::{LogFormat, duration_arg, init_logging, runtime, status, stop_signal};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::language::check_file;
@@ -44,7 +44,7 @@ pub struct ServeArgs {
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
+    status(format_args!("error: {message}"));
     ExitCode::from(exit::USAGE)
 }
 
@@ -131,7 +131,9 @@ impl Service {
         let hangups = hangup_reloads(reloader);
         stop_signal().await;
         hangups.abort();
-        eprintln!("switchyard: stopping; requests in flight may take up to {drain:?}");
+        status(format_args!(
+            "switchyard: stopping; requests in flight may take up to {drain:?}"
+        ));
         running.shutdown().await;
     }
 }
@@ -191,11 +193,11 @@ pub fn run(args: &ServeArgs) -> ExitCode {
             Ok(started) => started,
             Err(message) => return fail(message),
         };
-        eprintln!(
+        status(format_args!(
             "switchyard: serving policy {name} (version {version}) from {} on http://{}",
             args.policy.display(),
             running.addr()
-        );
+        ));
         Service::run_until_stopped(running, reloader, args.drain).await;
         ExitCode::from(exit::OK)
     })
