@@ -22,4 +22,5 @@ pub mod sim;
 pub mod source;
 #[cfg(feature = "server")]
 pub mod state;
+pub mod sync;
 pub mod value;

@@ -7,9 +7,10 @@
 //! drops its [`FlushOnDrop`]. Should the writer thread fail to start, each
 //! line is written as it comes.
 
+use crate::sync::lock;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -134,10 +135,6 @@ impl<W: Write> Shared<W> {
             let _ = out.flush();
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One formatted line on its way into the batch.

@@ -3,12 +3,13 @@
 //! arrive; when the client goes away hyper drops the body, and the exchange
 //! with it.
 
+use crate::sync::lock;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 pub enum ProxyBody {
@@ -98,10 +99,6 @@ pub struct ChunkReceiver(Arc<Mutex<Queue>>);
 pub fn chunk_queue() -> (ChunkSender, ChunkReceiver) {
     let queue = Arc::new(Mutex::new(Queue::default()));
     (ChunkSender(queue.clone()), ChunkReceiver(queue))
-}
-
-fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    queue.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ChunkSender {

@@ -16,6 +16,7 @@ use crate::evaluate::{
     OutcomeFacts, Plan, Progress, Timeouts,
 };
 use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket};
+use crate::sync::lock;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use hyper::header::{self, HeaderValue};
@@ -48,17 +49,13 @@ pub enum Link {
 type AnswerSlot = Arc<Mutex<Option<Response<ProxyBody>>>>;
 
 fn take_answer(slot: &AnswerSlot) -> Option<Response<ProxyBody>> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
+    lock(slot).take()
 }
 
 impl Link {
     fn respond(&mut self, response: Response<ProxyBody>) {
         if let Link::Pending(slot) = std::mem::replace(self, Link::Closed) {
-            *slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(response);
+            *lock(&slot) = Some(response);
         }
     }
 

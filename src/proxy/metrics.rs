@@ -3,6 +3,7 @@
 //! Each proxy owns its recorder instead of installing a global one, so
 //! several proxies in one process (tests, `demo`) keep separate counts.
 
+use crate::sync::lock;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::cell::RefCell;
@@ -67,10 +68,7 @@ impl<H: Clone> Handles<H> {
                 id.extend_from_slice(&part.len().to_le_bytes());
                 id.extend_from_slice(part.as_bytes());
             }
-            let mut handles = self
-                .0
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut handles = lock(&self.0);
             if let Some(handle) = handles.get(id.as_slice()) {
                 return handle.clone();
             }

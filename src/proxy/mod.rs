@@ -18,6 +18,7 @@ use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate, reads_body_mem
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
 use crate::state::{InProcess, StateView};
+use crate::sync::lock;
 use arc_swap::ArcSwap;
 use body::ProxyBody;
 use bytes::Bytes;
@@ -254,11 +255,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Response<Proxy
     match (method, path.as_str()) {
         (Method::GET, "/healthz") => {
             let snapshot = proxy.snapshot();
-            let reloads = proxy
-                .reload_status
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .to_json();
+            let reloads = lock(&proxy.reload_status).to_json();
             respond::json(
                 200,
                 &request_id,

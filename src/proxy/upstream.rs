@@ -6,6 +6,7 @@ use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::evaluate::OutcomeFacts;
 use crate::evaluate::{Candidate, Endpoint};
+use crate::sync::lock;
 use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{self, HeaderName, HeaderValue};
@@ -31,10 +32,7 @@ const MAX_URLS: usize = 1024;
 
 impl Clients {
     pub fn get(&self, connect_ms: u64) -> Result<reqwest::Client, reqwest::Error> {
-        let mut clients = self
-            .by_connect_ms
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut clients = lock(&self.by_connect_ms);
         if let Some(client) = clients.get(&connect_ms) {
             return Ok(client.clone());
         }
@@ -53,10 +51,7 @@ impl Clients {
 
     /// `text` parsed, or `None` when it is not a URL.
     pub fn url(&self, text: &str) -> Option<reqwest::Url> {
-        let mut urls = self
-            .urls
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut urls = lock(&self.urls);
         if let Some(url) = urls.get(text) {
             return Some(url.clone());
         }

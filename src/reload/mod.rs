@@ -9,6 +9,7 @@ use crate::diagnostics::render;
 use crate::language::{DataCache, check_file_cached};
 use crate::proxy::Proxy;
 use crate::source::SourceMap;
+use crate::sync::lock;
 use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, new_debouncer};
@@ -113,10 +114,7 @@ impl Reloader {
 
     /// The files to watch: the policy and the data files it names.
     pub fn files(&self) -> Vec<PathBuf> {
-        self.files
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        lock(&self.files).clone()
     }
 
     fn remember_files(&self, sources: &SourceMap) {
@@ -127,17 +125,11 @@ impl Reloader {
         if !files.contains(&self.policy) {
             files.insert(0, self.policy.clone());
         }
-        *self
-            .files
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = files;
+        *lock(&self.files) = files;
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, ReloadStatus> {
-        self.proxy
-            .reload_status
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.proxy.reload_status)
     }
 
     /// Checks and compiles the files now and, if they check, makes them live.

@@ -6,6 +6,7 @@ use super::record::{Record, RecordedRequest};
 use super::scenario::{Scenario, SequenceKey, Settings};
 use super::step::{Action, Ending, ErrorReply, Step, Success};
 use super::wire::{self, Answer, Endpoint, StreamEvents};
+use crate::sync::lock;
 use bytes::Bytes;
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
@@ -17,7 +18,7 @@ use serde_json::Value as Json;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -68,7 +69,7 @@ impl Shared {
     /// The state; a panic elsewhere while it was held leaves it usable, as
     /// every change to it is a single assignment or push.
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     pub fn requests(&self) -> Vec<RecordedRequest> {

@@ -20,6 +20,7 @@ use crate::data::CapacityLimits;
 use crate::evaluate::Candidate;
 use crate::evaluate::health::{CandidateHealth, HealthView, PenaltySchedule};
 use crate::language::ast::HealthScope;
+use crate::sync::lock;
 use crate::value::Value;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -141,15 +142,11 @@ impl InProcess {
     fn health(&self) -> MutexGuard<'_, health::HealthTables> {
         // A panic while holding the lock cannot leave the tables half
         // updated in a way that matters more than losing them; keep serving.
-        self.health
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.health)
     }
 
     fn capacity(&self) -> MutexGuard<'_, capacity::CapacityTables> {
-        self.capacity
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.capacity)
     }
 
     /// Skips the scope for `for_ms` from now (a longer pause wins).
