@@ -121,7 +121,7 @@ fn prepare(dir: &Path, tour: &Tour) -> std::io::Result<bool> {
 }
 
 pub fn run(args: &DemoArgs) -> ExitCode {
-    let _logs = init_logging(args.log_format);
+    let logs = init_logging(args.log_format);
     let tour = match Tour::shipped() {
         Ok(tour) => tour,
         Err(message) => return fail(message),
@@ -163,6 +163,7 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         drain: Duration::from_secs(5),
         watch: true,
         secrets,
+        access_log: logs.access_log.clone(),
     };
     let code = runtime.block_on(async {
         let sim_addr: SocketAddr = match SIM_ADDR.parse() {

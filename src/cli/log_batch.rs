@@ -2,23 +2,37 @@
 //!
 //! A proxy under load writes a line per request; a write call for each cost
 //! it a few percent of its CPU time per request. Lines wait here instead and
-//! go out together: at most `FLUSH_INTERVAL` after the first of them, at
-//! once when `BATCH_BYTES` are waiting, and all of them when the program
-//! drops its [`FlushOnDrop`]. Should the writer thread fail to start, each
-//! line is written as it comes.
+//! go out together, from a writer thread: at most `FLUSH_INTERVAL` after the
+//! first of them, sooner once `BATCH_BYTES` are waiting, and all of them
+//! when the program drops its [`FlushOnDrop`]. A line may also wait
+//! unformatted ([`FormatLater`]): the writer thread formats it, so that the
+//! thread that logged it does not. Should the writer thread fail to start,
+//! or fall far behind, the logging call writes the batch itself.
 
 use crate::sync::lock;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// The longest a line waits before it is written.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Waiting lines are written at once when they reach this size.
+/// The writer thread writes at once when this much is waiting.
 const BATCH_BYTES: usize = 64 * 1024;
+
+/// When this much is waiting the writer thread is behind, and the logging
+/// call writes the batch itself rather than let it grow.
+const BEHIND_BYTES: usize = 4 * BATCH_BYTES;
+
+/// What a line that waits unformatted counts towards the batch's size.
+const LATER_LINE_BYTES: usize = 384;
+
+/// A line formatted only when its batch is written.
+pub trait FormatLater: Send {
+    fn format(&self, out: &mut String);
+}
 
 /// The log's writer, for tracing's formatter: each line it formats is added
 /// to the batch.
@@ -41,8 +55,9 @@ pub struct FlushOnDrop<W: Write + Send + 'static> {
 }
 
 struct Shared<W> {
-    waiting: Mutex<Vec<u8>>,
-    /// Signalled when a line arrives to an empty batch.
+    waiting: Mutex<Batch>,
+    /// Signalled when a line arrives to an empty batch, and when the batch
+    /// becomes full.
     arrived: Condvar,
     /// Held while a batch is written, so that batches keep their order.
     out: Mutex<W>,
@@ -50,11 +65,46 @@ struct Shared<W> {
     unbatched: AtomicBool,
 }
 
+/// Lines waiting, in order: formatted text, and the lines still to be
+/// formatted with where in the text each goes.
+#[derive(Default)]
+struct Batch {
+    text: Vec<u8>,
+    later: Vec<(usize, Box<dyn FormatLater>)>,
+    /// The text's length plus an estimate for each line still unformatted.
+    size: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.later.is_empty()
+    }
+
+    /// Everything in order, the unformatted lines formatted.
+    fn into_bytes(self) -> Vec<u8> {
+        if self.later.is_empty() {
+            return self.text;
+        }
+        let mut bytes = Vec::with_capacity(self.size);
+        let mut line = String::new();
+        let mut written = 0;
+        for (at, later) in &self.later {
+            bytes.extend_from_slice(self.text.get(written..*at).unwrap_or_default());
+            written = *at;
+            line.clear();
+            later.format(&mut line);
+            bytes.extend_from_slice(line.as_bytes());
+        }
+        bytes.extend_from_slice(self.text.get(written..).unwrap_or_default());
+        bytes
+    }
+}
+
 impl<W: Write + Send + 'static> Batched<W> {
     /// Starts the thread that writes waiting lines to `out`.
     pub fn start(out: W) -> (Batched<W>, FlushOnDrop<W>) {
         let shared = Arc::new(Shared {
-            waiting: Mutex::new(Vec::new()),
+            waiting: Mutex::new(Batch::default()),
             arrived: Condvar::new(),
             out: Mutex::new(out),
             unbatched: AtomicBool::new(false),
@@ -73,13 +123,19 @@ impl<W: Write + Send + 'static> Batched<W> {
             FlushOnDrop { shared },
         )
     }
-}
 
-impl<W: Write + Send + 'static> Batched<W> {
     /// Writes `line` at once, after the lines waiting: a status line that
     /// must not wait, and must not come before what was logged earlier.
     pub fn write_now(&self, line: &[u8]) {
         self.shared.write_waiting_and(line);
+    }
+
+    /// Adds a line that the writer thread formats when it writes the batch.
+    pub fn add_later(&self, line: Box<dyn FormatLater>) {
+        self.shared.add(|batch| {
+            batch.later.push((batch.text.len(), line));
+            LATER_LINE_BYTES
+        });
     }
 }
 
@@ -91,7 +147,7 @@ impl<W: Write + Send + 'static> Drop for FlushOnDrop<W> {
 
 impl<W: Write> Shared<W> {
     /// The writer thread: sleeps while nothing waits, otherwise writes the
-    /// batch `FLUSH_INTERVAL` after its first line.
+    /// batch `FLUSH_INTERVAL` after its first line, or once it is full.
     fn write_as_lines_arrive(&self) {
         loop {
             let mut waiting = lock(&self.waiting);
@@ -101,22 +157,35 @@ impl<W: Write> Shared<W> {
                     .wait(waiting)
                     .unwrap_or_else(PoisonError::into_inner);
             }
+            let due = Instant::now() + FLUSH_INTERVAL;
+            while waiting.size < BATCH_BYTES {
+                let Some(left) = due.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                waiting = self
+                    .arrived
+                    .wait_timeout(waiting, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
             drop(waiting);
-            std::thread::sleep(FLUSH_INTERVAL);
             self.write_waiting();
         }
     }
 
-    fn add(&self, line: &[u8]) {
-        let full = {
+    /// Adds to the batch with `push`, which returns the size it added.
+    fn add(&self, push: impl FnOnce(&mut Batch) -> usize) {
+        let behind = {
             let mut waiting = lock(&self.waiting);
-            if waiting.is_empty() {
+            let was_empty = waiting.is_empty();
+            let before = waiting.size;
+            waiting.size += push(&mut waiting);
+            if was_empty || (before < BATCH_BYTES && waiting.size >= BATCH_BYTES) {
                 self.arrived.notify_one();
             }
-            waiting.extend_from_slice(line);
-            waiting.len() >= BATCH_BYTES || self.unbatched.load(Ordering::Relaxed)
+            waiting.size >= BEHIND_BYTES || self.unbatched.load(Ordering::Relaxed)
         };
-        if full {
+        if behind {
             self.write_waiting();
         }
     }
@@ -130,7 +199,7 @@ impl<W: Write> Shared<W> {
         let batch = std::mem::take(&mut *lock(&self.waiting));
         if !batch.is_empty() || !line.is_empty() {
             // A log that cannot be written has nowhere to say so.
-            let _ = out.write_all(&batch);
+            let _ = out.write_all(&batch.into_bytes());
             let _ = out.write_all(line);
             let _ = out.flush();
         }
@@ -144,7 +213,10 @@ pub struct Line<'a, W> {
 
 impl<W: Write> Write for Line<'_, W> {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.shared.add(bytes);
+        self.shared.add(|batch| {
+            batch.text.extend_from_slice(bytes);
+            bytes.len()
+        });
         Ok(bytes.len())
     }
 
@@ -228,12 +300,42 @@ mod tests {
     }
 
     #[test]
-    fn a_full_batch_is_written_at_once() {
+    fn a_batch_far_behind_is_written_by_the_call_that_fills_it() {
         let sink = Sink::default();
         let (batched, _guard) = Batched::start(sink.clone());
-        let line = "x".repeat(BATCH_BYTES - 1) + "\n";
+        let line = "x".repeat(BEHIND_BYTES - 1) + "\n";
         log(&batched, &line);
-        // Written by the call that filled the batch, before it returned.
         assert_eq!(sink.text(), line);
+    }
+
+    struct Numbered(usize);
+
+    impl FormatLater for Numbered {
+        fn format(&self, out: &mut String) {
+            out.push_str(&format!("later {}\n", self.0));
+        }
+    }
+
+    #[test]
+    fn lines_formatted_later_keep_their_place() {
+        let sink = Sink::default();
+        let (batched, guard) = Batched::start(sink.clone());
+        let mut expected = String::new();
+        for n in 0..1000 {
+            if n % 3 == 0 {
+                batched.add_later(Box::new(Numbered(n)));
+                expected.push_str(&format!("later {n}\n"));
+            } else {
+                let line = format!("line {n}\n");
+                log(&batched, &line);
+                expected.push_str(&line);
+            }
+        }
+        batched.write_now(b"status\n");
+        expected.push_str("status\n");
+        batched.add_later(Box::new(Numbered(1000)));
+        expected.push_str("later 1000\n");
+        drop(guard);
+        assert_eq!(sink.text(), expected);
     }
 }

@@ -6,7 +6,7 @@ use super::daemon::{LogFormat, duration_arg, init_logging, runtime, status, stop
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::language::check_file;
-use crate::proxy::{Limits, Options, Proxy, Running, serve};
+use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
 use crate::reload::Reloader;
 use crate::source::SourceMap;
 use crate::state::{InProcess, SystemClock};
@@ -89,6 +89,7 @@ pub struct Service {
     pub drain: Duration,
     pub watch: bool,
     pub secrets: Arc<dyn SecretSource + Send + Sync>,
+    pub access_log: Arc<dyn AccessLog>,
 }
 
 impl Service {
@@ -103,7 +104,12 @@ impl Service {
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", self.listen))?;
         let state = InProcess::new(Arc::new(SystemClock::new()));
-        let proxy = Proxy::new(Arc::new(snapshot), state, self.options);
+        let proxy = Proxy::logging_to(
+            Arc::new(snapshot),
+            state,
+            self.options,
+            self.access_log.clone(),
+        );
         let reloader = Reloader::new(
             proxy.clone(),
             self.policy.clone(),
@@ -162,7 +168,7 @@ fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
 }
 
 pub fn run(args: &ServeArgs) -> ExitCode {
-    let _logs = init_logging(args.log_format);
+    let logs = init_logging(args.log_format);
     let secrets = crate::reload::environment();
     let (snapshot, sources) = match load(&args.policy, secrets.as_ref()) {
         Ok(loaded) => loaded,
@@ -185,6 +191,7 @@ pub fn run(args: &ServeArgs) -> ExitCode {
         drain: args.drain,
         watch: !args.no_watch,
         secrets,
+        access_log: logs.access_log.clone(),
     };
     runtime.block_on(async {
         let name = snapshot.name.clone();

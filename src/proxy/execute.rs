@@ -150,13 +150,12 @@ pub struct Exchange {
     hold_until_ms: Option<u64>,
     /// Attempts and time so far, as the policy's terms read them.
     progress: Progress,
-    /// The rest of the request's log line; counts it in flight meanwhile.
-    log: RequestLog,
+    /// The rest of the request's log line, until it is written; counts
+    /// the request in flight meanwhile.
+    log: Option<RequestLog>,
     /// The attempt under way (candidate, start), which a client that goes
     /// away ends as `cancelled`.
     attempting: Option<(usize, Instant)>,
-    /// Whether the log line was written.
-    logged: bool,
 }
 
 impl Exchange {
@@ -190,9 +189,8 @@ impl Exchange {
             head_sent: false,
             hold_until_ms,
             progress: Progress::default(),
-            log,
+            log: Some(log),
             attempting: None,
-            logged: false,
         }
     }
 
@@ -276,9 +274,14 @@ impl Exchange {
     }
 
     fn write_log(&mut self) {
-        self.logged = true;
-        self.log
-            .write(&self.proxy, &self.request_id, self.endpoint, &self.report);
+        if let Some(log) = self.log.take() {
+            log.write(
+                &self.proxy,
+                std::mem::take(&mut self.request_id),
+                self.endpoint,
+                std::mem::take(&mut self.report),
+            );
+        }
     }
 
     async fn execute(&mut self, link: &mut Link) {
@@ -1051,7 +1054,7 @@ impl Drop for Exchange {
     /// (or with the connection, when the drain time ran out). The attempt
     /// under way ends as `cancelled`, and the log line says so.
     fn drop(&mut self) {
-        if self.logged {
+        if self.log.is_none() {
             return;
         }
         if let Some((index, begun)) = self.attempting.take() {

@@ -3,6 +3,7 @@
 //! provider, in which order, after which outcome, with which error — all of
 //! that comes from the live snapshot's evaluation.
 
+mod access_log;
 pub mod body;
 mod client_body;
 mod execute;
@@ -19,6 +20,7 @@ use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
 use crate::state::{InProcess, StateView};
 use crate::sync::lock;
+pub use access_log::{AccessLog, ExchangeLine, RequestLine, TracingAccessLog};
 use arc_swap::ArcSwap;
 use body::ProxyBody;
 use bytes::Bytes;
@@ -38,13 +40,13 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use execute::Report;
+pub use execute::{AttemptRecord, Report};
 
 /// Limits on what a client may send.
 #[derive(Debug, Clone, Copy)]
@@ -90,10 +92,22 @@ pub struct Proxy {
     pub reload_status: Mutex<ReloadStatus>,
     /// Advances per request, for `round_robin` balancing.
     rotation: AtomicU64,
+    access_log: Arc<dyn AccessLog>,
 }
 
 impl Proxy {
+    /// A proxy that logs each request as a tracing event.
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<InProcess>, options: Options) -> Arc<Proxy> {
+        Proxy::logging_to(snapshot, state, options, Arc::new(TracingAccessLog))
+    }
+
+    /// A proxy that sends its request lines to `access_log`.
+    pub fn logging_to(
+        snapshot: Arc<Snapshot>,
+        state: Arc<InProcess>,
+        options: Options,
+        access_log: Arc<dyn AccessLog>,
+    ) -> Arc<Proxy> {
         install_tls_provider();
         Arc::new(Proxy {
             live: ArcSwap::new(snapshot),
@@ -104,6 +118,7 @@ impl Proxy {
             version_header: options.version_header,
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
+            access_log,
         })
     }
 
@@ -442,7 +457,7 @@ async fn complete(
     let caller = match authenticate(&snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
-            log_refusal(&request_id, endpoint, None, 401, "unauthorized");
+            log_refusal(&proxy, &request_id, endpoint, None, 401, "unauthorized");
             proxy.metrics.request("", "", "unauthorized", 401);
             return unauthorized(wire, &request_id, why);
         }
@@ -589,6 +604,7 @@ fn prepare(
         Ok(plan) => plan,
         Err(refusal) => {
             log_refusal(
+                proxy,
                 request_id,
                 endpoint,
                 Some((&tenant, &requested_model)),
@@ -648,6 +664,7 @@ fn prepare(
 }
 
 fn log_refusal(
+    proxy: &Proxy,
     request_id: &str,
     endpoint: Endpoint,
     who: Option<(&str, &str)>,
@@ -655,16 +672,16 @@ fn log_refusal(
     code: &str,
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
-    tracing::info!(
-        target: REQUEST_LOG_TARGET,
-        request_id,
-        endpoint = endpoint.name(),
-        tenant,
-        model,
-        decision = %format_args!("refused {code}"),
+    proxy.access_log.write(RequestLine {
+        at: SystemTime::now(),
+        request_id: request_id.to_string(),
+        endpoint: endpoint.name(),
+        tenant: tenant.to_string(),
+        model: model.to_string(),
+        decision: format!("refused {code}"),
         status,
-        "request"
-    );
+        exchange: None,
+    });
 }
 
 /// What a request's log line says beyond the exchange's report; counts the
@@ -680,36 +697,7 @@ struct RequestLog {
 
 impl RequestLog {
     /// The request's log line and metrics, once its exchange has ended.
-    fn write(&self, proxy: &Proxy, request_id: &str, endpoint: Endpoint, report: &Report) {
-        let mut attempts = String::with_capacity(32 * report.attempts.len());
-        for (n, attempt) in report.attempts.iter().enumerate() {
-            if n > 0 {
-                attempts.push(' ');
-            }
-            attempts.push_str(&attempt.provider);
-            attempts.push(':');
-            attempts.push_str(&attempt.outcome);
-            let _ = write!(attempts, ":{}ms", attempt.millis);
-        }
-        let (input_tokens, output_tokens) = report.usage.unwrap_or((0, 0));
-        tracing::info!(
-            target: REQUEST_LOG_TARGET,
-            request_id,
-            endpoint = endpoint.name(),
-            tenant = self.tenant,
-            model = self.model,
-            decision = %self.decision,
-            attempts = %attempts,
-            served_by = report.served_provider.as_deref().unwrap_or(""),
-            served_model = report.served_model.as_deref().unwrap_or(""),
-            input_tokens,
-            output_tokens,
-            waited_ms = report.waited_ms,
-            status = report.status,
-            outcome = report.outcome,
-            ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            "request"
-        );
+    fn write(self, proxy: &Proxy, request_id: String, endpoint: Endpoint, report: Report) {
         proxy.metrics.request(
             report.served_provider.as_deref().unwrap_or(""),
             &self.model,
@@ -719,6 +707,19 @@ impl RequestLog {
         proxy
             .metrics
             .attempts(u32::try_from(report.attempts.len()).unwrap_or(u32::MAX));
+        proxy.access_log.write(RequestLine {
+            at: SystemTime::now(),
+            request_id,
+            endpoint: endpoint.name(),
+            tenant: self.tenant,
+            model: self.model,
+            decision: self.decision,
+            status: report.status,
+            exchange: Some(ExchangeLine {
+                ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                report,
+            }),
+        });
     }
 }
 

@@ -1,0 +1,112 @@
+//! The one log line per request, as facts. The proxy hands each line to an
+//! [`AccessLog`]; `serve` and `demo` install one that queues the facts for
+//! their log's writer thread, which formats them there, off the request's
+//! path. Without one, each line is a tracing event at once.
+
+use super::REQUEST_LOG_TARGET;
+use super::execute::Report;
+use std::fmt;
+use std::time::SystemTime;
+
+/// Where the proxy sends its request lines.
+pub trait AccessLog: Send + Sync {
+    fn write(&self, line: RequestLine);
+}
+
+/// One request's log line.
+#[derive(Debug, Clone)]
+pub struct RequestLine {
+    /// When the request ended.
+    pub at: SystemTime,
+    pub request_id: String,
+    pub endpoint: &'static str,
+    pub tenant: String,
+    pub model: String,
+    /// The plan (its providers in order and how many attempts it allows),
+    /// or why the request was refused.
+    pub decision: String,
+    pub status: u16,
+    /// What the exchange did; none for a request refused before it began.
+    pub exchange: Option<ExchangeLine>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExchangeLine {
+    pub report: Report,
+    /// From arrival to the end, in milliseconds.
+    pub ms: u64,
+}
+
+impl ExchangeLine {
+    /// Each attempt as `provider:outcome:12ms`, separated by spaces.
+    pub fn write_attempts(&self, out: &mut (impl fmt::Write + ?Sized)) -> fmt::Result {
+        for (n, attempt) in self.report.attempts.iter().enumerate() {
+            if n > 0 {
+                out.write_char(' ')?;
+            }
+            write!(
+                out,
+                "{}:{}:{}ms",
+                attempt.provider, attempt.outcome, attempt.millis
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn served_by(&self) -> &str {
+        self.report.served_provider.as_deref().unwrap_or("")
+    }
+
+    pub fn served_model(&self) -> &str {
+        self.report.served_model.as_deref().unwrap_or("")
+    }
+
+    /// Input and output tokens, zero when the provider reported none.
+    pub fn tokens(&self) -> (u64, u64) {
+        self.report.usage.unwrap_or((0, 0))
+    }
+}
+
+/// Writes each line as a tracing event (target [`REQUEST_LOG_TARGET`]) as
+/// it comes: for a proxy whose program installed no log of its own, and
+/// for lines that tracing styles for a terminal.
+pub struct TracingAccessLog;
+
+impl AccessLog for TracingAccessLog {
+    fn write(&self, line: RequestLine) {
+        let Some(exchange) = &line.exchange else {
+            tracing::info!(
+                target: REQUEST_LOG_TARGET,
+                request_id = line.request_id,
+                endpoint = line.endpoint,
+                tenant = line.tenant,
+                model = line.model,
+                decision = %line.decision,
+                status = line.status,
+                "request"
+            );
+            return;
+        };
+        let mut attempts = String::with_capacity(32 * exchange.report.attempts.len());
+        let _ = exchange.write_attempts(&mut attempts);
+        let (input_tokens, output_tokens) = exchange.tokens();
+        tracing::info!(
+            target: REQUEST_LOG_TARGET,
+            request_id = line.request_id,
+            endpoint = line.endpoint,
+            tenant = line.tenant,
+            model = line.model,
+            decision = %line.decision,
+            attempts = %attempts,
+            served_by = exchange.served_by(),
+            served_model = exchange.served_model(),
+            input_tokens,
+            output_tokens,
+            waited_ms = exchange.report.waited_ms,
+            status = line.status,
+            outcome = exchange.report.outcome,
+            ms = exchange.ms,
+            "request"
+        );
+    }
+}
