@@ -1065,14 +1065,27 @@ impl Drop for Exchange {
     }
 }
 
+/// An exchange under way, not yet polled: its future, and the slot where
+/// it leaves its answer.
+pub struct Started {
+    run: Pin<Box<dyn Future<Output = ()> + Send>>,
+    slot: AnswerSlot,
+}
+
+pub fn start(exchange: Exchange) -> Started {
+    let slot = AnswerSlot::default();
+    Started {
+        run: Box::pin(exchange.run(Link::Pending(slot.clone()))),
+        slot,
+    }
+}
+
 /// Runs the exchange on the request's own task until its answer (or a
 /// stream's headers) is ready. A stream's events are read by the same
 /// exchange as hyper polls the body: no task or cross-thread wake-up per
 /// request. `None` only if the exchange ended without answering (a bug).
-pub async fn answer(exchange: Exchange) -> Option<Response<ProxyBody>> {
-    let slot = AnswerSlot::default();
-    let mut run: Pin<Box<dyn Future<Output = ()> + Send>> =
-        Box::pin(exchange.run(Link::Pending(slot.clone())));
+pub async fn answer(started: Started) -> Option<Response<ProxyBody>> {
+    let Started { mut run, slot } = started;
     let mut running = true;
     // The slot is filled only while `run` is polled here: it needs no waker.
     let mut response = std::future::poll_fn(|cx| {
