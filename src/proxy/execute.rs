@@ -270,6 +270,7 @@ impl Exchange {
     /// writes the request's log line. An `async fn` would keep the exchange
     /// twice in its future (the argument, and the local it is moved to):
     /// 544 bytes more for every request in flight.
+    #[allow(clippy::manual_async_fn)]
     pub fn run(mut self, mut link: Link) -> impl Future<Output = ()> + Send {
         async move {
             self.execute(&mut link).await;
