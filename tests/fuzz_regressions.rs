@@ -113,7 +113,12 @@ fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>
         for event in events {
             assert_eq!(first_blank_line_end(&event.raw), Some(event.raw.len()));
             received += event.raw.len();
-            let _ = event.kind(endpoint);
+            assert_eq!(
+                event.meaning(endpoint),
+                event.meaning_by_tree(endpoint),
+                "{:?}",
+                event.data
+            );
             let _ = event.usage();
             if let Ok(data) = serde_json::from_str::<serde_json::Value>(&event.data) {
                 let _ = usage_of(&data);

@@ -1,5 +1,5 @@
 //! A provider's stream → the proxy's server-sent-event reader
-//! (`EventReader::push`) and classifier (`Event::kind`, `Event::usage`,
+//! (`EventReader::push`) and classifier (`Event::meaning`, `Event::usage`,
 //! `usage_of`). Needs the library's `server` feature:
 //! `cargo fuzz run --features server sse ...`.
 //!
@@ -15,7 +15,9 @@
 //! cut at every blank line and nowhere else: each event ends at the first
 //! blank line in it, and no blank line is left in the pending bytes. A plain
 //! search from the start of each event is the reference (the reader resumes
-//! its search where the previous chunk ended).
+//! its search where the previous chunk ended). Each event means what its
+//! data's JSON tree says (`Event::meaning_by_tree`), though `meaning` reads
+//! only the members that tell it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -56,7 +58,11 @@ fuzz_target!(|bytes: &[u8]| {
                 String::from_utf8_lossy(&event.raw)
             );
             received.extend_from_slice(&event.raw);
-            let _ = event.kind(endpoint);
+            assert!(
+                event.meaning(endpoint) == event.meaning_by_tree(endpoint),
+                "the event is read otherwise than from its JSON tree: {:?}",
+                event.data
+            );
             let _ = event.usage();
             if let Ok(data) = serde_json::from_str::<serde_json::Value>(&event.data) {
                 let _ = usage_of(&data);

@@ -6,6 +6,7 @@
 mod access_log;
 pub mod body;
 mod client_body;
+mod event_data;
 mod execute;
 pub mod metrics;
 mod models;

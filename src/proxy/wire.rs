@@ -1,6 +1,7 @@
 //! The two wire formats as the proxy speaks them: error objects, error
 //! events in streams, and reading server-sent events from providers.
 
+use super::event_data::{EventData, NameIn};
 use crate::data::WireFormat;
 use crate::evaluate::{Endpoint, ErrorResponse};
 use bytes::Bytes;
@@ -82,16 +83,34 @@ pub enum EventKind {
 impl Event {
     /// What the event means for `endpoint`'s stream, and the usage
     /// figures it reports, if any: (input, output) tokens. Its data is
-    /// parsed once for both.
+    /// read once for both, and only the members that tell them.
     pub fn meaning(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
-        if self.data.is_empty() && self.name.is_none() {
-            return (EventKind::Comment, None);
+        if let Some(kind) = self.without_json(endpoint) {
+            return (kind, None);
         }
-        if self.data.trim() == "[DONE]" {
-            let kind = match endpoint {
-                Endpoint::ChatCompletions | Endpoint::Completions => EventKind::Sentinel,
-                _ => EventKind::Malformed,
-            };
+        let Some(data) = EventData::read(&self.data) else {
+            return (EventKind::Malformed, None);
+        };
+        let facts = Facts {
+            event_type: data.event_type.as_deref().or(self.name.as_deref()),
+            error: data.error,
+            finished_choice: data.finished_choice,
+            delta_stopped: data.delta_stopped,
+        };
+        let usage = data
+            .usage
+            .as_ref()
+            .and_then(usage_figures)
+            .or_else(|| data.message.as_ref().and_then(usage_of))
+            .or_else(|| data.response.as_ref().and_then(usage_of));
+        (facts.kind(endpoint), usage)
+    }
+
+    /// `meaning` as read from the data's whole JSON tree: slower, plainly
+    /// right, and the reference the tests and the `sse` fuzz target hold
+    /// `meaning` to.
+    pub fn meaning_by_tree(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
+        if let Some(kind) = self.without_json(endpoint) {
             return (kind, None);
         }
         let Ok(data) = serde_json::from_str::<Json>(&self.data) else {
@@ -100,7 +119,42 @@ impl Event {
         if !data.is_object() {
             return (EventKind::Malformed, None);
         }
-        (self.kind_of(&data, endpoint), usage_in_event(&data))
+        let facts = Facts {
+            event_type: data
+                .get("type")
+                .and_then(Json::as_str)
+                .or(self.name.as_deref()),
+            error: data.get("error").is_some_and(|e| !e.is_null()),
+            finished_choice: data
+                .get("choices")
+                .and_then(Json::as_array)
+                .is_some_and(|choices| {
+                    choices.iter().any(|choice| {
+                        choice
+                            .get("finish_reason")
+                            .is_some_and(|reason| !reason.is_null())
+                    })
+                }),
+            delta_stopped: data
+                .pointer("/delta/stop_reason")
+                .is_some_and(|reason| !reason.is_null()),
+        };
+        (facts.kind(endpoint), usage_in_event(&data))
+    }
+
+    /// The kind of an event that carries no JSON: a comment, or the
+    /// `[DONE]` sentinel.
+    fn without_json(&self, endpoint: Endpoint) -> Option<EventKind> {
+        if self.data.is_empty() && self.name.is_none() {
+            return Some(EventKind::Comment);
+        }
+        if self.data.trim() == "[DONE]" {
+            return Some(match endpoint {
+                Endpoint::ChatCompletions | Endpoint::Completions => EventKind::Sentinel,
+                _ => EventKind::Malformed,
+            });
+        }
+        None
     }
 
     /// What the event means for `endpoint`'s stream.
@@ -113,28 +167,29 @@ impl Event {
         let data: Json = serde_json::from_str(&self.data).ok()?;
         usage_in_event(&data)
     }
+}
 
-    fn kind_of(&self, data: &Json, endpoint: Endpoint) -> EventKind {
-        let event_type = data
-            .get("type")
-            .and_then(Json::as_str)
-            .or(self.name.as_deref());
-        if data.get("error").is_some_and(|e| !e.is_null()) || event_type == Some("error") {
+/// What classifies an event whose data is a JSON object.
+struct Facts<'a> {
+    /// The data's `type`, or else the event's name.
+    event_type: Option<&'a str>,
+    /// `error` is there and not null.
+    error: bool,
+    /// A choice has a finish reason.
+    finished_choice: bool,
+    /// `delta.stop_reason` is there and not null.
+    delta_stopped: bool,
+}
+
+impl Facts<'_> {
+    fn kind(&self, endpoint: Endpoint) -> EventKind {
+        let event_type = self.event_type;
+        if self.error || event_type == Some("error") {
             return EventKind::Error;
         }
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Completions => {
-                let finished =
-                    data.get("choices")
-                        .and_then(Json::as_array)
-                        .is_some_and(|choices| {
-                            choices.iter().any(|choice| {
-                                choice
-                                    .get("finish_reason")
-                                    .is_some_and(|reason| !reason.is_null())
-                            })
-                        });
-                if finished {
+                if self.finished_choice {
                     EventKind::Finished
                 } else {
                     EventKind::Content
@@ -142,13 +197,7 @@ impl Event {
             }
             Endpoint::Messages => match event_type {
                 Some("message_stop") => EventKind::Sentinel,
-                Some("message_delta")
-                    if data
-                        .pointer("/delta/stop_reason")
-                        .is_some_and(|reason| !reason.is_null()) =>
-                {
-                    EventKind::Finished
-                }
+                Some("message_delta") if self.delta_stopped => EventKind::Finished,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
@@ -215,8 +264,8 @@ impl<'de> Deserialize<'de> for WholeAnswer {
 
             fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<WholeAnswer, A::Error> {
                 let mut usage = None;
-                while let Some(UsageKey(is_usage)) = members.next_key()? {
-                    if is_usage {
+                while let Some(member) = members.next_key_seed(NameIn(&["usage"]))? {
+                    if member.is_some() {
                         usage = Some(members.next_value::<Json>()?);
                     } else {
                         members.next_value::<IgnoredAny>()?;
@@ -226,27 +275,6 @@ impl<'de> Deserialize<'de> for WholeAnswer {
             }
         }
         deserializer.deserialize_map(Members)
-    }
-}
-
-/// Whether an object's key is `usage`, read without copying it.
-struct UsageKey(bool);
-
-impl<'de> Deserialize<'de> for UsageKey {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Key;
-        impl Visitor<'_> for Key {
-            type Value = UsageKey;
-
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("an object key")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<UsageKey, E> {
-                Ok(UsageKey(key == "usage"))
-            }
-        }
-        deserializer.deserialize_str(Key)
     }
 }
 
@@ -416,6 +444,188 @@ mod tests {
             event("data: [DONE]\n\n").meaning(chat),
             (EventKind::Sentinel, None)
         );
+    }
+
+    /// Event data as JSON text, from the members `meaning` reads and the
+    /// values that tell them apart, nested, and with members given twice
+    /// (which a JSON tree cannot hold).
+    fn any_event_data() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        // The members read inside a choice or a delta often, so that they
+        // come twice.
+        let names = prop_oneof![
+            2 => prop::sample::select(vec!["finish_reason", "stop_reason"]),
+            3 => prop::sample::select(vec![
+                "type",
+                "error",
+                "choices",
+                "delta",
+                "usage",
+                "message",
+                "response",
+                "prompt_tokens",
+                "completion_tokens",
+                "input_tokens",
+                "output_tokens",
+                "\\u0074ype",
+                "content",
+            ]),
+        ];
+        // Null often: a member that is there but null is read as absent.
+        let leaf = prop_oneof![
+            2 => Just("null"),
+            3 => prop::sample::select(vec![
+                "true",
+                "7",
+                "-1",
+                "2.5",
+                "18446744073709551615",
+                "\"error\"",
+                "\"message_stop\"",
+                "\"message_delta\"",
+                "\"response.completed\"",
+                "\"response.failed\"",
+                "\"stop\"",
+                "\"h\\u00e9\\n\"",
+            ]),
+        ]
+        .prop_map(str::to_string);
+        let object = |names: BoxedStrategy<&'static str>, values: BoxedStrategy<String>| {
+            prop::collection::vec((names, values), 0..6).prop_map(|members| {
+                let members: Vec<String> = members
+                    .into_iter()
+                    .map(|(name, value)| format!("\"{name}\":{value}"))
+                    .collect();
+                format!("{{{}}}", members.join(","))
+            })
+        };
+        let inner_names = names.clone().boxed();
+        let value = leaf
+            .prop_recursive(3, 24, 4, move |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4)
+                        .prop_map(|items| format!("[{}]", items.join(","))),
+                    object(inner_names.clone(), inner.boxed()),
+                ]
+            })
+            .boxed();
+        // The top level an object, of few names, so that the same member
+        // comes twice often.
+        let top_names = prop::sample::select(vec![
+            "type", "error", "choices", "delta", "usage", "message", "response",
+        ])
+        .boxed();
+        let top = object(top_names, value).boxed();
+        prop_oneof![
+            6 => top.clone(),
+            // Damaged: cut short, or with something after the value.
+            1 => top.clone().prop_map(|text| text[..text.len() / 2].to_string()),
+            1 => top.prop_map(|text| format!("{text} x")),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+        #[test]
+        fn meaning_reads_as_the_json_tree_does(
+            data in any_event_data(),
+            name in proptest::option::of(proptest::sample::select(vec![
+                "message_delta", "error", "ping",
+            ])),
+        ) {
+            let mut text = String::new();
+            if let Some(name) = name {
+                text.push_str(&format!("event: {name}\n"));
+            }
+            text.push_str(&format!("data: {data}\n\n"));
+            let event = parse_event(Bytes::from(text));
+            for endpoint in Endpoint::ALL {
+                proptest::prop_assert_eq!(
+                    event.meaning(endpoint),
+                    event.meaning_by_tree(endpoint),
+                    "{} for {:?}", data, endpoint
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn meaning_reads_what_tells_events_apart() {
+        let chat = Endpoint::ChatCompletions;
+        let messages = Endpoint::Messages;
+        for (data, endpoint, expected) in [
+            // The last of two members counts.
+            (
+                r#"{"choices":[{"finish_reason":"stop","finish_reason":null}]}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"choices":[{"finish_reason":null},{"finish_reason":"length"}]}"#,
+                chat,
+                (EventKind::Finished, None),
+            ),
+            (
+                r#"{"choices":{"finish_reason":"stop"}}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"error":null,"choices":[]}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"error":{"message":"x"},"error":null}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":1},"usage":null}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"usage":"many","message":{"usage":{"input_tokens":4}}}"#,
+                messages,
+                (EventKind::Malformed, Some((4, 0))),
+            ),
+            (
+                r#"{"type":"message_delta","delta":[{"stop_reason":"end_turn"}]}"#,
+                messages,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
+                messages,
+                (EventKind::Finished, None),
+            ),
+            (r#"{"type":7}"#, messages, (EventKind::Malformed, None)),
+            (
+                r#"{"type":"message_stop","type":null}"#,
+                messages,
+                (EventKind::Malformed, None),
+            ),
+            (
+                r#"{"type":"message_stop"}"#,
+                messages,
+                (EventKind::Sentinel, None),
+            ),
+            (
+                r#"[{"type":"message_stop"}]"#,
+                messages,
+                (EventKind::Malformed, None),
+            ),
+            (
+                r#"{"type":"message_stop"} {}"#,
+                messages,
+                (EventKind::Malformed, None),
+            ),
+        ] {
+            let event = parse_event(Bytes::from(format!("data: {data}\n\n")));
+            assert_eq!(event.meaning(endpoint), expected, "{data}");
+            assert_eq!(event.meaning_by_tree(endpoint), expected, "{data}");
+        }
     }
 
     #[test]
