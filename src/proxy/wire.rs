@@ -329,36 +329,40 @@ impl EventReader {
 
 /// The end (exclusive) of the first complete event whose blank line starts
 /// at `from` or later: after a blank line, with `\n` or `\r\n` line ends.
+/// Every blank line has a `\n` followed by `\n` or `\r\n` (`\r\n\r\n`
+/// by its second half), so only line ends are looked at, found with
+/// `memchr`: looking at every byte was most of the reading of an event.
 fn event_end(buffer: &[u8], from: usize) -> Option<usize> {
-    let mut index = from;
-    while index < buffer.len() {
-        let rest = buffer.get(index..)?;
-        if rest.starts_with(b"\n\n") {
-            return Some(index + 2);
+    let rest = buffer.get(from..)?;
+    memchr::memchr_iter(b'\n', rest).find_map(|offset| {
+        let at = from + offset;
+        let after = buffer.get(at + 1..).unwrap_or_default();
+        if after.starts_with(b"\n") {
+            Some(at + 2)
+        } else if after.starts_with(b"\r\n") {
+            Some(at + 3)
+        } else {
+            None
         }
-        if rest.starts_with(b"\r\n\r\n") {
-            return Some(index + 4);
-        }
-        if rest.starts_with(b"\n\r\n") {
-            return Some(index + 3);
-        }
-        index += 1;
-    }
-    None
+    })
 }
 
 fn parse_event(raw: Bytes) -> Event {
     let text = String::from_utf8_lossy(&raw);
     let mut name = None;
-    let mut data: Vec<&str> = Vec::new();
+    let mut data = String::new();
+    let mut data_lines = 0;
     for line in text.lines() {
         if let Some(value) = line.strip_prefix("data:") {
-            data.push(value.strip_prefix(' ').unwrap_or(value));
+            if data_lines > 0 {
+                data.push('\n');
+            }
+            data.push_str(value.strip_prefix(' ').unwrap_or(value));
+            data_lines += 1;
         } else if let Some(value) = line.strip_prefix("event:") {
             name = Some(value.trim().to_string());
         }
     }
-    let data = data.join("\n");
     Event { raw, name, data }
 }
 
@@ -379,6 +383,25 @@ mod tests {
         assert_eq!(events[0].raw.as_ref(), b"data: {\"a\":1}\n\n");
         assert_eq!(events[1].name.as_deref(), Some("ping"));
         assert_eq!(reader.pending(), b"data: x");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn events_end_where_a_plain_search_finds_a_blank_line(
+            buffer in proptest::collection::vec(
+                proptest::sample::select(vec![b'\n', b'\r', b'a']),
+                0..48,
+            ),
+            from in 0usize..48,
+        ) {
+            let plain = (from..buffer.len()).find_map(|at| {
+                [&b"\n\n"[..], b"\r\n\r\n", b"\n\r\n"]
+                    .into_iter()
+                    .find(|blank| buffer[at..].starts_with(blank))
+                    .map(|blank| at + blank.len())
+            });
+            proptest::prop_assert_eq!(event_end(&buffer, from), plain);
+        }
     }
 
     #[test]
