@@ -333,17 +333,28 @@ pub struct StaticTable {
 }
 
 impl StaticTable {
-    /// The slot's value for a catalog route and credential; `None` for a
-    /// candidate outside the catalog (an unknown model served by a fallback).
-    pub fn get(
+    /// Where a catalog route and credential's slots start; `None` for a
+    /// candidate outside the catalog (an unknown model served by a
+    /// fallback).
+    pub fn row(
         &self,
         model: Option<usize>,
         route: Option<usize>,
         credential: usize,
-        slot: usize,
-    ) -> Option<&Value> {
+    ) -> Option<usize> {
         let base = *self.base.get(model?)?.get(route?)?;
-        self.values.get(base + credential * self.slots + slot)
+        Some(self.credential_row(base, credential))
+    }
+
+    /// The row of credential `credential` of the route whose first row is
+    /// `first`.
+    pub fn credential_row(&self, first: usize, credential: usize) -> usize {
+        first + credential * self.slots
+    }
+
+    /// Slot `slot` of the row starting at `row`.
+    pub fn get(&self, row: usize, slot: usize) -> Option<&Value> {
+        self.values.get(row + slot)
     }
 }
 

@@ -28,6 +28,8 @@ struct RouteChoice {
     credential: Option<usize>,
     upstream_model: Arc<str>,
     requested: Requested,
+    /// Where the route's first credential's row of precomputed parts starts.
+    static_row: Option<usize>,
 }
 
 /// Calls `each` with the requested ids, in order: each `from` source's
@@ -224,6 +226,7 @@ fn route_choice(
         credential,
         upstream_model,
         requested,
+        static_row: snapshot.statics.row(Some(model), Some(route), 0),
     }
 }
 
@@ -248,6 +251,7 @@ fn resolve_unknown(
                 kind: ResolutionKind::Unknown,
                 id: id.clone(),
             },
+            static_row: None,
         })
         .collect();
     let health = vec![CandidateHealth::default(); providers.len()];
@@ -268,6 +272,7 @@ fn resolve_unknown(
                 credential: None,
                 upstream_model: id.clone(),
                 requested: chosen.requested.clone(),
+                static_row: None,
             });
             *position += 1;
             return;
@@ -311,6 +316,9 @@ fn with_credentials(
         credential,
         upstream_model: choice.upstream_model.clone(),
         requested: choice.requested.clone(),
+        static_row: choice
+            .static_row
+            .map(|first| snapshot.statics.credential_row(first, credential)),
     };
     let mut add = |candidate: Candidate| {
         let duplicate = candidates.iter().any(|c| {

@@ -278,10 +278,8 @@ impl<'a> Machine<'a> {
     /// catalog describes it.
     pub(crate) fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
         let snapshot: &'a Snapshot = self.snapshot;
-        let candidate = self.candidates.get(focus.current?)?;
-        snapshot
-            .statics
-            .get(candidate.model, candidate.route, candidate.credential, slot)
+        let row = self.candidates.get(focus.current?)?.static_row?;
+        snapshot.statics.get(row, slot)
     }
 
     #[inline(never)]

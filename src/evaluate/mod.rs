@@ -265,11 +265,16 @@ pub struct Candidate {
     pub credential: usize,
     pub upstream_model: Arc<str>,
     pub requested: Requested,
+    /// Where its route and credential's precomputed catalog parts start in
+    /// the snapshot's table, found once when the candidate is made so a
+    /// read of one is a single index; `None` outside the catalog.
+    pub static_row: Option<usize>,
 }
 
 impl Candidate {
     /// A catalog route with one of its provider's credentials, requested by
-    /// its own id.
+    /// its own id, for computing the precomputed table itself (so it has no
+    /// row in it yet).
     pub(crate) fn of_route(
         model: usize,
         route_index: usize,
@@ -287,6 +292,7 @@ impl Candidate {
                 kind: ResolutionKind::Bare,
                 id: Arc::from(""),
             },
+            static_row: None,
         }
     }
 }
