@@ -108,6 +108,27 @@ pub struct Interned {
     pub route_upstream: Vec<Vec<Arc<str>>>,
     /// Per provider, per credential.
     pub credential_id: Vec<Vec<Value>>,
+    /// Per provider, per credential: whose key it is, the owning tenant by
+    /// its index, so `credential.owned` compares no text.
+    pub credential_owner: Vec<Vec<Owner>>,
+}
+
+/// Whose key a credential is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The platform's: usable by every tenant.
+    Platform,
+    /// A tenant's own (BYOK), by its index (tenant ids are unique).
+    Tenant(usize),
+    /// A tenant's that the tenants file does not list: no caller's.
+    Unlisted,
+}
+
+impl Owner {
+    /// Whether it is the key of the caller's tenant `tenant`.
+    pub fn is(self, tenant: usize) -> bool {
+        self == Owner::Tenant(tenant)
+    }
 }
 
 impl Interned {
@@ -166,6 +187,24 @@ impl Interned {
                 .providers
                 .iter()
                 .map(|p| p.credentials.iter().map(|c| Value::string(&c.id)).collect())
+                .collect(),
+            credential_owner: catalog
+                .providers
+                .iter()
+                .map(|p| {
+                    p.credentials
+                        .iter()
+                        .map(|c| match c.tenant.as_deref() {
+                            None => Owner::Platform,
+                            Some(owner) => data
+                                .tenants
+                                .tenants
+                                .iter()
+                                .position(|t| t.id == owner)
+                                .map_or(Owner::Unlisted, Owner::Tenant),
+                        })
+                        .collect()
+                })
                 .collect(),
         }
     }

@@ -6,7 +6,7 @@ use super::health::CandidateHealth;
 use super::machine::{Focus, Machine};
 use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
-use crate::compile::{ModelName, Snapshot};
+use crate::compile::{ModelName, Owner, Snapshot};
 use crate::language::ast::PinTarget;
 use crate::language::ir::{CredentialSpec, ErrorRef, SortKeySpec};
 use crate::value::Value;
@@ -291,22 +291,18 @@ fn with_credentials(
     let Some(provider) = snapshot.provider(choice.provider) else {
         return;
     };
-    let tenant_id = snapshot
-        .data
-        .tenants
-        .tenants
-        .get(request.caller.tenant)
-        .map(|t| t.id.as_str());
+    let owners = snapshot
+        .interned
+        .credential_owner
+        .get(choice.provider)
+        .map_or(&[][..], Vec::as_slice);
     let usable = (0..provider.credentials.len())
         .filter(|index| choice.credential.is_none_or(|only| only == *index))
+        // The platform's keys, and the caller's own.
         .filter(|index| {
-            provider
-                .credentials
+            owners
                 .get(*index)
-                .is_some_and(|credential| match &credential.tenant {
-                    None => true,
-                    Some(owner) => Some(owner.as_str()) == tenant_id,
-                })
+                .is_some_and(|owner| *owner == Owner::Platform || owner.is(request.caller.tenant))
         })
         .filter(|index| snapshot.secret(choice.provider, *index).is_some());
     let candidate = |credential: usize| Candidate {
