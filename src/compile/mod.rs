@@ -298,11 +298,13 @@ pub struct Snapshot {
     pub version: String,
     pub program: Program,
     pub data: Arc<Data>,
-    models: HashMap<String, ModelName>,
+    /// Found per request by the id the caller sent: hashed with foldhash,
+    /// a fraction of SipHash's cost for short keys, seeded per map.
+    models: foldhash::HashMap<String, ModelName>,
     /// Lowercase provider ids, names and aliases → providers answering to them.
-    provider_names: HashMap<String, Vec<usize>>,
+    provider_names: foldhash::HashMap<String, Vec<usize>>,
     /// Credential ids → (provider, credential index).
-    credential_ids: HashMap<String, (usize, usize)>,
+    credential_ids: foldhash::HashMap<String, (usize, usize)>,
     /// Per model, its routes with their credentials.
     routes: Vec<Vec<RouteEntry>>,
     /// Per provider and credential, the secret if its variable is set.
@@ -408,7 +410,7 @@ impl Snapshot {
         } = policy;
         let catalog = &data.catalog;
 
-        let mut models = HashMap::new();
+        let mut models = foldhash::HashMap::default();
         for (index, model) in catalog.models.iter().enumerate() {
             models.insert(model.id.clone(), ModelName::Model(index));
         }
@@ -420,8 +422,9 @@ impl Snapshot {
             models.entry(alias.name.clone()).or_insert(name);
         }
 
-        let mut provider_names: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut credential_ids = HashMap::new();
+        let mut provider_names: foldhash::HashMap<String, Vec<usize>> =
+            foldhash::HashMap::default();
+        let mut credential_ids = foldhash::HashMap::default();
         for (index, provider) in catalog.providers.iter().enumerate() {
             let mut names: Vec<String> = std::iter::once(&provider.id)
                 .chain(std::iter::once(&provider.name))
