@@ -15,7 +15,7 @@
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
 use super::{Caller, RequestState};
-use crate::compile::{Guard, Snapshot};
+use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::check::EnumTy;
 use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
@@ -289,6 +289,15 @@ fn compile(term: &Term) -> Node {
         }),
         TermKind::Let(index) => Box::new(Definition(*index)),
         TermKind::Read(read) if read.is_candidate() => Box::new(CandidateRead(read.clone())),
+        TermKind::Read(Read::RequestKind) => Box::new(RequestMember(|request| {
+            kind_member(request.endpoint.kind())
+        })),
+        TermKind::Read(Read::RequestWire) => Box::new(RequestMember(|request| {
+            wire_member(request.endpoint.wire())
+        })),
+        TermKind::Read(Read::RequestEndpoint) => {
+            Box::new(RequestMember(|request| endpoint_member(request.endpoint)))
+        }
         TermKind::Read(read) => Box::new(RequestRead(read.clone())),
         TermKind::Not(inner) => Box::new(Not(compile(inner))),
         TermKind::Binary(op, lhs, rhs) => {
@@ -398,6 +407,17 @@ impl Operand for CandidateRead {
             Some(candidate) => machine.read_candidate(&self.0, candidate),
             None => Cow::Owned(Value::Null),
         }
+    }
+}
+
+/// The request's endpoint, wire format or kind: read per candidate where a
+/// condition compares a candidate's with it, so the member is borrowed
+/// directly rather than through [`Machine::read`]'s match over every read.
+struct RequestMember(fn(&RequestState) -> &'static Value);
+
+impl Operand for RequestMember {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        Cow::Borrowed((self.0)(machine.request))
     }
 }
 
