@@ -288,6 +288,7 @@ fn compile(term: &Term) -> Node {
             inner: (**inner).clone(),
         }),
         TermKind::Let(index) => Box::new(Definition(*index)),
+        TermKind::Read(Read::CredentialOwned) => Box::new(CredentialOwned),
         TermKind::Read(read) if read.is_candidate() => Box::new(CandidateRead(read.clone())),
         TermKind::Read(Read::RequestKind) => Box::new(RequestMember(|request| {
             kind_member(request.endpoint.kind())
@@ -407,6 +408,38 @@ impl Operand for CandidateRead {
             Some(candidate) => machine.read_candidate(&self.0, candidate),
             None => Cow::Owned(Value::Null),
         }
+    }
+}
+
+/// `credential.owned`: a step, a sort key or a definition may read it per
+/// candidate, so its truth is found without [`Machine::read_candidate`]'s
+/// match over every read and without building a value.
+struct CredentialOwned;
+
+impl CredentialOwned {
+    /// Absent without a candidate in focus, as [`Machine::read_candidate`]
+    /// reads it.
+    fn of(machine: &Machine<'_>, focus: &Focus) -> Option<bool> {
+        let candidate = machine.candidates.get(focus.current?)?;
+        Some(
+            machine
+                .snapshot
+                .interned
+                .credential_owner
+                .get(candidate.provider)
+                .and_then(|owners| owners.get(candidate.credential))
+                .is_some_and(|owner| owner.is(machine.request.caller.tenant)),
+        )
+    }
+}
+
+impl Operand for CredentialOwned {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(CredentialOwned::of(machine, focus).map_or(Value::Null, Value::Bool))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        CredentialOwned::of(machine, focus).unwrap_or(false)
     }
 }
 
