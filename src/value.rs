@@ -135,7 +135,9 @@ impl PartialEq for Value {
             (Value::Number(a), Value::Number(b)) => a == b,
             (Value::Duration(a), Value::Duration(b)) => a == b,
             (Value::Date(a), Value::Date(b)) => a == b,
-            (Value::Enum(a), Value::Enum(b)) => a.name == b.name,
+            // Members read from the catalog and the request share their
+            // names' text, so most equal ones are the same text.
+            (Value::Enum(a), Value::Enum(b)) => Arc::ptr_eq(&a.name, &b.name) || a.name == b.name,
             (Value::String(a), Value::Enum(b)) | (Value::Enum(b), Value::String(a)) => *a == b.name,
             (Value::String(a), Value::String(b)) => a == b,
             (Value::List(a), Value::List(b)) => a == b,

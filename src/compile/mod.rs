@@ -108,6 +108,27 @@ pub struct Interned {
     pub route_upstream: Vec<Vec<Arc<str>>>,
     /// Per provider, per credential.
     pub credential_id: Vec<Vec<Value>>,
+    /// Per provider, per credential: whose key it is, the owning tenant by
+    /// its index, so `credential.owned` compares no text.
+    pub credential_owner: Vec<Vec<Owner>>,
+}
+
+/// Whose key a credential is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The platform's: usable by every tenant.
+    Platform,
+    /// A tenant's own (BYOK), by its index (tenant ids are unique).
+    Tenant(usize),
+    /// A tenant's that the tenants file does not list: no caller's.
+    Unlisted,
+}
+
+impl Owner {
+    /// Whether it is the key of the caller's tenant `tenant`.
+    pub fn is(self, tenant: usize) -> bool {
+        self == Owner::Tenant(tenant)
+    }
 }
 
 impl Interned {
@@ -166,6 +187,24 @@ impl Interned {
                 .providers
                 .iter()
                 .map(|p| p.credentials.iter().map(|c| Value::string(&c.id)).collect())
+                .collect(),
+            credential_owner: catalog
+                .providers
+                .iter()
+                .map(|p| {
+                    p.credentials
+                        .iter()
+                        .map(|c| match c.tenant.as_deref() {
+                            None => Owner::Platform,
+                            Some(owner) => data
+                                .tenants
+                                .tenants
+                                .iter()
+                                .position(|t| t.id == owner)
+                                .map_or(Owner::Unlisted, Owner::Tenant),
+                        })
+                        .collect()
+                })
                 .collect(),
         }
     }
@@ -259,11 +298,13 @@ pub struct Snapshot {
     pub version: String,
     pub program: Program,
     pub data: Arc<Data>,
-    models: HashMap<String, ModelName>,
+    /// Found per request by the id the caller sent: hashed with foldhash,
+    /// a fraction of SipHash's cost for short keys, seeded per map.
+    models: foldhash::HashMap<String, ModelName>,
     /// Lowercase provider ids, names and aliases → providers answering to them.
-    provider_names: HashMap<String, Vec<usize>>,
+    provider_names: foldhash::HashMap<String, Vec<usize>>,
     /// Credential ids → (provider, credential index).
-    credential_ids: HashMap<String, (usize, usize)>,
+    credential_ids: foldhash::HashMap<String, (usize, usize)>,
     /// Per model, its routes with their credentials.
     routes: Vec<Vec<RouteEntry>>,
     /// Per provider and credential, the secret if its variable is set.
@@ -333,17 +374,28 @@ pub struct StaticTable {
 }
 
 impl StaticTable {
-    /// The slot's value for a catalog route and credential; `None` for a
-    /// candidate outside the catalog (an unknown model served by a fallback).
-    pub fn get(
+    /// Where a catalog route and credential's slots start; `None` for a
+    /// candidate outside the catalog (an unknown model served by a
+    /// fallback).
+    pub fn row(
         &self,
         model: Option<usize>,
         route: Option<usize>,
         credential: usize,
-        slot: usize,
-    ) -> Option<&Value> {
+    ) -> Option<usize> {
         let base = *self.base.get(model?)?.get(route?)?;
-        self.values.get(base + credential * self.slots + slot)
+        Some(self.credential_row(base, credential))
+    }
+
+    /// The row of credential `credential` of the route whose first row is
+    /// `first`.
+    pub fn credential_row(&self, first: usize, credential: usize) -> usize {
+        first + credential * self.slots
+    }
+
+    /// Slot `slot` of the row starting at `row`.
+    pub fn get(&self, row: usize, slot: usize) -> Option<&Value> {
+        self.values.get(row + slot)
     }
 }
 
@@ -358,7 +410,7 @@ impl Snapshot {
         } = policy;
         let catalog = &data.catalog;
 
-        let mut models = HashMap::new();
+        let mut models = foldhash::HashMap::default();
         for (index, model) in catalog.models.iter().enumerate() {
             models.insert(model.id.clone(), ModelName::Model(index));
         }
@@ -370,8 +422,9 @@ impl Snapshot {
             models.entry(alias.name.clone()).or_insert(name);
         }
 
-        let mut provider_names: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut credential_ids = HashMap::new();
+        let mut provider_names: foldhash::HashMap<String, Vec<usize>> =
+            foldhash::HashMap::default();
+        let mut credential_ids = foldhash::HashMap::default();
         for (index, provider) in catalog.providers.iter().enumerate() {
             let mut names: Vec<String> = std::iter::once(&provider.id)
                 .chain(std::iter::once(&provider.name))

@@ -6,7 +6,7 @@ use super::health::CandidateHealth;
 use super::machine::{Focus, Machine};
 use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
-use crate::compile::{ModelName, Snapshot};
+use crate::compile::{ModelName, Owner, Snapshot};
 use crate::language::ast::PinTarget;
 use crate::language::ir::{CredentialSpec, ErrorRef, SortKeySpec};
 use crate::value::Value;
@@ -28,6 +28,8 @@ struct RouteChoice {
     credential: Option<usize>,
     upstream_model: Arc<str>,
     requested: Requested,
+    /// Where the route's first credential's row of precomputed parts starts.
+    static_row: Option<usize>,
 }
 
 /// Calls `each` with the requested ids, in order: each `from` source's
@@ -188,19 +190,63 @@ fn resolve_name(
             kind,
             id: id.clone(),
         };
-        for entry in snapshot.routes_of(model) {
+        // The last route takes `requested` itself.
+        if let Some((last, others)) = snapshot.routes_of(model).split_last() {
+            for entry in others {
+                choose(route_choice(
+                    snapshot,
+                    model,
+                    entry.route,
+                    entry.provider,
+                    None,
+                    requested.clone(),
+                ));
+            }
             choose(route_choice(
                 snapshot,
                 model,
-                entry.route,
-                entry.provider,
+                last.route,
+                last.provider,
                 None,
-                requested.clone(),
+                requested,
             ));
         }
         *position += 1;
     }
     true
+}
+
+impl RouteChoice {
+    /// The candidate for one of the route's credentials.
+    fn candidate(&self, snapshot: &Snapshot, credential: usize) -> Candidate {
+        Candidate {
+            model: self.model,
+            route: self.route,
+            provider: self.provider,
+            credential,
+            upstream_model: self.upstream_model.clone(),
+            requested: self.requested.clone(),
+            static_row: self
+                .static_row
+                .map(|first| snapshot.statics.credential_row(first, credential)),
+        }
+    }
+
+    /// The route's last (usually only) candidate, which takes the choice's
+    /// shared names instead of counting another reference to each.
+    fn into_candidate(self, snapshot: &Snapshot, credential: usize) -> Candidate {
+        Candidate {
+            model: self.model,
+            route: self.route,
+            provider: self.provider,
+            credential,
+            upstream_model: self.upstream_model,
+            requested: self.requested,
+            static_row: self
+                .static_row
+                .map(|first| snapshot.statics.credential_row(first, credential)),
+        }
+    }
 }
 
 fn route_choice(
@@ -224,6 +270,7 @@ fn route_choice(
         credential,
         upstream_model,
         requested,
+        static_row: snapshot.statics.row(Some(model), Some(route), 0),
     }
 }
 
@@ -248,6 +295,7 @@ fn resolve_unknown(
                 kind: ResolutionKind::Unknown,
                 id: id.clone(),
             },
+            static_row: None,
         })
         .collect();
     let health = vec![CandidateHealth::default(); providers.len()];
@@ -268,6 +316,7 @@ fn resolve_unknown(
                 credential: None,
                 upstream_model: id.clone(),
                 requested: chosen.requested.clone(),
+                static_row: None,
             });
             *position += 1;
             return;
@@ -286,32 +335,21 @@ fn with_credentials(
     let Some(provider) = snapshot.provider(choice.provider) else {
         return;
     };
-    let tenant_id = snapshot
-        .data
-        .tenants
-        .tenants
-        .get(request.caller.tenant)
-        .map(|t| t.id.as_str());
+    let owners = snapshot
+        .interned
+        .credential_owner
+        .get(choice.provider)
+        .map_or(&[][..], Vec::as_slice);
+    let (only, provider_index) = (choice.credential, choice.provider);
     let usable = (0..provider.credentials.len())
-        .filter(|index| choice.credential.is_none_or(|only| only == *index))
+        .filter(move |index| only.is_none_or(|only| only == *index))
+        // The platform's keys, and the caller's own.
         .filter(|index| {
-            provider
-                .credentials
+            owners
                 .get(*index)
-                .is_some_and(|credential| match &credential.tenant {
-                    None => true,
-                    Some(owner) => Some(owner.as_str()) == tenant_id,
-                })
+                .is_some_and(|owner| *owner == Owner::Platform || owner.is(request.caller.tenant))
         })
-        .filter(|index| snapshot.secret(choice.provider, *index).is_some());
-    let candidate = |credential: usize| Candidate {
-        model: choice.model,
-        route: choice.route,
-        provider: choice.provider,
-        credential,
-        upstream_model: choice.upstream_model.clone(),
-        requested: choice.requested.clone(),
-    };
+        .filter(move |index| snapshot.secret(provider_index, *index).is_some());
     let mut add = |candidate: Candidate| {
         let duplicate = candidates.iter().any(|c| {
             c.model == candidate.model
@@ -323,16 +361,28 @@ fn with_credentials(
             candidates.push(candidate);
         }
     };
+    let mut usable = usable.peekable();
     match &snapshot.program.models.credentials {
-        CredentialSpec::Each => usable.map(candidate).for_each(add),
+        CredentialSpec::Each => {
+            while let Some(credential) = usable.next() {
+                if usable.peek().is_none() {
+                    add(choice.into_candidate(snapshot, credential));
+                    break;
+                }
+                add(choice.candidate(snapshot, credential));
+            }
+        }
         CredentialSpec::One(keys) => {
             // Usually one credential is usable: it needs no list and no sort.
-            let mut usable = usable.map(candidate);
             match (usable.next(), usable.next()) {
                 (None, _) => {}
-                (Some(only), None) => add(only),
+                (Some(only), None) => add(choice.into_candidate(snapshot, only)),
                 (Some(first), Some(second)) => {
-                    let all = [first, second].into_iter().chain(usable).collect();
+                    let all = [first, second]
+                        .into_iter()
+                        .chain(usable)
+                        .map(|credential| choice.candidate(snapshot, credential))
+                        .collect();
                     if let Some(best) = best_credential(snapshot, request, all, keys) {
                         add(best);
                     }

@@ -15,7 +15,7 @@
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
 use super::{Caller, RequestState};
-use crate::compile::{Guard, Snapshot};
+use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::check::EnumTy;
 use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
@@ -288,7 +288,17 @@ fn compile(term: &Term) -> Node {
             inner: (**inner).clone(),
         }),
         TermKind::Let(index) => Box::new(Definition(*index)),
+        TermKind::Read(Read::CredentialOwned) => Box::new(CredentialOwned),
         TermKind::Read(read) if read.is_candidate() => Box::new(CandidateRead(read.clone())),
+        TermKind::Read(Read::RequestKind) => Box::new(RequestMember(|request| {
+            kind_member(request.endpoint.kind())
+        })),
+        TermKind::Read(Read::RequestWire) => Box::new(RequestMember(|request| {
+            wire_member(request.endpoint.wire())
+        })),
+        TermKind::Read(Read::RequestEndpoint) => {
+            Box::new(RequestMember(|request| endpoint_member(request.endpoint)))
+        }
         TermKind::Read(read) => Box::new(RequestRead(read.clone())),
         TermKind::Not(inner) => Box::new(Not(compile(inner))),
         TermKind::Binary(op, lhs, rhs) => {
@@ -398,6 +408,49 @@ impl Operand for CandidateRead {
             Some(candidate) => machine.read_candidate(&self.0, candidate),
             None => Cow::Owned(Value::Null),
         }
+    }
+}
+
+/// `credential.owned`: a step, a sort key or a definition may read it per
+/// candidate, so its truth is found without [`Machine::read_candidate`]'s
+/// match over every read and without building a value.
+struct CredentialOwned;
+
+impl CredentialOwned {
+    /// Absent without a candidate in focus, as [`Machine::read_candidate`]
+    /// reads it.
+    fn of(machine: &Machine<'_>, focus: &Focus) -> Option<bool> {
+        let candidate = machine.candidates.get(focus.current?)?;
+        Some(
+            machine
+                .snapshot
+                .interned
+                .credential_owner
+                .get(candidate.provider)
+                .and_then(|owners| owners.get(candidate.credential))
+                .is_some_and(|owner| owner.is(machine.request.caller.tenant)),
+        )
+    }
+}
+
+impl Operand for CredentialOwned {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(CredentialOwned::of(machine, focus).map_or(Value::Null, Value::Bool))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        CredentialOwned::of(machine, focus).unwrap_or(false)
+    }
+}
+
+/// The request's endpoint, wire format or kind: read per candidate where a
+/// condition compares a candidate's with it, so the member is borrowed
+/// directly rather than through [`Machine::read`]'s match over every read.
+struct RequestMember(fn(&RequestState) -> &'static Value);
+
+impl Operand for RequestMember {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
+        Cow::Borrowed((self.0)(machine.request))
     }
 }
 

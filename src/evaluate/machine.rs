@@ -278,10 +278,8 @@ impl<'a> Machine<'a> {
     /// catalog describes it.
     pub(crate) fn precomputed(&self, slot: usize, focus: &Focus) -> Option<&'a Value> {
         let snapshot: &'a Snapshot = self.snapshot;
-        let candidate = self.candidates.get(focus.current?)?;
-        snapshot
-            .statics
-            .get(candidate.model, candidate.route, candidate.credential, slot)
+        let row = self.candidates.get(focus.current?)?.static_row?;
+        snapshot.statics.get(row, slot)
     }
 
     #[inline(never)]
@@ -980,17 +978,13 @@ impl<'a> Machine<'a> {
                         .and_then(|ids| ids.get(candidate.credential)),
                 );
             }
-            Read::CredentialOwned => Value::Bool(credential().is_some_and(|c| {
-                let tenant = self
-                    .snapshot
-                    .data
-                    .tenants
-                    .tenants
-                    .get(self.request.caller.tenant);
-                c.tenant
-                    .as_deref()
-                    .is_some_and(|owner| tenant.is_some_and(|t| t.id == owner))
-            })),
+            Read::CredentialOwned => Value::Bool(
+                interned
+                    .credential_owner
+                    .get(candidate.provider)
+                    .and_then(|owners| owners.get(candidate.credential))
+                    .is_some_and(|owner| owner.is(self.request.caller.tenant)),
+            ),
             Read::CredentialAttr(attr) => {
                 return borrowed(credential().and_then(|c| c.attributes.get(*attr)));
             }

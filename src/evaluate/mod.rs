@@ -265,11 +265,16 @@ pub struct Candidate {
     pub credential: usize,
     pub upstream_model: Arc<str>,
     pub requested: Requested,
+    /// Where its route and credential's precomputed catalog parts start in
+    /// the snapshot's table, found once when the candidate is made so a
+    /// read of one is a single index; `None` outside the catalog.
+    pub static_row: Option<usize>,
 }
 
 impl Candidate {
     /// A catalog route with one of its provider's credentials, requested by
-    /// its own id.
+    /// its own id, for computing the precomputed table itself (so it has no
+    /// row in it yet).
     pub(crate) fn of_route(
         model: usize,
         route_index: usize,
@@ -287,6 +292,7 @@ impl Candidate {
                 kind: ResolutionKind::Bare,
                 id: Arc::from(""),
             },
+            static_row: None,
         }
     }
 }
@@ -548,9 +554,14 @@ fn decide(
     // Eligibility.
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
     let mut kept: Vec<usize> = Vec::with_capacity(candidates.len());
+    // Whether the machine's set differs from `remaining`: most steps keep
+    // every candidate, and then the set is not compared again.
+    let mut set_changed = false;
     for (step_index, step) in program.steps.iter().enumerate() {
         // The set as the step found it, also for the error a refusal reads.
-        machine.set_candidates(&remaining);
+        if set_changed {
+            machine.set_candidates(&remaining);
+        }
         kept.clear();
         // A condition the request alone settles is not asked per candidate
         // (for a single candidate, asking is no dearer than settling).
@@ -611,11 +622,15 @@ fn decide(
             trace.refused = Some(format!("no candidate passed step {}", step_index + 1));
             return Err(execution::refusal_with(snapshot, error, &mut machine, None));
         }
+        // What a step keeps is a subsequence of what it found.
+        set_changed = next.len() != remaining.len();
         std::mem::swap(&mut remaining, &mut kept);
     }
 
     // Order, then balance.
-    machine.set_candidates(&remaining);
+    if set_changed {
+        machine.set_candidates(&remaining);
+    }
     if let Some(code) = compiled {
         let keys = code.order_keys(&mut machine);
         order::sort_by_chosen(&mut machine, &mut remaining, &keys);
