@@ -63,8 +63,11 @@ impl<'de> Visitor<'de> for EventMembers {
                     };
                 }
                 Some(1) => data.error = !members.next_value::<Json>()?.is_null(),
-                Some(2) => data.finished_choice = members.next_value::<FinishedChoice>()?.0,
-                Some(3) => data.delta_stopped = members.next_value::<Stopped>()?.0,
+                Some(2) => data.finished_choice = members.next_value_seed(Choices)?,
+                Some(3) => {
+                    data.delta_stopped =
+                        members.next_value_seed(NonNullMember(&["stop_reason"]))?;
+                }
                 Some(4) => data.usage = Some(members.next_value()?),
                 Some(5) => data.message = Some(members.next_value()?),
                 Some(6) => data.response = Some(members.next_value()?),
@@ -145,15 +148,15 @@ macro_rules! other_values_are_false {
 }
 
 /// `choices`: a list with a choice whose `finish_reason` is not null.
-struct FinishedChoice(bool);
+struct Choices;
 
-impl<'de> serde::Deserialize<'de> for FinishedChoice {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(Choices).map(FinishedChoice)
+impl<'de> DeserializeSeed<'de> for Choices {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
-
-struct Choices;
 
 impl<'de> Visitor<'de> for Choices {
     type Value = bool;
@@ -166,7 +169,7 @@ impl<'de> Visitor<'de> for Choices {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<bool, A::Error> {
         let mut finished = false;
-        while let Some(FinishReason(reason)) = choices.next_element()? {
+        while let Some(reason) = choices.next_element_seed(NonNullMember(&["finish_reason"]))? {
             finished |= reason;
         }
         Ok(finished)
@@ -178,31 +181,17 @@ impl<'de> Visitor<'de> for Choices {
     }
 }
 
-/// One choice: an object whose `finish_reason` is not null.
-struct FinishReason(bool);
-
-impl<'de> serde::Deserialize<'de> for FinishReason {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_any(NonNullMember(&["finish_reason"]))
-            .map(FinishReason)
-    }
-}
-
-/// `delta`: an object whose `stop_reason` is not null.
-struct Stopped(bool);
-
-impl<'de> serde::Deserialize<'de> for Stopped {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_any(NonNullMember(&["stop_reason"]))
-            .map(Stopped)
-    }
-}
-
 /// Any value: `true` when it is an object with the member (a one-name
 /// list) not null.
 struct NonNullMember(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for NonNullMember {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
 
 impl<'de> Visitor<'de> for NonNullMember {
     type Value = bool;
