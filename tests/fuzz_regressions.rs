@@ -113,12 +113,14 @@ fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>
         for event in events {
             assert_eq!(first_blank_line_end(&event.raw), Some(event.raw.len()));
             received += event.raw.len();
-            assert_eq!(
-                event.meaning(endpoint),
-                event.meaning_by_tree(endpoint),
-                "{:?}",
-                event.data
-            );
+            if event.tree_readable() {
+                assert_eq!(
+                    event.meaning(endpoint),
+                    event.meaning_by_tree(endpoint),
+                    "{:?}",
+                    event.data
+                );
+            }
             let _ = event.usage();
             if let Ok(data) = serde_json::from_str::<serde_json::Value>(&event.data) {
                 let _ = usage_of(&data);
@@ -469,4 +471,18 @@ fn sse_many_events_in_one_chunk_read_in_reasonable_time() {
             sse_target(Endpoint::ChatCompletions, [stream.as_slice()]);
         },
     );
+}
+
+/// fuzz/artifacts of the `sse` target, 2026-11-30: an event whose data has
+/// a number beyond the range of `f64` (`"created":17644e0800`). serde_json
+/// builds no tree of it, so the tree reading called the event malformed,
+/// while `Event::meaning` reads it as the valid JSON it is (as whole answers
+/// were already read); the target now compares the two only where the tree
+/// can be built.
+#[test]
+fn sse_event_with_a_number_beyond_f64() {
+    isolated("sse_event_with_a_number_beyond_f64", CRASH_DEADLINE, || {
+        let stream = b"data: {\"id\":\"chunk\",\"created\":17644e0800,\"choices\":[]}\n\n";
+        sse_target(Endpoint::ChatCompletions, [&stream[..]]);
+    });
 }

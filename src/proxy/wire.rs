@@ -108,7 +108,7 @@ impl Event {
 
     /// `meaning` as read from the data's whole JSON tree: slower, plainly
     /// right, and the reference the tests and the `sse` fuzz target hold
-    /// `meaning` to.
+    /// `meaning` to wherever it speaks (`tree_readable`).
     pub fn meaning_by_tree(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
         if let Some(kind) = self.without_json(endpoint) {
             return (kind, None);
@@ -140,6 +140,16 @@ impl Event {
                 .is_some_and(|reason| !reason.is_null()),
         };
         (facts.kind(endpoint), usage_in_event(&data))
+    }
+
+    /// Whether `meaning_by_tree` speaks for this event: its data is not
+    /// JSON, or serde_json builds its tree. Valid JSON that it builds no tree
+    /// of (a number beyond the range of `f64`, nesting deeper than 128)
+    /// `meaning` still reads, as a whole answer is read: only the members
+    /// that classify an event are built, and such values are none of them.
+    pub fn tree_readable(&self) -> bool {
+        serde_json::from_str::<Json>(&self.data).is_ok()
+            || serde_json::from_str::<IgnoredAny>(&self.data).is_err()
     }
 
     /// The kind of an event that carries no JSON: a comment, or the
@@ -562,6 +572,7 @@ mod tests {
             }
             text.push_str(&format!("data: {data}\n\n"));
             let event = parse_event(Bytes::from(text));
+            proptest::prop_assume!(event.tree_readable());
             for endpoint in Endpoint::ALL {
                 proptest::prop_assert_eq!(
                     event.meaning(endpoint),
@@ -649,6 +660,29 @@ mod tests {
             assert_eq!(event.meaning(endpoint), expected, "{data}");
             assert_eq!(event.meaning_by_tree(endpoint), expected, "{data}");
         }
+    }
+
+    #[test]
+    fn valid_json_without_a_tree_is_read_all_the_same() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for data in [
+            r#"{"created":1e800,"choices":[{"finish_reason":"stop"}]}"#.to_string(),
+            format!(r#"{{"content":{deep},"choices":[{{"finish_reason":"stop"}}]}}"#),
+        ] {
+            let event = parse_event(Bytes::from(format!("data: {data}\n\n")));
+            assert!(!event.tree_readable());
+            assert_eq!(
+                event.meaning(Endpoint::ChatCompletions),
+                (EventKind::Finished, None)
+            );
+        }
+        // Not JSON at all: both readings say so.
+        let event = parse_event(Bytes::from("data: {\"created\":1e\n\n"));
+        assert!(event.tree_readable());
+        assert_eq!(
+            event.meaning(Endpoint::ChatCompletions).0,
+            EventKind::Malformed
+        );
     }
 
     #[test]
