@@ -11,9 +11,10 @@ mod stage;
 pub use stage::Guard;
 
 use crate::data::{Credential, Data, ModelKind, Provider, WireFormat};
-use crate::evaluate::compiled::Compiled;
+use crate::evaluate::compiled::{Compiled, Ranking};
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine};
+use crate::evaluate::order;
 use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
 use crate::language::CheckedPolicy;
 use crate::language::ir::{LetSpec, Program, Term};
@@ -505,7 +506,7 @@ impl Snapshot {
         let interned = Interned::new(&data);
         let staged = stage::stage(&program);
         let let_slots = LetSlots::of(&program.lets);
-        let compiled = Compiled::of(&staged.program, &staged.guards);
+        let compiled = Compiled::of(&staged.program, &staged.guards, staged.statics.len());
         let mut snapshot = Snapshot {
             name,
             version,
@@ -528,7 +529,9 @@ impl Snapshot {
         };
         // Static terms are evaluated by the program as checked, then the
         // staged program that reads them takes its place.
-        snapshot.statics = snapshot.precompute(&staged.statics);
+        let (statics, usable) = snapshot.precompute(&staged.statics, &snapshot.compiled.rankings);
+        snapshot.statics = statics;
+        snapshot.compiled.keep_usable_rankings(&usable);
         snapshot.program = staged.program;
         snapshot.let_slots = LetSlots::of(&snapshot.program.lets);
         snapshot.health = HealthSettings::of(&snapshot);
@@ -537,20 +540,24 @@ impl Snapshot {
         snapshot
     }
 
-    fn precompute(&self, terms: &[Term]) -> StaticTable {
+    /// Evaluates the catalog-only terms for every route and credential,
+    /// then ranks the rows by each ranking's keys into the slots after the
+    /// terms'. Also says which rankings could be made.
+    fn precompute(&self, terms: &[Term], rankings: &[Ranking]) -> (StaticTable, Vec<bool>) {
+        let slots = terms.len() + rankings.len();
         let mut table = StaticTable {
-            slots: terms.len(),
+            slots,
             ..StaticTable::default()
         };
-        if terms.is_empty() {
-            return table;
+        if slots == 0 {
+            return (table, Vec::new());
         }
         let request = RequestState::placeholder();
         for (model_index, model) in self.data.catalog.models.iter().enumerate() {
             let mut candidates = Vec::new();
             let mut bases = Vec::with_capacity(model.routes.len());
             for (route_index, route) in model.routes.iter().enumerate() {
-                bases.push(table.values.len() + candidates.len() * terms.len());
+                bases.push(table.values.len() + candidates.len() * slots);
                 let credentials = self
                     .provider(route.provider)
                     .map_or(0, |p| p.credentials.len());
@@ -569,10 +576,32 @@ impl Snapshot {
                 for term in terms {
                     table.values.push(machine.eval(term, &Focus::on(candidate)));
                 }
+                let ranks = table.values.len() + rankings.len();
+                table.values.resize(ranks, Value::Null);
             }
             table.base.push(bases);
         }
-        table
+        let rows = table.values.len() / slots;
+        let usable = rankings
+            .iter()
+            .enumerate()
+            .map(|(index, ranking)| {
+                let value = |row: usize, key: usize| {
+                    let slot = ranking.slots.get(key).copied().unwrap_or(usize::MAX);
+                    table.values.get(row * slots + slot).unwrap_or(&Value::Null)
+                };
+                let Some(ranks) = order::dense_ranks(rows, &ranking.directions, value) else {
+                    return false;
+                };
+                for (row, rank) in ranks.into_iter().enumerate() {
+                    if let Some(slot) = table.values.get_mut(row * slots + terms.len() + index) {
+                        *slot = Value::Number(f64::from(rank));
+                    }
+                }
+                true
+            })
+            .collect();
+        (table, usable)
     }
 
     pub fn model_named(&self, id: &str) -> Option<&ModelName> {

@@ -14,6 +14,7 @@
 //! decides as `evaluate` does.
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
+use super::order::Direction;
 use super::{Caller, RequestState};
 use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
 use crate::language::ast::{Aggregate, BinaryOp};
@@ -38,7 +39,44 @@ pub struct Compiled {
     /// Per definition, its body.
     pub lets: Vec<Node>,
     pub order: Order,
-    pub reorder: Vec<Key>,
+    pub reorder: KeyList,
+    /// The runs of catalog-only sort keys that the snapshot ranks, in the
+    /// order of their rank slots.
+    pub rankings: Vec<Ranking>,
+}
+
+/// Sort keys as written, and, when two or more catalog-only keys follow one
+/// another, the same order with each such run replaced by one key: the
+/// run's precomputed rank among all the catalog's routes and credentials.
+/// A request compares one number where it would compare the run's values
+/// key by key; it sorts by the ranks when every candidate is in the catalog.
+pub struct KeyList {
+    pub keys: Vec<Key>,
+    ranked: Option<RankedKeys>,
+}
+
+struct RankedKeys {
+    keys: Vec<Key>,
+    /// The rankings these keys read.
+    rankings: Vec<usize>,
+}
+
+impl KeyList {
+    /// The keys to sort by: ranked when `in_catalog` (every candidate has
+    /// precomputed rows) and a ranking applies.
+    pub fn for_candidates(&self, in_catalog: bool) -> &[Key] {
+        match &self.ranked {
+            Some(ranked) if in_catalog => &ranked.keys,
+            _ => &self.keys,
+        }
+    }
+}
+
+/// A run of catalog-only sort keys: their static slots and directions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranking {
+    pub slots: Vec<usize>,
+    pub directions: Vec<Direction>,
 }
 
 /// A sort key, compiled.
@@ -65,7 +103,7 @@ impl Key {
 /// The keys `order` sorts by.
 pub enum Order {
     /// The same for every request: no `use sort`.
-    Fixed(Vec<Key>),
+    Fixed(KeyList),
     /// Some chosen per request.
     Parts(Vec<Part>),
 }
@@ -74,7 +112,7 @@ pub enum Part {
     By(Key),
     UseSort {
         selector: Term,
-        sorts: Vec<(String, Vec<Key>)>,
+        sorts: Vec<(String, KeyList)>,
     },
 }
 
@@ -85,22 +123,28 @@ pub enum Keys<'c> {
 }
 
 impl Compiled {
-    pub fn of(program: &Program, guards: &[Guard]) -> Compiled {
+    /// Compiles the staged program, whose catalog-only parts take
+    /// `static_slots` slots of the snapshot's static table; the rankings
+    /// take the slots after them.
+    pub fn of(program: &Program, guards: &[Guard], static_slots: usize) -> Compiled {
+        let mut rankings = Rankings {
+            first_slot: static_slots,
+            runs: Vec::new(),
+        };
         let fixed = program
             .order
             .iter()
             .all(|part| matches!(part, OrderPart::By(_)));
         let order = if fixed {
-            Order::Fixed(
-                program
-                    .order
-                    .iter()
-                    .filter_map(|part| match part {
-                        OrderPart::By(spec) => Some(Key::of(spec)),
-                        OrderPart::UseSort { .. } => None,
-                    })
-                    .collect(),
-            )
+            let specs: Vec<SortKeySpec> = program
+                .order
+                .iter()
+                .filter_map(|part| match part {
+                    OrderPart::By(spec) => Some(spec.clone()),
+                    OrderPart::UseSort { .. } => None,
+                })
+                .collect();
+            Order::Fixed(rankings.key_list(&specs))
         } else {
             Order::Parts(
                 program
@@ -112,9 +156,7 @@ impl Compiled {
                             selector: selector.clone(),
                             sorts: sorts
                                 .iter()
-                                .map(|(name, keys)| {
-                                    (name.clone(), keys.iter().map(Key::of).collect())
-                                })
+                                .map(|(name, keys)| (name.clone(), rankings.key_list(keys)))
                                 .collect(),
                         },
                     })
@@ -135,7 +177,35 @@ impl Compiled {
                 .map(|spec| compile(&spec.term))
                 .collect(),
             order,
-            reorder: program.failover.reorder.iter().map(Key::of).collect(),
+            reorder: rankings.key_list(&program.failover.reorder),
+            rankings: rankings.runs,
+        }
+    }
+
+    /// Stops using the rankings the snapshot could not rank (`usable`
+    /// false at their index): their keys' values do not order totally.
+    pub fn keep_usable_rankings(&mut self, usable: &[bool]) {
+        let mut lists: Vec<&mut KeyList> = vec![&mut self.reorder];
+        match &mut self.order {
+            Order::Fixed(list) => lists.push(list),
+            Order::Parts(parts) => {
+                for part in parts {
+                    if let Part::UseSort { sorts, .. } = part {
+                        lists.extend(sorts.iter_mut().map(|(_, list)| list));
+                    }
+                }
+            }
+        }
+        for list in lists {
+            let unusable = list.ranked.as_ref().is_some_and(|ranked| {
+                ranked
+                    .rankings
+                    .iter()
+                    .any(|index| !usable.get(*index).copied().unwrap_or(false))
+            });
+            if unusable {
+                list.ranked = None;
+            }
         }
     }
 
@@ -200,9 +270,10 @@ impl Compiled {
 
     /// The keys `order` applies for this request, as
     /// [`super::order::order_keys`] chooses them.
-    pub fn order_keys(&self, machine: &mut Machine<'_>) -> Keys<'_> {
+    /// `in_catalog` as [`KeyList::for_candidates`] takes it.
+    pub fn order_keys(&self, machine: &mut Machine<'_>, in_catalog: bool) -> Keys<'_> {
         let parts = match &self.order {
-            Order::Fixed(keys) => return Keys::Fixed(keys),
+            Order::Fixed(list) => return Keys::Fixed(list.for_candidates(in_catalog)),
             Order::Parts(parts) => parts,
         };
         let mut keys = Vec::with_capacity(parts.len());
@@ -215,7 +286,7 @@ impl Compiled {
                     if let Some((_, sort_keys)) =
                         sorts.iter().find(|(sort_name, _)| sort_name == name)
                     {
-                        keys.extend(sort_keys);
+                        keys.extend(sort_keys.for_candidates(in_catalog));
                     }
                 }
             }
@@ -229,8 +300,81 @@ impl fmt::Debug for Compiled {
         f.debug_struct("Compiled")
             .field("steps", &self.steps.len())
             .field("lets", &self.lets.len())
-            .field("reorder", &self.reorder.len())
+            .field("reorder", &self.reorder.keys.len())
+            .field("rankings", &self.rankings.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The rankings found while compiling the sort keys.
+struct Rankings {
+    /// The static slot of the first ranking.
+    first_slot: usize,
+    runs: Vec<Ranking>,
+}
+
+impl Rankings {
+    /// Compiles sort keys, with a ranked form when they hold a run of two
+    /// or more catalog-only keys.
+    fn key_list(&mut self, specs: &[SortKeySpec]) -> KeyList {
+        let keys = specs.iter().map(Key::of).collect();
+        let mut ranked = RankedKeys {
+            keys: Vec::new(),
+            rankings: Vec::new(),
+        };
+        let mut rest = specs;
+        while let Some(first) = rest.first() {
+            let run = rest
+                .iter()
+                .take_while(|spec| matches!(spec.term.kind, TermKind::Static(..)))
+                .count();
+            if run < 2 {
+                ranked.keys.push(Key::of(first));
+                rest = rest.get(1..).unwrap_or_default();
+                continue;
+            }
+            let (run_specs, after) = rest.split_at(run);
+            let ranking = Ranking {
+                slots: run_specs
+                    .iter()
+                    .filter_map(|spec| match spec.term.kind {
+                        TermKind::Static(slot, _) => Some(slot),
+                        _ => None,
+                    })
+                    .collect(),
+                directions: run_specs
+                    .iter()
+                    .map(|spec| Direction {
+                        descending: spec.descending,
+                        nulls_first: spec.nulls_first,
+                    })
+                    .collect(),
+            };
+            let index = match self.runs.iter().position(|known| *known == ranking) {
+                Some(index) => index,
+                None => {
+                    self.runs.push(ranking);
+                    self.runs.len() - 1
+                }
+            };
+            // Ranks are present for every row in the catalog, and a
+            // candidate outside it never sorts by them.
+            let absent = Term::new(TermKind::Const(Value::Null), first.term.span);
+            ranked.keys.push(Key {
+                code: Box::new(Precomputed {
+                    slot: self.first_slot + index,
+                    inner: absent,
+                }),
+                descending: false,
+                nulls_first: false,
+            });
+            ranked.rankings.push(index);
+            rest = after;
+        }
+        KeyList {
+            keys,
+            ranked: (!ranked.rankings.is_empty()).then_some(ranked),
+        }
     }
 }
 

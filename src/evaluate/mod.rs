@@ -14,7 +14,7 @@ pub mod health;
 mod inputs;
 pub(crate) mod machine;
 mod merge;
-mod order;
+pub(crate) mod order;
 
 pub use execution::{
     Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts, default_type,
@@ -631,8 +631,10 @@ fn decide(
     if set_changed {
         machine.set_candidates(&remaining);
     }
+    // The catalog's ranks order candidates only if every one has them.
+    let in_catalog = candidates.iter().all(|c| c.static_row.is_some());
     if let Some(code) = compiled {
-        let keys = code.order_keys(&mut machine);
+        let keys = code.order_keys(&mut machine, in_catalog);
         order::sort_by_chosen(&mut machine, &mut remaining, &keys);
     } else {
         let keys = order::order_keys(&mut machine, &program.order);
@@ -674,7 +676,10 @@ fn decide(
     // The plan: the first, then the rest as `reorder` says.
     if let Some(rest) = ordered.get_mut(1..) {
         match compiled {
-            Some(code) => order::sort_by_keys(&mut machine, rest, &code.reorder),
+            Some(code) => {
+                let keys = code.reorder.for_candidates(in_catalog);
+                order::sort_by_keys(&mut machine, rest, keys);
+            }
             None => order::sort_by_keys(&mut machine, rest, &program.failover.reorder),
         }
     }

@@ -7,18 +7,41 @@ use crate::value::Value;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-/// A sort key: as written (interpreted) or compiled.
-pub trait SortKey {
-    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+/// Which way a sort key orders its values.
+pub trait KeyOrder {
     fn descending(&self) -> bool;
     fn nulls_first(&self) -> bool;
+}
+
+/// A sort key: as written (interpreted) or compiled.
+pub trait SortKey: KeyOrder {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+}
+
+/// A key's direction alone, for ordering values already computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Direction {
+    pub descending: bool,
+    pub nulls_first: bool,
+}
+
+impl KeyOrder for Direction {
+    fn descending(&self) -> bool {
+        self.descending
+    }
+
+    fn nulls_first(&self) -> bool {
+        self.nulls_first
+    }
 }
 
 impl SortKey for SortKeySpec {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         self.term.value(machine, focus)
     }
+}
 
+impl KeyOrder for SortKeySpec {
     fn descending(&self) -> bool {
         self.descending
     }
@@ -32,7 +55,9 @@ impl SortKey for Key {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         Key::value(self, machine, focus)
     }
+}
 
+impl KeyOrder for Key {
     fn descending(&self) -> bool {
         self.descending
     }
@@ -46,7 +71,9 @@ impl<K: SortKey + ?Sized> SortKey for &K {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         (**self).value(machine, focus)
     }
+}
 
+impl<K: KeyOrder + ?Sized> KeyOrder for &K {
     fn descending(&self) -> bool {
         (**self).descending()
     }
@@ -60,7 +87,9 @@ impl SortKey for OrderKey<'_> {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         self.spec.value(machine, focus)
     }
+}
 
+impl KeyOrder for OrderKey<'_> {
     fn descending(&self) -> bool {
         self.spec.descending
     }
@@ -114,7 +143,7 @@ const INSERTION_SORT_MAX: usize = 16;
 
 /// A stable insertion sort of the candidates and, in step, of the rows of
 /// `values` (row `i` the keys of candidate `i`).
-fn insertion_sort<K: SortKey>(
+fn insertion_sort<K: KeyOrder>(
     candidates: &mut [usize],
     values: &mut [SortValue<'_>],
     width: usize,
@@ -194,6 +223,56 @@ pub fn sort_by_keys_traced<K: SortKey>(
     values
 }
 
+/// Each row's rank in the order `directions` give to the rows' key values
+/// (`value(row, key)`): rows that tie share a rank, so comparing two rows'
+/// ranks orders them as comparing their values would. `None` when a key's
+/// values are not all of one comparable kind, or a number is NaN: such
+/// values do not order totally, and no rank can stand in for them.
+pub fn dense_ranks<'v>(
+    rows: usize,
+    directions: &[Direction],
+    value: impl Fn(usize, usize) -> &'v Value,
+) -> Option<Vec<u32>> {
+    let width = directions.len();
+    let mut values = Vec::with_capacity(rows * width);
+    for row in 0..rows {
+        for key in 0..width {
+            values.push(SortValue::of(Cow::Borrowed(value(row, key))));
+        }
+    }
+    for key in 0..width {
+        let mut kind = None;
+        for value in values.iter().skip(key).step_by(width.max(1)) {
+            let this = match value {
+                SortValue::Absent => continue,
+                SortValue::Number(n) if n.is_nan() => return None,
+                SortValue::Other(other) if !matches!(**other, Value::String(_)) => return None,
+                _ => std::mem::discriminant(value),
+            };
+            if kind.is_some_and(|kind| kind != this) {
+                return None;
+            }
+            kind = Some(this);
+        }
+    }
+    let row = |r: usize| values.get(r * width..(r + 1) * width).unwrap_or(&[]);
+    let mut sorted: Vec<usize> = (0..rows).collect();
+    sorted.sort_by(|a, b| compare_rows(row(*a), row(*b), directions));
+    let mut ranks = vec![0; rows];
+    let mut rank: u32 = 0;
+    let mut previous = None;
+    for current in sorted {
+        if let Some(previous) = previous
+            && compare_rows(row(previous), row(current), directions) != Ordering::Equal
+        {
+            rank = rank.checked_add(1)?;
+        }
+        *ranks.get_mut(current)? = rank;
+        previous = Some(current);
+    }
+    Some(ranks)
+}
+
 /// A sort key's value in the form the sort compares: plain numbers, days,
 /// milliseconds and enumeration ranks; the value itself only for text,
 /// lists and records. Built once per candidate and key, so comparing rows
@@ -241,7 +320,7 @@ impl<'k> SortValue<'k> {
 /// Orders two candidates' rows of key values: the first key that differs
 /// decides; absent values sort last (or first, if asked) in either
 /// direction.
-fn compare_rows<K: SortKey>(a: &[SortValue<'_>], b: &[SortValue<'_>], keys: &[K]) -> Ordering {
+fn compare_rows<K: KeyOrder>(a: &[SortValue<'_>], b: &[SortValue<'_>], keys: &[K]) -> Ordering {
     for ((x, y), key) in a.iter().zip(b).zip(keys) {
         let ordering = match (x, y) {
             (SortValue::Absent, SortValue::Absent) => Ordering::Equal,
@@ -489,5 +568,98 @@ mod tests {
             order(Value::Number(1.0), Value::Duration(2), &ascending),
             Ordering::Equal
         );
+    }
+
+    fn ranks(rows: &[Vec<Value>], directions: &[Direction]) -> Option<Vec<u32>> {
+        let absent = Value::Null;
+        dense_ranks(rows.len(), directions, |row, key| {
+            rows.get(row).and_then(|r| r.get(key)).unwrap_or(&absent)
+        })
+    }
+
+    const ASCENDING: Direction = Direction {
+        descending: false,
+        nulls_first: false,
+    };
+    const DESCENDING: Direction = Direction {
+        descending: true,
+        nulls_first: false,
+    };
+
+    #[test]
+    fn ranks_follow_the_keys_and_ties_share_a_rank() {
+        let row = |priority: f64, price: Option<f64>| {
+            vec![
+                Value::Number(priority),
+                price.map_or(Value::Null, Value::Number),
+            ]
+        };
+        let rows = [
+            row(8.0, Some(2.0)),
+            row(10.0, None),
+            row(8.0, Some(1.0)),
+            row(10.0, Some(5.0)),
+            row(8.0, Some(2.0)),
+        ];
+        assert_eq!(
+            ranks(&rows, &[DESCENDING, ASCENDING]),
+            Some(vec![3, 1, 2, 0, 3])
+        );
+        let nulls_first = Direction {
+            descending: false,
+            nulls_first: true,
+        };
+        assert_eq!(
+            ranks(&rows, &[DESCENDING, nulls_first]),
+            Some(vec![3, 0, 2, 1, 3])
+        );
+    }
+
+    #[test]
+    fn ranks_compare_as_the_rows_they_stand_for() {
+        let rows: Vec<Vec<Value>> = [
+            (Some("b"), 2.0),
+            (None, 1.0),
+            (Some("a"), 3.0),
+            (Some("b"), 1.0),
+            (Some("a"), 3.0),
+        ]
+        .into_iter()
+        .map(|(name, n)| vec![name.map_or(Value::Null, Value::string), Value::Number(n)])
+        .collect();
+        let directions = [ASCENDING, DESCENDING];
+        let ranked = ranks(&rows, &directions).unwrap_or_default();
+        let values: Vec<Vec<SortValue<'_>>> = rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|v| SortValue::of(Cow::Borrowed(v)))
+                    .collect()
+            })
+            .collect();
+        for (a, row_a) in values.iter().enumerate() {
+            for (b, row_b) in values.iter().enumerate() {
+                assert_eq!(
+                    ranked.get(a).cmp(&ranked.get(b)),
+                    compare_rows(row_a, row_b, &directions),
+                    "rows {a} and {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn values_that_do_not_order_totally_are_not_ranked() {
+        let mixed = [vec![Value::Number(1.0)], vec![Value::Duration(2)]];
+        assert_eq!(ranks(&mixed, &[ASCENDING]), None);
+        let nan = [vec![Value::Number(f64::NAN)], vec![Value::Number(1.0)]];
+        assert_eq!(ranks(&nan, &[ASCENDING]), None);
+        let lists = [
+            vec![Value::List(vec![Value::Number(1.0)].into())],
+            vec![Value::Null],
+        ];
+        assert_eq!(ranks(&lists, &[ASCENDING]), None);
+        let absent_only = [vec![Value::Null], vec![Value::Null]];
+        assert_eq!(ranks(&absent_only, &[ASCENDING]), Some(vec![0, 0]));
     }
 }
