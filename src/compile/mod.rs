@@ -11,9 +11,9 @@ mod stage;
 pub use stage::Guard;
 
 use crate::data::{Credential, Data, ModelKind, Provider, WireFormat};
-use crate::evaluate::compiled::{Compiled, Ranking};
+use crate::evaluate::compiled::{Compiled, Ranking, reads_only_catalog_and_endpoint};
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
-use crate::evaluate::machine::{Focus, Machine};
+use crate::evaluate::machine::{Focus, Machine, Operand};
 use crate::evaluate::order;
 use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
 use crate::language::CheckedPolicy;
@@ -398,6 +398,16 @@ impl StaticTable {
     pub fn get(&self, row: usize, slot: usize) -> Option<&Value> {
         self.values.get(row + slot)
     }
+
+    /// How many rows (routes and credentials) the table holds.
+    pub fn rows(&self) -> usize {
+        self.values.len().checked_div(self.slots).unwrap_or(0)
+    }
+
+    /// The position among the rows of the row starting at `row`.
+    pub fn row_index(&self, row: usize) -> usize {
+        row.checked_div(self.slots).unwrap_or(0)
+    }
 }
 
 impl Snapshot {
@@ -537,6 +547,10 @@ impl Snapshot {
         snapshot.health = HealthSettings::of(&snapshot);
         let settled_by_key = Compiled::settle_per_key(&snapshot);
         snapshot.compiled.set_settled_by_key(settled_by_key);
+        let settled_by_endpoint = snapshot.settle_per_endpoint();
+        snapshot
+            .compiled
+            .set_settled_by_endpoint(settled_by_endpoint);
         snapshot
     }
 
@@ -553,23 +567,12 @@ impl Snapshot {
             return (table, Vec::new());
         }
         let request = RequestState::placeholder();
-        for (model_index, model) in self.data.catalog.models.iter().enumerate() {
-            let mut candidates = Vec::new();
-            let mut bases = Vec::with_capacity(model.routes.len());
-            for (route_index, route) in model.routes.iter().enumerate() {
-                bases.push(table.values.len() + candidates.len() * slots);
-                let credentials = self
-                    .provider(route.provider)
-                    .map_or(0, |p| p.credentials.len());
-                for credential in 0..credentials {
-                    candidates.push(Candidate::of_route(
-                        model_index,
-                        route_index,
-                        route,
-                        credential,
-                    ));
-                }
-            }
+        for model_index in 0..self.data.catalog.models.len() {
+            let (candidates, firsts) = self.catalog_candidates(model_index);
+            let bases = firsts
+                .into_iter()
+                .map(|first| table.values.len() + first * slots)
+                .collect();
             let health = vec![CandidateHealth::default(); candidates.len()];
             let mut machine = Machine::new(self, &request, &candidates, &health);
             for candidate in 0..candidates.len() {
@@ -602,6 +605,80 @@ impl Snapshot {
             })
             .collect();
         (table, usable)
+    }
+
+    /// A candidate for every route and credential of model `model_index`,
+    /// with their rows in the static table once it is built; and where each
+    /// route's candidates start.
+    fn catalog_candidates(&self, model_index: usize) -> (Vec<Candidate>, Vec<usize>) {
+        let mut candidates = Vec::new();
+        let mut firsts = Vec::new();
+        let Some(model) = self.data.catalog.models.get(model_index) else {
+            return (candidates, firsts);
+        };
+        for (route_index, route) in model.routes.iter().enumerate() {
+            firsts.push(candidates.len());
+            let credentials = self
+                .provider(route.provider)
+                .map_or(0, |p| p.credentials.len());
+            for credential in 0..credentials {
+                let mut candidate =
+                    Candidate::of_route(model_index, route_index, route, credential);
+                candidate.static_row =
+                    self.statics
+                        .row(Some(model_index), Some(route_index), credential);
+                candidates.push(candidate);
+            }
+        }
+        (candidates, firsts)
+    }
+
+    /// Settles, for every endpoint and catalog row, the eligibility steps
+    /// that read only the catalog and the endpoint called (such as "the
+    /// model fits the endpoint"): a request whose candidates are all in the
+    /// catalog looks each one's answer up instead of asking the step. Costs
+    /// a byte per such step, endpoint and row.
+    fn settle_per_endpoint(&self) -> Vec<Option<Box<[bool]>>> {
+        let rows = self.statics.rows();
+        let mut tables: Vec<Option<Box<[bool]>>> = self
+            .program
+            .steps
+            .iter()
+            .map(|step| {
+                (rows > 0 && reads_only_catalog_and_endpoint(&step.condition))
+                    .then(|| vec![false; rows * Endpoint::ALL.len()].into_boxed_slice())
+            })
+            .collect();
+        if tables.iter().all(Option::is_none) {
+            return tables;
+        }
+        let requests = Endpoint::ALL.map(|endpoint| {
+            let mut request = RequestState::placeholder();
+            request.endpoint = endpoint;
+            request
+        });
+        for model_index in 0..self.data.catalog.models.len() {
+            let (candidates, _) = self.catalog_candidates(model_index);
+            let health = vec![CandidateHealth::default(); candidates.len()];
+            for (at, request) in requests.iter().enumerate() {
+                let mut machine = Machine::new(self, request, &candidates, &health);
+                for (step, table) in self.compiled.steps.iter().zip(&mut tables) {
+                    let Some(table) = table else {
+                        continue;
+                    };
+                    for (index, candidate) in candidates.iter().enumerate() {
+                        let Some(row) = candidate.static_row else {
+                            continue;
+                        };
+                        let truth = step.truth(&mut machine, &Focus::on(index));
+                        if let Some(slot) = table.get_mut(at * rows + self.statics.row_index(row)) {
+                            *slot = truth;
+                        }
+                    }
+                }
+            }
+        }
+        tables
     }
 
     pub fn model_named(&self, id: &str) -> Option<&ModelName> {
@@ -716,6 +793,36 @@ mod tests {
         ] {
             assert_eq!(resolution_member(kind).as_str(), Some(name));
         }
+    }
+
+    #[test]
+    fn steps_reading_only_the_catalog_and_endpoint_are_settled_per_row() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
+        let snapshot = compile_file(&path, &AllSecrets).expect("noirdoc compiles");
+        let rows = snapshot.statics.rows();
+        assert!(rows > 0);
+        // Step 2: the model fits the endpoint (its kind and wire format).
+        let fits = |endpoint| {
+            snapshot
+                .compiled
+                .settled_by_endpoint(1, endpoint, rows)
+                .expect("step 2 reads only the catalog and the endpoint")
+        };
+        let chat = fits(Endpoint::ChatCompletions);
+        let messages = fits(Endpoint::Messages);
+        assert!(chat.contains(&true) && messages.contains(&true));
+        assert!(
+            chat.iter()
+                .zip(messages)
+                .all(|(chat, messages)| !(*chat && *messages))
+        );
+        // Step 1 reads whose credential it is: asked per request.
+        assert!(
+            snapshot
+                .compiled
+                .settled_by_endpoint(0, Endpoint::ChatCompletions, rows)
+                .is_none()
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
 use super::order::Direction;
-use super::{Caller, RequestState};
+use super::{Caller, Endpoint, RequestState};
 use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::check::EnumTy;
@@ -36,6 +36,10 @@ pub struct Compiled {
     /// Per eligibility step whose guard reads only the caller (tenant,
     /// workspace, key), what it settles for each key of the tenants file.
     settled_by_key: Vec<Option<Box<[Option<bool>]>>>,
+    /// Per eligibility step that reads only the catalog and the endpoint
+    /// called, its truth for each endpoint (in [`Endpoint::ALL`]'s order)
+    /// and catalog row: `rows` answers per endpoint.
+    settled_by_endpoint: Vec<Option<Box<[bool]>>>,
     /// Per definition, its body.
     pub lets: Vec<Node>,
     pub order: Order,
@@ -171,6 +175,7 @@ impl Compiled {
                 .collect(),
             guards: guards.iter().map(|guard| guard.map(&mut compile)).collect(),
             settled_by_key: Vec::new(),
+            settled_by_endpoint: Vec::new(),
             lets: program
                 .lets
                 .iter()
@@ -266,6 +271,23 @@ impl Compiled {
 
     pub fn set_settled_by_key(&mut self, table: Vec<Option<Box<[Option<bool>]>>>) {
         self.settled_by_key = table;
+    }
+
+    pub fn set_settled_by_endpoint(&mut self, table: Vec<Option<Box<[bool]>>>) {
+        self.settled_by_endpoint = table;
+    }
+
+    /// Step `step`'s truth for each catalog row when `endpoint` is called,
+    /// if the step reads only the catalog and the endpoint.
+    pub fn settled_by_endpoint(
+        &self,
+        step: usize,
+        endpoint: Endpoint,
+        rows: usize,
+    ) -> Option<&[bool]> {
+        let table = self.settled_by_endpoint.get(step)?.as_deref()?;
+        let at = Endpoint::ALL.iter().position(|e| *e == endpoint)? * rows;
+        table.get(at..at + rows)
     }
 
     /// The keys `order` applies for this request, as
@@ -381,9 +403,8 @@ impl Rankings {
 /// Whether a term reads nothing but the caller's tenant, workspace and key
 /// (and constants): its value is known per key.
 fn reads_only_caller(term: &Term) -> bool {
-    match &term.kind {
-        TermKind::Const(_) => true,
-        TermKind::Read(read) => matches!(
+    reads_only(term, &|kind| match kind {
+        TermKind::Read(read) => Some(matches!(
             read,
             Read::TenantId
                 | Read::TenantAttr(_)
@@ -392,24 +413,51 @@ fn reads_only_caller(term: &Term) -> bool {
                 | Read::KeyId
                 | Read::KeyAttr(_)
                 | Read::DeploymentAttr(_)
-        ),
+        )),
+        _ => None,
+    })
+}
+
+/// Whether a term reads nothing but the catalog's precomputed parts and the
+/// endpoint called (and constants): its value is known per endpoint and
+/// catalog row.
+pub(crate) fn reads_only_catalog_and_endpoint(term: &Term) -> bool {
+    reads_only(term, &|kind| match kind {
+        TermKind::Read(read) => Some(matches!(
+            read,
+            Read::RequestKind | Read::RequestWire | Read::RequestEndpoint
+        )),
+        TermKind::Static(..) => Some(true),
+        TermKind::Hoisted(_, inner) => Some(reads_only_catalog_and_endpoint(inner)),
+        _ => None,
+    })
+}
+
+/// Whether a term reads only what `leaf` allows: `leaf` answers for the
+/// kinds of term it knows, and the rest are looked through. Definitions,
+/// merges and the staged parts may read the request; candidate switches
+/// and aggregates read candidates: those are refused unless `leaf` says.
+fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
+    if let Some(answer) = leaf(&term.kind) {
+        return answer;
+    }
+    let all = |items: &[Term]| items.iter().all(|item| reads_only(item, leaf));
+    match &term.kind {
+        TermKind::Const(_) => true,
         TermKind::Not(inner)
         | TermKind::Negate(inner)
         | TermKind::Field(inner, _)
-        | TermKind::ToEnum(_, inner) => reads_only_caller(inner),
-        TermKind::Binary(_, lhs, rhs) => reads_only_caller(lhs) && reads_only_caller(rhs),
+        | TermKind::ToEnum(_, inner) => reads_only(inner, leaf),
+        TermKind::Binary(_, lhs, rhs) => reads_only(lhs, leaf) && reads_only(rhs, leaf),
         TermKind::If(condition, then, otherwise) => {
-            reads_only_caller(condition) && reads_only_caller(then) && reads_only_caller(otherwise)
+            reads_only(condition, leaf) && reads_only(then, leaf) && reads_only(otherwise, leaf)
         }
         // `backoff` reads the execution's retries and jitter.
-        TermKind::Call(function, args) => {
-            *function != Function::Backoff && args.iter().all(reads_only_caller)
-        }
-        TermKind::List(items) => items.iter().all(reads_only_caller),
-        TermKind::Record(fields) => fields.iter().all(|(_, item)| reads_only_caller(item)),
-        // Definitions, merges and the staged parts may read the request;
-        // candidate switches and aggregates read candidates.
-        TermKind::Let(_)
+        TermKind::Call(function, args) => *function != Function::Backoff && all(args),
+        TermKind::List(items) => all(items),
+        TermKind::Record(fields) => fields.iter().all(|(_, item)| reads_only(item, leaf)),
+        TermKind::Read(_)
+        | TermKind::Let(_)
         | TermKind::Merge(_)
         | TermKind::Static(..)
         | TermKind::Hoisted(..)

@@ -550,6 +550,9 @@ fn decide(
     // Untraced, the steps and sort keys run as compiled; traced, as written
     // (the property tests and the fuzz target compare the two).
     let compiled = (!tracing).then_some(&snapshot.compiled);
+    // What the snapshot settled per catalog row (steps per endpoint, the
+    // ranks of sort keys) applies only if every candidate has a row.
+    let in_catalog = candidates.iter().all(|c| c.static_row.is_some());
 
     // Eligibility.
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
@@ -584,12 +587,18 @@ fn decide(
                     Some(code) => code,
                     None => &step.condition,
                 };
-                kept.extend(
-                    remaining
-                        .iter()
-                        .copied()
-                        .filter(|candidate| condition.truth(&mut machine, &Focus::on(*candidate))),
-                );
+                let rows = snapshot.statics.rows();
+                let by_row = compiled
+                    .filter(|_| in_catalog)
+                    .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
+                kept.extend(remaining.iter().copied().filter(|candidate| {
+                    let looked_up = by_row.and_then(|by_row| {
+                        let row = candidates.get(*candidate)?.static_row?;
+                        by_row.get(snapshot.statics.row_index(row)).copied()
+                    });
+                    looked_up
+                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
+                }));
             }
         }
         // An exclusive preference that nothing satisfies keeps everything.
@@ -631,8 +640,6 @@ fn decide(
     if set_changed {
         machine.set_candidates(&remaining);
     }
-    // The catalog's ranks order candidates only if every one has them.
-    let in_catalog = candidates.iter().all(|c| c.static_row.is_some());
     if let Some(code) = compiled {
         let keys = code.order_keys(&mut machine, in_catalog);
         order::sort_by_chosen(&mut machine, &mut remaining, &keys);
