@@ -13,7 +13,10 @@
 # a streamed answer open (about a second each) through the proxy while its
 # resident memory is sampled, for Switchyard and for the pass-through: once
 # with the short request above, once with a 17 KB conversation (a proxy
-# that keeps copies of the request pays for them here).
+# that keeps copies of the request pays for them here). Last, with the
+# sim restarted to stream without pauses (benches/load/quick-streams.yaml),
+# one connection asks for one stream after another: what each hop adds to
+# a stream, its end included.
 #
 #   benches/load.sh                       # the defaults below
 #   ROUNDS=5 DURATION=20 benches/load.sh
@@ -80,7 +83,8 @@ wait_for() {
 }
 
 RUST_LOG=off "$BIN" sim --listen $SIM --scenario benches/load/scenario.yaml >"$work/sim.log" 2>&1 &
-pids+=($!)
+sim_pid=$!
+pids+=($sim_pid)
 target/release/examples/passthrough $PASSTHROUGH "http://$SIM/$PROVIDER" >"$work/passthrough.log" 2>&1 &
 passthrough_pid=$!
 pids+=($passthrough_pid)
@@ -222,6 +226,29 @@ streams passthrough $passthrough_pid "$streamed" >"$work/rss-passthrough"
 echo "$STREAMS concurrent streams of a 17 KB conversation for ${DURATION}s"
 streams switchyard $switchyard_pid "$conversation" >"$work/rss-switchyard-long"
 streams passthrough $passthrough_pid "$conversation" >"$work/rss-passthrough-long"
+
+echo "$ROUNDS rounds of ${DURATION}s per target: streams one after another on one connection"
+kill "$sim_pid"
+wait "$sim_pid" 2>/dev/null || true
+RUST_LOG=off "$BIN" sim --listen $SIM --scenario benches/load/quick-streams.yaml >"$work/sim-quick.log" 2>&1 &
+pids+=($!)
+wait_for $SIM
+# The proxies' pooled connections to the sim that stopped close first.
+sleep 1
+for target in direct passthrough switchyard; do run $target 2 1 "$streamed" >/dev/null; done
+for round in $(seq "$ROUNDS"); do
+    for target in direct passthrough switchyard; do
+        result=$(run $target "$DURATION" 1 "$streamed")
+        echo "$target $result" >>"$work/quick"
+        printf '  round %s %-12s %10s streams/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
+    done
+done
+declare -A QUICK_P50 QUICK_P99
+for target in direct passthrough switchyard; do
+    QUICK_P50[$target]=$(awk -v t=$target '$1 == t {print $3}' "$work/quick" | median)
+    QUICK_P99[$target]=$(awk -v t=$target '$1 == t {print $4}' "$work/quick" | median)
+done
+
 read -r sy_idle sy_peak sy_rps <"$work/rss-switchyard"
 read -r pt_idle pt_peak pt_rps <"$work/rss-passthrough"
 read -r sy_long_idle sy_long_peak sy_long_rps <"$work/rss-switchyard-long"
@@ -270,4 +297,15 @@ in the same processes):
 |---|---:|---:|---:|
 | Switchyard (Noirdoc) | $(mib "$sy_long_idle") MiB | $(mib "$sy_long_peak") MiB | $sy_long_rps |
 | bare pass-through | $(mib "$pt_long_idle") MiB | $(mib "$pt_long_peak") MiB | $pt_long_rps |
+
+Streams one after another on one connection (five chunks, no pauses),
+medians of the rounds:
+
+| target | p50 | p99 |
+|---|---:|---:|
+| direct to the sim | ${QUICK_P50[direct]} µs | ${QUICK_P99[direct]} µs |
+| bare pass-through | ${QUICK_P50[passthrough]} µs | ${QUICK_P99[passthrough]} µs |
+| Switchyard (Noirdoc) | ${QUICK_P50[switchyard]} µs | ${QUICK_P99[switchyard]} µs |
+
+- p50 added over direct to a whole stream: Switchyard $(added "${QUICK_P50[switchyard]}" "${QUICK_P50[direct]}") µs, pass-through $(added "${QUICK_P50[passthrough]}" "${QUICK_P50[direct]}") µs
 EOF

@@ -102,6 +102,8 @@ async fn main() -> ExitCode {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        // As Switchyard does: a stream's small writes go out at once.
+        let _ = stream.set_nodelay(true);
         let client = client.clone();
         let upstream = upstream.clone();
         tokio::spawn(async move {
