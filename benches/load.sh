@@ -59,8 +59,10 @@ BIN=target/release/switchyard
 
 work=$(mktemp -d)
 pids=()
+# The first sim's pid until the last part stops it.
+sim_pid=""
 cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in $sim_pid "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$work"
 }
@@ -84,7 +86,6 @@ wait_for() {
 
 RUST_LOG=off "$BIN" sim --listen $SIM --scenario benches/load/scenario.yaml >"$work/sim.log" 2>&1 &
 sim_pid=$!
-pids+=($sim_pid)
 target/release/examples/passthrough $PASSTHROUGH "http://$SIM/$PROVIDER" >"$work/passthrough.log" 2>&1 &
 passthrough_pid=$!
 pids+=($passthrough_pid)
@@ -167,28 +168,29 @@ run() { # target duration connections script
     echo "$rps $p50 $p99"
 }
 
+# ROUNDS interleaved rounds of the three targets, each line also kept in
+# a file: "target rps p50_us p99_us".
+rounds() { # connections script file unit
+    for round in $(seq "$ROUNDS"); do
+        for target in direct passthrough switchyard; do
+            read -r rps p50 p99 <<<"$(run $target "$DURATION" "$1" "$2")"
+            echo "$target $rps $p50 $p99" >>"$3"
+            printf '  round %s %-12s %10s %s  p50 %8s us  p99 %8s us\n' \
+                "$round" $target "$rps" "$4" "$p50" "$p99"
+        done
+    done
+}
+
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "warming up"
 for target in direct passthrough switchyard; do run $target 2 "$CONNECTIONS" "$plain" >/dev/null; done
 
 echo "$ROUNDS rounds of ${DURATION}s per target, $CONNECTIONS connections, one wrk thread"
-for round in $(seq "$ROUNDS"); do
-    for target in direct passthrough switchyard; do
-        result=$(run $target "$DURATION" "$CONNECTIONS" "$plain")
-        echo "$target $result" >>"$work/results"
-        printf '  round %s %-12s %10s req/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
-    done
-done
+rounds "$CONNECTIONS" "$plain" "$work/results" req/s
 
 echo "$ROUNDS rounds of ${DURATION}s per target, unloaded: one connection"
-for round in $(seq "$ROUNDS"); do
-    for target in direct passthrough switchyard; do
-        result=$(run $target "$DURATION" 1 "$plain")
-        echo "$target $result" >>"$work/unloaded"
-        printf '  round %s %-12s %10s req/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
-    done
-done
+rounds 1 "$plain" "$work/unloaded" req/s
 
 declare -A RPS P50 P99 LONE_P50 LONE_P99
 for target in direct passthrough switchyard; do
@@ -228,21 +230,19 @@ streams switchyard $switchyard_pid "$conversation" >"$work/rss-switchyard-long"
 streams passthrough $passthrough_pid "$conversation" >"$work/rss-passthrough-long"
 
 echo "$ROUNDS rounds of ${DURATION}s per target: streams one after another on one connection"
-kill "$sim_pid"
+if ! kill "$sim_pid" 2>/dev/null; then
+    echo "error: the simulated providers stopped during the run; see $work/sim.log" >&2
+    exit 1
+fi
 wait "$sim_pid" 2>/dev/null || true
+sim_pid=""
 RUST_LOG=off "$BIN" sim --listen $SIM --scenario benches/load/quick-streams.yaml >"$work/sim-quick.log" 2>&1 &
 pids+=($!)
 wait_for $SIM
 # The proxies' pooled connections to the sim that stopped close first.
 sleep 1
 for target in direct passthrough switchyard; do run $target 2 1 "$streamed" >/dev/null; done
-for round in $(seq "$ROUNDS"); do
-    for target in direct passthrough switchyard; do
-        result=$(run $target "$DURATION" 1 "$streamed")
-        echo "$target $result" >>"$work/quick"
-        printf '  round %s %-12s %10s streams/s  p50 %8s us  p99 %8s us\n' "$round" $target $result
-    done
-done
+rounds 1 "$streamed" "$work/quick" streams/s
 declare -A QUICK_P50 QUICK_P99
 for target in direct passthrough switchyard; do
     QUICK_P50[$target]=$(awk -v t=$target '$1 == t {print $3}' "$work/quick" | median)
