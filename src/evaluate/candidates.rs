@@ -108,7 +108,8 @@ pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candid
 /// pin template. A `char` pattern searches with `memchr` instead.
 fn split_at_separator<'a>(text: &'a str, separator: &str) -> Option<(&'a str, &'a str)> {
     match separator.as_bytes() {
-        [byte] if byte.is_ascii() => text.split_once(char::from(*byte)),
+        // A one-byte `str` is ASCII, so the byte is the whole character.
+        [byte] => text.split_once(char::from(*byte)),
         _ => text.split_once(separator),
     }
 }
