@@ -311,7 +311,7 @@ pub struct Snapshot {
     /// Per provider and credential, the secret if its variable is set.
     secrets: Vec<Vec<Option<Secret>>>,
     /// Key hashes → key index.
-    keys: HashMap<[u8; 32], usize>,
+    keys: foldhash::HashMap<[u8; 32], usize>,
     /// Deployment attribute values, constant for the snapshot.
     pub deployment: Vec<Value>,
     pub interned: Interned,

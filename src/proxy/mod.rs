@@ -8,6 +8,7 @@ pub mod body;
 mod client_body;
 mod event_data;
 mod execute;
+mod header_names;
 pub mod metrics;
 mod models;
 mod respond;
@@ -74,8 +75,6 @@ pub struct Options {
     /// of the snapshot that decided them.
     pub version_header: bool,
 }
-
-pub const VERSION_HEADER: &str = "x-switchyard-policy-version";
 
 /// The target of the one log line per request.
 pub const REQUEST_LOG_TARGET: &str = "switchyard::request";
@@ -304,7 +303,7 @@ impl Answering {
                 if let Some(version) = self.version {
                     response
                         .headers_mut()
-                        .insert(header::HeaderName::from_static(VERSION_HEADER), version);
+                        .insert(header_names::POLICY_VERSION, version);
                 }
                 response
             }
@@ -324,7 +323,10 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
     let request_id = request_id(request.headers());
     let path = request.uri().path().to_string();
     let method = request.method().clone();
-    let wire = if request.headers().contains_key("anthropic-version") {
+    let wire = if request
+        .headers()
+        .contains_key(header_names::ANTHROPIC_VERSION)
+    {
         WireFormat::Anthropic
     } else {
         WireFormat::OpenAi
@@ -396,7 +398,7 @@ fn not_found(wire: WireFormat, request_id: &str, path: &str) -> Response<ProxyBo
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.
 fn request_id(headers: &HeaderMap) -> String {
     headers
-        .get(respond::REQUEST_ID)
+        .get(header_names::REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|id| {
             !id.is_empty()
@@ -454,7 +456,7 @@ fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unau
         .map(|(_, key)| key.trim())
         .filter(|key| !key.is_empty());
     let api_key = headers
-        .get("x-api-key")
+        .get(header_names::API_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|key| !key.is_empty());

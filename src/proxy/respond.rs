@@ -1,14 +1,13 @@
 //! Building responses to clients.
 
 use super::body::ProxyBody;
+use super::header_names;
 use super::wire;
 use crate::data::WireFormat;
 use crate::evaluate::ErrorResponse;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::Value as Json;
-
-pub const REQUEST_ID: &str = "x-request-id";
 
 /// Adds headers, skipping any a policy computed that HTTP cannot carry.
 pub fn with_headers(
@@ -41,7 +40,7 @@ pub fn base(
     if let Ok(value) = HeaderValue::from_str(request_id) {
         response
             .headers_mut()
-            .insert(HeaderName::from_static(REQUEST_ID), value);
+            .insert(header_names::REQUEST_ID, value);
     }
     response
 }

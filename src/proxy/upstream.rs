@@ -2,6 +2,7 @@
 //! what a failed answer says about itself.
 
 use super::client_body::ClientBody;
+use super::header_names;
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::evaluate::OutcomeFacts;
@@ -66,13 +67,13 @@ impl Clients {
 
 /// Client headers passed on to providers. Everything else — the client's
 /// own credentials, hop-by-hop headers, routing inputs — stays here.
-const FORWARDED_HEADERS: &[&str] = &[
-    "accept",
-    "user-agent",
-    "anthropic-version",
-    "anthropic-beta",
-    "openai-beta",
-    "x-request-id",
+const FORWARDED_HEADERS: [HeaderName; 6] = [
+    header::ACCEPT,
+    header::USER_AGENT,
+    header_names::ANTHROPIC_VERSION,
+    header_names::ANTHROPIC_BETA,
+    header_names::OPENAI_BETA,
+    header_names::REQUEST_ID,
 ];
 
 /// The Anthropic API version sent when the client names none.
@@ -104,15 +105,15 @@ impl Outgoing {
         });
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
-            if input_headers.contains(name) {
+            if input_headers.contains(&name.as_str()) {
                 continue;
             }
-            if let Some(value) = client_headers.get(*name) {
-                headers.insert(HeaderName::from_static(name), value.clone());
+            if let Some(value) = client_headers.get(&name) {
+                headers.insert(name, value.clone());
             }
         }
         if let Ok(value) = HeaderValue::from_str(request_id) {
-            headers.insert(HeaderName::from_static("x-request-id"), value);
+            headers.insert(header_names::REQUEST_ID, value);
         }
         headers.insert(
             header::CONTENT_TYPE,
@@ -166,11 +167,11 @@ impl Outgoing {
             }
             WireFormat::Anthropic => {
                 headers.insert(
-                    HeaderName::from_static("x-api-key"),
+                    header_names::API_KEY,
                     HeaderValue::from_str(secret.expose()).ok()?,
                 );
                 headers
-                    .entry(HeaderName::from_static("anthropic-version"))
+                    .entry(header_names::ANTHROPIC_VERSION)
                     .or_insert(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
             }
         }
