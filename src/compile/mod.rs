@@ -826,6 +826,31 @@ mod tests {
     }
 
     #[test]
+    fn definitions_of_how_the_one_requested_id_resolved_are_worked_out_per_request() {
+        let compile = |name: &str| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("policies/{name}.policy"));
+            compile_file(&path, &AllSecrets).expect("the policy compiles")
+        };
+        // ai-setu asks for the body's model alone: `pinned` reads only
+        // `requested.kind`, and both steps that read `requested` have a
+        // part the request settles.
+        let ai_setu = compile("ai-setu");
+        let pinned = ai_setu
+            .program
+            .lets
+            .iter()
+            .find(|spec| spec.name == "pinned");
+        assert!(pinned.is_some_and(|spec| !spec.candidate));
+        assert!(ai_setu.guards.iter().all(|guard| !guard.parts().is_empty()));
+        // ngrok asks for several ids: `requested.index` and the rest stay
+        // per candidate.
+        let ngrok = compile("ngrok");
+        assert!(!ngrok.program.models.requests_one_id());
+        assert!(ai_setu.program.models.requests_one_id());
+    }
+
+    #[test]
     fn secrets_never_print() {
         let secret = Secret(Arc::from("sk-live-123"));
         assert_eq!(format!("{secret:?}"), "Secret(..)");

@@ -59,9 +59,11 @@ impl Deps {
     }
 }
 
-fn read_deps(read: &Read) -> Deps {
+fn read_deps(read: &Read, one_requested_id: bool) -> Deps {
     use Read::*;
     match read {
+        // One requested id: every candidate shares how it resolved.
+        RequestedKind | RequestedId if one_requested_id => Deps::REQUEST,
         ModelId | ModelKind | ModelAliases | ModelAttr(_) | ProviderId | ProviderName
         | ProviderAliases | ProviderFormat | ProviderPriority | ProviderListed
         | ProviderAttr(_) | RoutePrice(_) | RouteCapabilities | RouteAttr(_) | CredentialId
@@ -150,6 +152,8 @@ pub struct Staged {
 struct Stager<'p> {
     /// The definitions as checked, for what each depends on.
     lets: &'p [LetSpec],
+    /// [`crate::language::ir::ModelsSpec::requests_one_id`].
+    one_requested_id: bool,
     let_deps: Vec<Option<Deps>>,
     statics: Vec<Term>,
     hoisted: Vec<Term>,
@@ -161,13 +165,21 @@ struct Stager<'p> {
 pub fn stage(original: &Program) -> Staged {
     let mut stager = Stager {
         lets: &original.lets,
+        one_requested_id: original.models.requests_one_id(),
         let_deps: vec![None; original.lets.len()],
         statics: Vec::new(),
         hoisted: Vec::new(),
         grouped: Vec::new(),
     };
     let mut program = original.clone();
-    for spec in &mut program.lets {
+    for (index, spec) in program.lets.iter_mut().enumerate() {
+        // A definition that reads the candidate only for what every
+        // candidate shares (`requested.kind` when one id is requested) is
+        // worked out once per request.
+        let deps = stager.let_deps(index);
+        if spec.candidate && !deps.catalog && !deps.live {
+            spec.candidate = false;
+        }
         if spec.candidate {
             spec.term = stager.stage(&spec.term);
         }
@@ -253,7 +265,7 @@ impl Stager<'_> {
     fn deps(&mut self, term: &Term) -> Deps {
         match &term.kind {
             TermKind::Const(_) => Deps::NONE,
-            TermKind::Read(read) => read_deps(read),
+            TermKind::Read(read) => read_deps(read, self.one_requested_id),
             TermKind::At(..) | TermKind::Aggregate(..) | TermKind::Grouped(..) => Deps::LIVE,
             TermKind::Static(..) => Deps::CATALOG,
             TermKind::Hoisted(..) | TermKind::Merge(_) => Deps::REQUEST,
@@ -451,6 +463,7 @@ mod tests {
     fn stager() -> Stager<'static> {
         Stager {
             lets: &[],
+            one_requested_id: false,
             let_deps: Vec::new(),
             statics: Vec::new(),
             hoisted: Vec::new(),
@@ -530,6 +543,35 @@ mod tests {
         );
         assert_eq!(hoisted_part.kind, TermKind::Hoisted(0, Box::new(key)));
         assert_eq!(stager.statics, vec![price]);
+    }
+
+    #[test]
+    fn how_the_one_requested_id_resolved_is_a_request_part() {
+        let pinned = binary(
+            BinaryOp::Eq,
+            read(Read::RequestedKind),
+            Term::constant(Value::string("pin"), Span::default()),
+        );
+        let step = binary(BinaryOp::Or, pinned.clone(), read(Read::CredentialOwned));
+        let mut one = Stager {
+            one_requested_id: true,
+            ..stager()
+        };
+        assert_eq!(
+            one.stage(&pinned).kind,
+            TermKind::Hoisted(0, Box::new(pinned.clone()))
+        );
+        assert_eq!(
+            one.guard(&step, &[], 0),
+            Guard::Or(
+                Box::new(Guard::Request(pinned.clone())),
+                Box::new(Guard::Open)
+            )
+        );
+        // Several requested ids: each candidate has its own.
+        let mut several = stager();
+        assert_eq!(several.stage(&pinned), pinned);
+        assert_eq!(several.guard(&step, &[], 0), Guard::Open);
     }
 
     #[test]

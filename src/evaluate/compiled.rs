@@ -598,7 +598,7 @@ impl Operand for CandidateRead {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         match focus.current {
             Some(candidate) => machine.read_candidate(&self.0, candidate),
-            None => Cow::Owned(Value::Null),
+            None => machine.read_unfocused(&self.0),
         }
     }
 }

@@ -878,7 +878,7 @@ impl<'a> Machine<'a> {
             candidate_read => {
                 return match focus.current {
                     Some(candidate) => self.read_candidate(candidate_read, candidate),
-                    None => Cow::Owned(Value::Null),
+                    None => self.read_unfocused(candidate_read),
                 };
             }
         };
@@ -895,6 +895,18 @@ impl<'a> Machine<'a> {
     }
 
     #[inline(never)]
+    /// A read of a candidate with none in focus: null, but for what every
+    /// candidate shares when the request asks for one id, which the
+    /// staging treats as known per request.
+    pub(crate) fn read_unfocused(&self, read: &Read) -> Cow<'a, Value> {
+        let shared = matches!(read, Read::RequestedKind | Read::RequestedId)
+            && self.snapshot.program.models.requests_one_id();
+        if shared && !self.candidates.is_empty() {
+            return self.read_candidate(read, 0);
+        }
+        Cow::Owned(Value::Null)
+    }
+
     pub(crate) fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
         let candidates: &'a [Candidate] = self.candidates;
         let snapshot: &'a Snapshot = self.snapshot;

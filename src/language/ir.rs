@@ -379,6 +379,21 @@ pub struct ModelsSpec {
     pub unknown_error: ErrorRef,
 }
 
+impl ModelsSpec {
+    /// Whether a request asks for one id, the body's `model` (no `from`
+    /// list): then every candidate shares `requested.kind` and
+    /// `requested.id`, and they are known once per request.
+    pub fn requests_one_id(&self) -> bool {
+        matches!(
+            self.sources.as_slice(),
+            [Term {
+                kind: TermKind::Read(Read::RequestModel),
+                ..
+            }]
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepKind {
     Require(ErrorRef),
