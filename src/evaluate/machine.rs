@@ -894,7 +894,6 @@ impl<'a> Machine<'a> {
             .get(self.request.caller.workspace)
     }
 
-    #[inline(never)]
     /// A read of a candidate with none in focus: null, but for what every
     /// candidate shares when the request asks for one id, which the
     /// staging treats as known per request.
@@ -907,6 +906,7 @@ impl<'a> Machine<'a> {
         Cow::Owned(Value::Null)
     }
 
+    #[inline(never)]
     pub(crate) fn read_candidate(&self, read: &Read, index: usize) -> Cow<'a, Value> {
         let candidates: &'a [Candidate] = self.candidates;
         let snapshot: &'a Snapshot = self.snapshot;
