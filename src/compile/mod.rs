@@ -843,8 +843,8 @@ mod tests {
             .find(|spec| spec.name == "pinned");
         assert!(pinned.is_some_and(|spec| !spec.candidate));
         assert!(ai_setu.guards.iter().all(|guard| !guard.parts().is_empty()));
-        // ngrok asks for several ids: `requested.index` and the rest stay
-        // per candidate.
+        // ngrok asks for several ids (a `from` list), so each candidate
+        // keeps its own.
         let ngrok = compile("ngrok");
         assert!(!ngrok.program.models.requests_one_id());
         assert!(ai_setu.program.models.requests_one_id());
