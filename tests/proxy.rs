@@ -1994,6 +1994,7 @@ async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
 
     let reply = api.get("/v1/chat/completions").await;
     assert_eq!(reply.status, 405, "{}", reply.text);
+    assert_eq!(reply.header("allow"), Some("POST"));
     let reply = Reply::of(
         api.client
             .put(format!("{}/v1/messages", api.url))
@@ -2001,6 +2002,20 @@ async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
     )
     .await;
     assert_eq!(reply.status, 405, "{}", reply.text);
+    assert_eq!(reply.header("allow"), Some("POST"));
+    assert_eq!(anthropic_error(&reply).0, "invalid_request_error");
+
+    // The proxy's own GET paths name their method too, rather than 404.
+    for path in ["/healthz", "/metrics", "/v1/models"] {
+        let reply = Reply::of(
+            api.client
+                .post(format!("{}{path}", api.url))
+                .bearer_auth(KEY),
+        )
+        .await;
+        assert_eq!(reply.status, 405, "{path}: {}", reply.text);
+        assert_eq!(reply.header("allow"), Some("GET"), "{path}");
+    }
 
     assert!(sim.requests().is_empty());
     gateway.stop().await;

@@ -702,6 +702,22 @@ async fn unknown_providers_and_endpoints_get_openai_style_404s() {
     assert_eq!(recorded[2].body, json!("not json"));
     assert_eq!(recorded[3].method, "GET");
     assert_eq!(recorded[3].model, None);
+
+    // A wrong method gets 405 and the `Allow` header names the right one.
+    let response = client()
+        .get(format!("{}/chat/completions", sim.base_url("a")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "POST");
+    let response = client()
+        .post(format!("{}/models", sim.base_url("a")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "GET");
 }
 
 #[tokio::test]
@@ -827,6 +843,7 @@ async fn the_sim_endpoints_read_clear_and_replace() {
         .await
         .unwrap();
     assert_eq!(wrong.status(), 405);
+    assert_eq!(wrong.headers()["allow"], "POST");
 }
 
 // ----------------------------------------------------------- the scenarios

@@ -372,13 +372,10 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
                 return complete(proxy, request, endpoint, request_id).await;
             }
             // An endpoint's errors are in its own wire format.
-            Some(endpoint) => respond::builtin_error(
-                endpoint.wire(),
-                &request_id,
-                405,
-                "method_not_allowed",
-                "use POST for this endpoint",
-            ),
+            Some(endpoint) => method_not_allowed(endpoint.wire(), &request_id, "POST"),
+            None if matches!(path, "/healthz" | "/metrics" | "/v1/models") => {
+                method_not_allowed(wire, &request_id, "GET")
+            }
             None => not_found(wire, &request_id, path),
         },
     };
@@ -393,6 +390,25 @@ fn not_found(wire: WireFormat, request_id: &str, path: &str) -> Response<ProxyBo
         "not_found",
         &format!("no endpoint at {path}"),
     )
+}
+
+/// 405, with the `Allow` header RFC 9110 requires of it.
+fn method_not_allowed(
+    wire: WireFormat,
+    request_id: &str,
+    allowed: &'static str,
+) -> Response<ProxyBody> {
+    let mut response = respond::builtin_error(
+        wire,
+        request_id,
+        405,
+        "method_not_allowed",
+        &format!("use {allowed} for this endpoint"),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allowed));
+    response
 }
 
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.

@@ -8,7 +8,7 @@ use super::step::{Action, Ending, ErrorReply, Step, Success};
 use super::wire::{self, Answer, Endpoint, StreamEvents};
 use crate::sync::lock;
 use bytes::Bytes;
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -234,15 +234,30 @@ fn control(
                 Err(message) => control_error(StatusCode::BAD_REQUEST, &message),
             }
         }
-        ("requests" | "scenario", _) => control_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "use GET or DELETE on /_sim/requests and POST on /_sim/scenario",
+        ("requests", _) => allowing(
+            control_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET or DELETE on /_sim/requests",
+            ),
+            "GET, DELETE",
+        ),
+        ("scenario", _) => allowing(
+            control_error(StatusCode::METHOD_NOT_ALLOWED, "use POST on /_sim/scenario"),
+            "POST",
         ),
         _ => control_error(
             StatusCode::NOT_FOUND,
             "the sim's own endpoints are /_sim/requests and /_sim/scenario",
         ),
     }
+}
+
+/// A 405 with the `Allow` header RFC 9110 requires of it.
+fn allowing(mut response: Response<SimBody>, methods: &'static str) -> Response<SimBody> {
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(methods));
+    response
 }
 
 fn control_error(status: StatusCode, message: &str) -> Response<SimBody> {
@@ -382,8 +397,11 @@ fn decide(
     too_large: bool,
     json: &Json,
 ) -> Decision {
+    let error = |endpoint: Endpoint, status: StatusCode, code: &str, message: String| {
+        error_response(endpoint, status, Some(code), &message, None)
+    };
     let refuse = |endpoint: Endpoint, status: StatusCode, code: &str, message: String| {
-        Decision::Reply(error_response(endpoint, status, Some(code), &message, None))
+        Decision::Reply(error(endpoint, status, code, message))
     };
     let Some(models) = state.scenario.models(provider) else {
         return refuse(
@@ -395,12 +413,13 @@ fn decide(
     };
     if rest == "/v1/models" {
         if parts.method != Method::GET {
-            return refuse(
+            let response = error(
                 Endpoint::ChatCompletions,
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
                 String::from("the model list is read with GET"),
             );
+            return Decision::Reply(allowing(response, "GET"));
         }
         let models: Vec<&str> = models.collect();
         return Decision::Reply(json_response(
@@ -417,12 +436,13 @@ fn decide(
         );
     };
     if parts.method != Method::POST {
-        return refuse(
+        let response = error(
             endpoint,
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             format!("`{rest}` takes POST"),
         );
+        return Decision::Reply(allowing(response, "POST"));
     }
     if too_large {
         return refuse(
