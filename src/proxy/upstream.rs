@@ -38,6 +38,12 @@ impl Clients {
             return Ok(client.clone());
         }
         let client = reqwest::Client::builder()
+            // Each attempt in flight gets a connection of its own. Over
+            // HTTP/2 the client puts every request to a provider on one
+            // connection and queues those past the provider's stream limit
+            // (often 100 to 256) until a stream ends, and an LLM stream can
+            // last minutes (tests/upstream_tls.rs).
+            .http1_only()
             .connect_timeout(Duration::from_millis(connect_ms.max(1)))
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
