@@ -8,9 +8,11 @@
     clippy::indexing_slicing
 )]
 
+use serde_json::json;
+use std::cell::Cell;
 use std::path::Path;
 use switchyard::compile::{AllSecrets, Snapshot, compile_file};
-use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::health::{CandidateHealth, HealthView, Healthy};
 use switchyard::evaluate::*;
 
 fn snapshot(name: &str) -> Snapshot {
@@ -55,6 +57,72 @@ fn decide(
         rotation: 0,
     };
     evaluate(snapshot, &context, &Healthy)
+}
+
+/// A health view that counts how often it is asked.
+#[derive(Default)]
+struct CountingHealth(Cell<usize>);
+
+impl HealthView for CountingHealth {
+    fn health(&self, _candidate: &Candidate) -> CandidateHealth {
+        self.0.set(self.0.get() + 1);
+        CandidateHealth::default()
+    }
+}
+
+/// How often `evaluate` (or, if `traced`, `evaluate_traced`) asks the
+/// health view for a chat request of `model` with `key`, and how many
+/// candidates the request had.
+fn health_asked(snapshot: &Snapshot, key: &str, model: &str, traced: bool) -> (usize, usize) {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let text = body.to_string();
+    let context = RequestContext {
+        id: "req-1",
+        endpoint: Endpoint::ChatCompletions,
+        body: Some(&body),
+        body_bytes: text.len(),
+        headers: &[],
+        caller: caller(snapshot, key),
+        seed: 7,
+        rotation: 0,
+    };
+    let counting = CountingHealth::default();
+    let decision = if traced {
+        evaluate_traced(snapshot, &context, &counting)
+    } else {
+        evaluate(snapshot, &context, &counting)
+    };
+    assert!(decision.result.is_ok(), "{:?}", decision.trace.refused);
+    let candidates = evaluate_traced(snapshot, &context, &Healthy)
+        .trace
+        .candidates
+        .len();
+    (counting.0.get(), candidates)
+}
+
+#[test]
+fn health_is_asked_once_per_candidate_and_only_by_decisions_that_read_it() {
+    // Noirdoc's decision reads no health, measurements or capacity (its
+    // capacity rules act when the plan runs).
+    let noirdoc = snapshot("noirdoc");
+    let (asked, candidates) = health_asked(&noirdoc, "acme-default", "qwen3.8-27b", false);
+    assert!(candidates > 1);
+    assert_eq!(asked, 0);
+    // Its trace shows each candidate's health.
+    let (asked, _) = health_asked(&noirdoc, "acme-default", "qwen3.8-27b", true);
+    assert_eq!(asked, candidates);
+
+    // AnonRouter's sorts read measurements and penalties, several of them
+    // per candidate: the view is asked once for each candidate all the same.
+    let anonrouter = snapshot("anonrouter");
+    let (asked, candidates) = health_asked(
+        &anonrouter,
+        "lumen-default",
+        "deepseek/deepseek-v3.2",
+        false,
+    );
+    assert!(candidates > 1);
+    assert_eq!(asked, candidates);
 }
 
 fn providers(snapshot: &Snapshot, decision: &Decision) -> Vec<String> {

@@ -84,6 +84,36 @@ pub trait HealthView {
     fn health(&self, candidate: &Candidate) -> CandidateHealth;
 }
 
+/// The candidates' health, asked of the view the first time a term reads
+/// it, for every candidate at once (so all reads see one moment). A policy
+/// whose decision never reads health, measurements or capacity costs the
+/// proxy's state no lookups and no locks.
+pub struct AskedHealth<'a> {
+    view: &'a dyn HealthView,
+    candidates: &'a [Candidate],
+    health: std::cell::OnceCell<Vec<CandidateHealth>>,
+}
+
+impl<'a> AskedHealth<'a> {
+    pub fn new(view: &'a dyn HealthView, candidates: &'a [Candidate]) -> AskedHealth<'a> {
+        AskedHealth {
+            view,
+            candidates,
+            health: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Each candidate's health, in the candidates' order.
+    pub fn all(&self) -> &[CandidateHealth] {
+        self.health.get_or_init(|| {
+            self.candidates
+                .iter()
+                .map(|candidate| self.view.health(candidate))
+                .collect()
+        })
+    }
+}
+
 /// Every candidate healthy, free and unmeasured.
 pub struct Healthy;
 

@@ -2,7 +2,7 @@
 //! a candidate, a set of candidates and, during execution, an attempt's
 //! outcome. Pure: everything it reads is in its inputs.
 
-use super::health::CandidateHealth;
+use super::health::{AskedHealth, CandidateHealth};
 use super::{Candidate, RequestState};
 use crate::compile::{
     Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
@@ -103,7 +103,7 @@ pub struct Machine<'a> {
     pub snapshot: &'a Snapshot,
     pub request: &'a RequestState,
     pub candidates: &'a [Candidate],
-    pub health: &'a [CandidateHealth],
+    pub health: Health<'a>,
     /// The candidate set aggregates range over.
     pub set: Vec<usize>,
     pub outcome: Option<&'a OutcomeFacts>,
@@ -134,6 +134,24 @@ pub struct Machine<'a> {
     depth: usize,
 }
 
+/// The candidates' health: given (execution, `explain`, tests), or asked of
+/// the health view when first read.
+#[derive(Clone, Copy)]
+pub enum Health<'a> {
+    Given(&'a [CandidateHealth]),
+    Asked(&'a AskedHealth<'a>),
+}
+
+impl<'a> Health<'a> {
+    /// A candidate's health, `None` for an index past the candidates.
+    pub fn of(self, candidate: usize) -> Option<&'a CandidateHealth> {
+        match self {
+            Health::Given(all) => all.get(candidate),
+            Health::Asked(asked) => asked.all().get(candidate),
+        }
+    }
+}
+
 const USUAL_GROUPS: usize = 8;
 
 /// Deepest nesting of definitions; a checked program
@@ -156,7 +174,7 @@ impl<'a> Machine<'a> {
             snapshot,
             request,
             candidates,
-            health,
+            health: Health::Given(health),
             set: (0..candidates.len()).collect(),
             outcome: None,
             progress: Progress::default(),
@@ -920,7 +938,7 @@ impl<'a> Machine<'a> {
         let route = || model().and_then(|m| candidate.route.and_then(|r| m.routes.get(r)));
         let provider = || catalog.providers.get(candidate.provider);
         let credential = || provider().and_then(|p| p.credentials.get(candidate.credential));
-        let health = || self.health.get(index);
+        let health = || self.health.of(index);
         let from = |values: &'a Vec<Value>, at: Option<usize>| -> Cow<'a, Value> {
             borrowed(at.and_then(|i| values.get(i)))
         };

@@ -27,7 +27,7 @@ use crate::data::{ModelKind, WireFormat};
 use crate::language::ir::StepKind;
 use crate::source::Span;
 use crate::value::Value;
-use health::{CandidateHealth, HealthView};
+use health::{AskedHealth, CandidateHealth, HealthView};
 use machine::{Focus, Machine, Operand};
 use serde_json::Value as Json;
 use std::sync::Arc;
@@ -530,11 +530,11 @@ fn decide(
             ));
         }
     };
-    let health: Vec<CandidateHealth> = candidates.iter().map(|c| health_view.health(c)).collect();
+    let health = AskedHealth::new(health_view, &candidates);
     if tracing {
         trace.candidates = candidates
             .iter()
-            .zip(&health)
+            .zip(health.all())
             .map(|(candidate, health)| CandidateTrace {
                 candidate: candidate.clone(),
                 label: label(snapshot, candidate),
@@ -546,7 +546,8 @@ fn decide(
             .collect();
     }
 
-    let mut machine = Machine::new(snapshot, &request, &candidates, &health);
+    let mut machine = Machine::new(snapshot, &request, &candidates, &[]);
+    machine.health = machine::Health::Asked(&health);
     // Untraced, the steps and sort keys run as compiled; traced, as written
     // (the property tests and the fuzz target compare the two).
     let compiled = (!tracing).then_some(&snapshot.compiled);
@@ -713,6 +714,7 @@ fn decide(
         }
     }
     drop(machine);
+    drop(health);
     // The candidates move into the plan in attempt order, in place: the
     // unplanned dropped, then each moved to its position.
     let mut rank = kept;

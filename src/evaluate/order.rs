@@ -422,7 +422,7 @@ pub fn balance(
                 .map(|candidate| {
                     (
                         *candidate,
-                        machine.health.get(*candidate).map_or(0, |h| h.in_flight),
+                        machine.health.of(*candidate).map_or(0, |h| h.in_flight),
                     )
                 })
                 .collect();
