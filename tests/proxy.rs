@@ -1908,6 +1908,25 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
     assert_eq!(reply.status, 413, "{}", reply.text);
     assert_eq!(openai_error(&reply).0, "request_too_large");
 
+    // Sent in chunks, without a length: refused once it passes the limit.
+    let text = body.to_string();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = text
+        .as_bytes()
+        .chunks(256)
+        .map(|chunk| Ok(chunk.to_vec()))
+        .collect();
+    let reply = Reply::of(
+        gateway
+            .api
+            .post("/v1/chat/completions", &Json::Null)
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(reply.status, 413, "{}", reply.text);
+
     let small = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(small.status, 200, "{}", small.text);
     assert_eq!(
@@ -1915,6 +1934,46 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
         1,
         "the large body never went upstream"
     );
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -> TestResult {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .max_body_bytes(1024)
+    .start("providers:\n  a: {}\n")
+    .await;
+
+    // A client that asks before it sends, as curl does for large bodies,
+    // is answered at once, not told to go ahead.
+    let address = gateway.api.url.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\n\
+         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
+         Content-Length: 4096\r\nExpect: 100-continue\r\n\r\n"
+    );
+    socket.write_all(head.as_bytes()).await?;
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut answer)).await??;
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("request_too_large"), "{answer}");
+
+    // Counted (and logged) as a refusal, like every other request.
+    wait_for_metric(
+        &gateway.api,
+        r#"switchyard_requests_total{provider="",model="",outcome="refused",status="413"}"#,
+        1,
+    )
+    .await;
+    assert!(gateway.sim.requests().is_empty());
     gateway.stop().await;
     Ok(())
 }

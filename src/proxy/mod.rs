@@ -544,28 +544,59 @@ async fn complete(
         }
     };
     let (parts, incoming) = request.into_parts();
-    let bytes: Bytes = match Limited::new(incoming, proxy.limits.max_body_bytes)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) => {
-            let too_large = error
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            let (status, code, message) = if too_large {
-                (
+    let limit = proxy.limits.max_body_bytes;
+    // A body whose declared length is over the limit is refused before any
+    // of it is read, and so before a client that sent `Expect:
+    // 100-continue` is told to send it.
+    let declared = hyper::body::Body::size_hint(&incoming).lower();
+    let read = if declared > u64::try_from(limit).unwrap_or(u64::MAX) {
+        Err(BodyProblem::TooLarge)
+    } else {
+        Limited::new(incoming, limit)
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes())
+            .map_err(|error| {
+                if error
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    BodyProblem::TooLarge
+                } else {
+                    BodyProblem::Unreadable
+                }
+            })
+    };
+    let bytes: Bytes = match read {
+        Ok(bytes) => bytes,
+        Err(problem) => {
+            let (status, code, message) = match problem {
+                BodyProblem::TooLarge => (
                     413,
                     "request_too_large",
                     "the request body is larger than this gateway accepts",
-                )
-            } else {
-                (
+                ),
+                BodyProblem::Unreadable => (
                     400,
                     "invalid_request_body",
                     "the request body could not be read",
-                )
+                ),
             };
+            let tenant = snapshot
+                .data
+                .tenants
+                .tenants
+                .get(caller.tenant)
+                .map_or("", |t| t.id.as_str());
+            log_refusal(
+                &proxy,
+                &request_id,
+                endpoint,
+                Some((tenant, "")),
+                status,
+                code,
+            );
+            proxy.metrics.request("", "", "refused", status);
             return Handled::Answered(respond::builtin_error(
                 wire,
                 &request_id,
@@ -602,6 +633,13 @@ async fn complete(
         request_id,
         version,
     })
+}
+
+/// Why a request's body was not read.
+enum BodyProblem {
+    TooLarge,
+    /// The connection failed or the framing was wrong.
+    Unreadable,
 }
 
 /// A request read in full, before its decision.
