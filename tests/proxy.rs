@@ -291,13 +291,23 @@ async fn simple_gateway() -> Gateway {
 
 /// The same, with the simulated provider as `scenario` says.
 async fn simple_gateway_with(scenario: &str) -> Gateway {
+    simple_setup().start(scenario).await
+}
+
+/// The simple gateway, taking bodies of at most 1 KiB.
+async fn gateway_taking_1_kib() -> Gateway {
+    simple_setup()
+        .max_body_bytes(1024)
+        .start("providers:\n  a: {}\n")
+        .await
+}
+
+fn simple_setup() -> Setup {
     Setup::new(
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start(scenario)
-    .await
 }
 
 fn chat_body(stream: bool) -> Json {
@@ -1892,14 +1902,7 @@ async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .max_body_bytes(1024)
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = gateway_taking_1_kib().await;
     let sim = &gateway.sim;
 
     let mut body = chat_body(false);
@@ -1941,14 +1944,7 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -> TestResult {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let gateway = Setup::new(
-        SIMPLE,
-        SIMPLE_ERRORS,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .max_body_bytes(1024)
-    .start("providers:\n  a: {}\n")
-    .await;
+    let gateway = gateway_taking_1_kib().await;
 
     // A client that asks before it sends, as curl does for large bodies,
     // is answered at once, not told to go ahead.
