@@ -74,6 +74,28 @@ pub fn status(message: fmt::Arguments<'_>) {
     }
 }
 
+/// Below this many open files a warning says how few requests fit.
+const FEW_OPEN_FILES: u64 = 4096;
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime
+/// does for its servers. Each request in flight holds two sockets (the
+/// client's and the provider's), and the soft limit shells and systemd
+/// give by default, 1,024, would cap the proxy near 500 at once: past it
+/// connections wait unaccepted and upstream connects fail.
+pub fn raise_open_file_limit() {
+    #[cfg(unix)]
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < FEW_OPEN_FILES => tracing::warn!(
+            limit,
+            "the open-file limit allows about {} requests in flight; raise the hard limit \
+             (`ulimit -Hn`, systemd's LimitNOFILE) for more",
+            limit / 2
+        ),
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(error) => tracing::warn!(%error, "could not raise the open-file limit"),
+    }
+}
+
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,7 +1,7 @@
 //! `switchyard demo`: the proxy with a shipped policy in front of simulated
 //! providers, one of them flaky, in one process. No provider keys needed.
 
-use super::daemon::{LogFormat, init_logging, runtime, status};
+use super::daemon::{LogFormat, init_logging, raise_open_file_limit, runtime, status};
 use super::exit;
 use super::serve::{Service, load};
 use crate::compile::AllSecrets;
@@ -122,6 +122,7 @@ fn prepare(dir: &Path, tour: &Tour) -> std::io::Result<bool> {
 
 pub fn run(args: &DemoArgs) -> ExitCode {
     let logs = init_logging(args.log_format);
+    raise_open_file_limit();
     let tour = match Tour::shipped() {
         Ok(tour) => tour,
         Err(message) => return fail(message),

@@ -2,7 +2,9 @@
 //! to its files.
 
 use super::common::print_report;
-use super::daemon::{LogFormat, duration_arg, init_logging, runtime, status, stop_signal};
+use super::daemon::{
+    LogFormat, duration_arg, init_logging, raise_open_file_limit, runtime, status, stop_signal,
+};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::language::check_file;
@@ -169,6 +171,7 @@ fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
 
 pub fn run(args: &ServeArgs) -> ExitCode {
     let logs = init_logging(args.log_format);
+    raise_open_file_limit();
     let secrets = crate::reload::environment();
     let (snapshot, sources) = match load(&args.policy, secrets.as_ref()) {
         Ok(loaded) => loaded,

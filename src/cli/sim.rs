@@ -31,6 +31,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
         Err(message) => return usage_error(&message),
     };
     init_logging();
+    super::daemon::raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
