@@ -1942,6 +1942,32 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> TestResult {
+    use tokio::io::AsyncWriteExt;
+    let gateway = simple_gateway().await;
+    let address = gateway.api.url.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\n\
+         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
+         Content-Length: 500\r\n\r\n{{\"model\": \"m\""
+    );
+    socket.write_all(head.as_bytes()).await?;
+    socket.shutdown().await?;
+    drop(socket);
+
+    wait_for_metric(
+        &gateway.api,
+        r#"switchyard_requests_total{provider="",model="",outcome="cancelled",status="499"}"#,
+        1,
+    )
+    .await;
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -> TestResult {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gateway = gateway_taking_1_kib().await;

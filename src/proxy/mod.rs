@@ -562,6 +562,8 @@ async fn complete(
                     .is_some()
                 {
                     BodyProblem::TooLarge
+                } else if client_left(&*error) {
+                    BodyProblem::ClientGone
                 } else {
                     BodyProblem::Unreadable
                 }
@@ -581,6 +583,17 @@ async fn complete(
                     "invalid_request_body",
                     "the request body could not be read",
                 ),
+                // Nobody reads this answer; the status is nginx's "client
+                // closed request", as for a client that leaves later.
+                BodyProblem::ClientGone => (
+                    499,
+                    "client_closed_request",
+                    "the client closed the connection before the body ended",
+                ),
+            };
+            let outcome = match problem {
+                BodyProblem::ClientGone => "cancelled",
+                BodyProblem::TooLarge | BodyProblem::Unreadable => "refused",
             };
             let tenant = snapshot
                 .data
@@ -596,7 +609,7 @@ async fn complete(
                 status,
                 code,
             );
-            proxy.metrics.request("", "", "refused", status);
+            proxy.metrics.request("", "", outcome, status);
             return Handled::Answered(respond::builtin_error(
                 wire,
                 &request_id,
@@ -635,10 +648,34 @@ async fn complete(
     })
 }
 
+/// Whether reading failed because the client's connection ended (closed or
+/// reset) before the body did.
+fn client_left(error: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if error.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+            )
+        }) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 /// Why a request's body was not read.
+#[derive(Clone, Copy)]
 enum BodyProblem {
     TooLarge,
-    /// The connection failed or the framing was wrong.
+    /// The connection closed before the body's end.
+    ClientGone,
+    /// Anything else: the body's framing was wrong, or reading it failed.
     Unreadable,
 }
 
