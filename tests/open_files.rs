@@ -10,22 +10,13 @@
     clippy::indexing_slicing
 )]
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use common::{Spawned, closed_port, wait_until_listening};
+use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 const POLICY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/policies/noirdoc.policy");
-
-/// The process, killed when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The soft and hard limits on open files of process `pid`.
 fn open_file_limits(pid: u32) -> (String, String) {
@@ -43,14 +34,9 @@ fn open_file_limits(pid: u32) -> (String, String) {
 
 #[test]
 fn serve_raises_its_open_file_limit_to_the_hard_limit() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", closed_port());
     // Started under a soft limit of 256, as a shell with `ulimit -Sn 256`.
-    let running = Running(
+    let running = Spawned(
         Command::new("sh")
             .args(["-c", "ulimit -Sn 256 && exec \"$0\" \"$@\"", BIN])
             .args([
@@ -66,14 +52,7 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
             .spawn()
             .unwrap(),
     );
-    let started = Instant::now();
-    while TcpStream::connect(&listen).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_listening(&listen);
     let (soft, hard) = open_file_limits(running.0.id());
     assert_ne!(soft, "256", "the soft limit was not raised");
     assert_eq!(soft, hard);

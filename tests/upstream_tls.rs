@@ -24,10 +24,10 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_rustls::TlsAcceptor;
@@ -158,16 +158,6 @@ async fn answer_when_gathered(in_flight: &AtomicUsize, gathered: &Notify) -> Res
         .unwrap()
 }
 
-/// `switchyard serve`, killed when dropped.
-struct Served(Child);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn write_policy(dir: &Path, provider_port: u16) -> PathBuf {
     let policy = dir.join("tls.policy");
     std::fs::write(
@@ -216,7 +206,7 @@ async fn requests_to_one_provider_never_queue_behind_its_stream_limit() {
     let dir = common::unique_dir("tls");
     let policy = write_policy(&dir, provider.port);
     let listen = format!("127.0.0.1:{}", common::closed_port());
-    let served = Served(
+    let served = common::Spawned(
         Command::new(BIN)
             .args(["serve", "--no-watch", "--policy"])
             .arg(&policy)
@@ -235,14 +225,7 @@ async fn requests_to_one_provider_never_queue_behind_its_stream_limit() {
         .build()
         .unwrap();
     let base = format!("http://{listen}");
-    let started = Instant::now();
-    while client.get(format!("{base}/healthz")).send().await.is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait_until_listening(&listen);
 
     let requests: Vec<_> = (0..CONCURRENT)
         .map(|_| {

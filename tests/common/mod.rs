@@ -666,6 +666,29 @@ pub fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
+/// A process the test started (the `switchyard` binary), killed when
+/// dropped.
+pub struct Spawned(pub std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (up to 20 s) until something accepts connections at `address`.
+pub fn wait_until_listening(address: &str) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(address).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "nothing listens at {address}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 // ---------------------------------------------------------------------
 // The stack's copy of a shipped policy's data (never the shipped files)
 
