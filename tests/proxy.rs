@@ -1945,23 +1945,12 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
 async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> TestResult {
     use tokio::io::AsyncWriteExt;
     let gateway = simple_gateway().await;
-    let address = gateway.api.url.trim_start_matches("http://");
-    let mut socket = tokio::net::TcpStream::connect(address).await?;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\n\
-         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
-         Content-Length: 500\r\n\r\n{{\"model\": \"m\""
-    );
-    socket.write_all(head.as_bytes()).await?;
+    let mut socket =
+        send_raw_chat(&gateway.api, "Content-Length: 500\r\n\r\n{\"model\": \"m\"").await?;
     socket.shutdown().await?;
     drop(socket);
 
-    wait_for_metric(
-        &gateway.api,
-        r#"switchyard_requests_total{provider="",model="",outcome="cancelled",status="499"}"#,
-        1,
-    )
-    .await;
+    wait_for_unrouted_request(&gateway.api, "cancelled", 499).await;
     assert!(gateway.sim.requests().is_empty());
     gateway.stop().await;
     Ok(())
@@ -1969,19 +1958,16 @@ async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -> TestResult {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let gateway = gateway_taking_1_kib().await;
 
     // A client that asks before it sends, as curl does for large bodies,
     // is answered at once, not told to go ahead.
-    let address = gateway.api.url.trim_start_matches("http://");
-    let mut socket = tokio::net::TcpStream::connect(address).await?;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\n\
-         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
-         Content-Length: 4096\r\nExpect: 100-continue\r\n\r\n"
-    );
-    socket.write_all(head.as_bytes()).await?;
+    let mut socket = send_raw_chat(
+        &gateway.api,
+        "Content-Length: 4096\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await?;
     let mut answer = vec![0; 4096];
     let read = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut answer)).await??;
     let answer = String::from_utf8_lossy(&answer[..read]);
@@ -1989,15 +1975,34 @@ async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -
     assert!(answer.contains("request_too_large"), "{answer}");
 
     // Counted (and logged) as a refusal, like every other request.
-    wait_for_metric(
-        &gateway.api,
-        r#"switchyard_requests_total{provider="",model="",outcome="refused",status="413"}"#,
-        1,
-    )
-    .await;
+    wait_for_unrouted_request(&gateway.api, "refused", 413).await;
     assert!(gateway.sim.requests().is_empty());
     gateway.stop().await;
     Ok(())
+}
+
+/// Opens a connection to the gateway and sends the head of a chat request
+/// with the test key, ending with `rest`: more header lines, the blank
+/// line, any of the body.
+async fn send_raw_chat(api: &Api, rest: &str) -> std::io::Result<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let address = api.url.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\n\
+         Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n{rest}"
+    );
+    socket.write_all(head.as_bytes()).await?;
+    Ok(socket)
+}
+
+/// Waits until `switchyard_requests_total` counts a request that reached
+/// no provider and named no model, with this outcome and status.
+async fn wait_for_unrouted_request(api: &Api, outcome: &str, status: u16) {
+    let series = format!(
+        r#"switchyard_requests_total{{provider="",model="",outcome="{outcome}",status="{status}"}}"#
+    );
+    wait_for_metric(api, &series, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
