@@ -538,8 +538,14 @@ async fn complete(
     let caller = match authenticate(&snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
-            log_refusal(&proxy, &request_id, endpoint, None, 401, "unauthorized");
-            proxy.metrics.request("", "", "unauthorized", 401);
+            record_refusal(
+                &proxy,
+                &request_id,
+                endpoint,
+                None,
+                (401, "unauthorized"),
+                "unauthorized",
+            );
             return Handled::Answered(unauthorized(wire, &request_id, why));
         }
     };
@@ -572,16 +578,18 @@ async fn complete(
     let bytes: Bytes = match read {
         Ok(bytes) => bytes,
         Err(problem) => {
-            let (status, code, message) = match problem {
+            let (status, code, message, outcome) = match problem {
                 BodyProblem::TooLarge => (
                     413,
                     "request_too_large",
                     "the request body is larger than this gateway accepts",
+                    "refused",
                 ),
                 BodyProblem::Unreadable => (
                     400,
                     "invalid_request_body",
                     "the request body could not be read",
+                    "refused",
                 ),
                 // Nobody reads this answer; the status is nginx's "client
                 // closed request", as for a client that leaves later.
@@ -589,27 +597,17 @@ async fn complete(
                     499,
                     "client_closed_request",
                     "the client closed the connection before the body ended",
+                    "cancelled",
                 ),
             };
-            let outcome = match problem {
-                BodyProblem::ClientGone => "cancelled",
-                BodyProblem::TooLarge | BodyProblem::Unreadable => "refused",
-            };
-            let tenant = snapshot
-                .data
-                .tenants
-                .tenants
-                .get(caller.tenant)
-                .map_or("", |t| t.id.as_str());
-            log_refusal(
+            record_refusal(
                 &proxy,
                 &request_id,
                 endpoint,
-                Some((tenant, "")),
-                status,
-                code,
+                Some((tenant_id(&snapshot, caller), "")),
+                (status, code),
+                outcome,
             );
-            proxy.metrics.request("", "", outcome, status);
             return Handled::Answered(respond::builtin_error(
                 wire,
                 &request_id,
@@ -669,8 +667,17 @@ fn client_left(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// The id of the caller's tenant; empty for none.
+fn tenant_id(snapshot: &Snapshot, caller: Caller) -> &str {
+    snapshot
+        .data
+        .tenants
+        .tenants
+        .get(caller.tenant)
+        .map_or("", |t| t.id.as_str())
+}
+
 /// Why a request's body was not read.
-#[derive(Clone, Copy)]
 enum BodyProblem {
     TooLarge,
     /// The connection closed before the body's end.
@@ -740,12 +747,7 @@ fn prepare(
     };
     let decision = evaluate(snapshot, &context, &view);
     proxy.metrics.decision(deciding.elapsed().as_secs_f64());
-    let tenant = snapshot
-        .data
-        .tenants
-        .tenants
-        .get(caller.tenant)
-        .map_or_else(String::new, |t| t.id.clone());
+    let tenant = tenant_id(snapshot, caller).to_string();
     let requested_model = body
         .as_ref()
         .and_then(|b| b.get("model"))
@@ -755,17 +757,14 @@ fn prepare(
     let plan = match decision.result {
         Ok(plan) => plan,
         Err(refusal) => {
-            log_refusal(
+            record_refusal(
                 proxy,
                 request_id,
                 endpoint,
                 Some((&tenant, &requested_model)),
-                refusal.error.status,
-                &refusal.error.code,
+                (refusal.error.status, &refusal.error.code),
+                "refused",
             );
-            proxy
-                .metrics
-                .request("", &requested_model, "refused", refusal.error.status);
             return Err(Box::new(respond::error(
                 wire,
                 request_id,
@@ -815,15 +814,18 @@ fn prepare(
     ))
 }
 
-fn log_refusal(
+/// A request that ended before any exchange: its log line and its count in
+/// `switchyard_requests_total` (under `outcome`, with its model if known).
+fn record_refusal(
     proxy: &Proxy,
     request_id: &str,
     endpoint: Endpoint,
     who: Option<(&str, &str)>,
-    status: u16,
-    code: &str,
+    (status, code): (u16, &str),
+    outcome: &str,
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
+    proxy.metrics.request("", model, outcome, status);
     proxy.access_log.write(RequestLine {
         at: SystemTime::now(),
         request_id: request_id.to_string(),
