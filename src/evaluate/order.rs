@@ -113,7 +113,18 @@ pub fn sort_by_keys<K: SortKey>(machine: &mut Machine<'_>, candidates: &mut [usi
     if keys.is_empty() || candidates.len() < 2 {
         return;
     }
-    // Every key of every candidate, evaluated once.
+    // Filled in place: the rows are too large to move around cheaply.
+    let mut packed = Packed::new(keys.len());
+    if Packed::fits(candidates.len(), keys.len())
+        && packed
+            .fill(machine, candidates.iter().copied(), keys)
+            .is_some()
+    {
+        packed.insertion_sort(candidates);
+        return;
+    }
+    // Keys that do not pack: every key of every candidate, evaluated once
+    // (again, for those packed before one did not).
     let width = keys.len();
     let mut values = Vec::with_capacity(candidates.len() * width);
     for candidate in candidates.iter() {
@@ -168,6 +179,151 @@ fn insertion_sort<K: KeyOrder>(
     }
 }
 
+/// Room for this many key values (candidates × keys) in [`Packed`] rows,
+/// and for this many keys.
+const PACKED_MAX: usize = 32;
+const PACKED_KEYS_MAX: usize = 8;
+
+/// Candidates' key values packed into integers that order as the keys
+/// order them, direction and the place of absent values included. A row
+/// then compares as a plain array: nothing to allocate, match or drop,
+/// which is what a sort of a handful of candidates spends most on. Only
+/// keys whose present values are all of one totally ordered kind pack:
+/// values of different kinds tie, NaN ties with everything and text
+/// compares as text, so such keys sort as [`SortValue`]s.
+struct Packed {
+    entries: [u128; PACKED_MAX],
+    /// The kind of each key's present values, once one is seen.
+    kinds: [Option<PackedKind>; PACKED_KEYS_MAX],
+    width: usize,
+    len: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PackedKind {
+    Bool,
+    Number,
+    Duration,
+    Date,
+    Rank,
+}
+
+impl Packed {
+    fn new(width: usize) -> Packed {
+        Packed {
+            entries: [0; PACKED_MAX],
+            kinds: [None; PACKED_KEYS_MAX],
+            width,
+            len: 0,
+        }
+    }
+
+    /// Whether rows of this many candidates and keys fit.
+    fn fits(candidates: usize, keys: usize) -> bool {
+        keys <= PACKED_KEYS_MAX && candidates.saturating_mul(keys) <= PACKED_MAX
+    }
+
+    /// Every key of every candidate, evaluated once and packed; `None` as
+    /// soon as a value does not pack or the rows do not fit.
+    fn fill<K: SortKey>(
+        &mut self,
+        machine: &mut Machine<'_>,
+        candidates: impl Iterator<Item = usize>,
+        keys: &[K],
+    ) -> Option<()> {
+        for candidate in candidates {
+            let focus = Focus::on(candidate);
+            for key in keys {
+                self.push(&key.value(machine, &focus), key)?;
+            }
+        }
+        Some(())
+    }
+
+    /// Adds the next value: rows are filled key by key, `width` to a row.
+    fn push(&mut self, value: &Value, key: &impl KeyOrder) -> Option<()> {
+        let column = self.len.checked_rem(self.width)?;
+        let entry = match value {
+            Value::Null if key.nulls_first() => 0,
+            Value::Null => 2 << 64,
+            present => {
+                let (kind, word) = packed_word(present)?;
+                let seen = self.kinds.get_mut(column)?;
+                if seen.is_some_and(|seen| seen != kind) {
+                    return None;
+                }
+                *seen = Some(kind);
+                let word = if key.descending() { !word } else { word };
+                (1 << 64) | u128::from(word)
+            }
+        };
+        *self.entries.get_mut(self.len)? = entry;
+        self.len += 1;
+        Some(())
+    }
+
+    fn row(&self, row: usize) -> &[u128] {
+        self.entries
+            .get(row * self.width..(row + 1) * self.width)
+            .unwrap_or(&[])
+    }
+
+    /// The first of the rows that sort first.
+    fn first(&self) -> Option<usize> {
+        let rows = self.len.checked_div(self.width)?;
+        let mut best = 0;
+        for row in 1..rows {
+            if self.row(row) < self.row(best) {
+                best = row;
+            }
+        }
+        (rows > 0).then_some(best)
+    }
+
+    /// A stable insertion sort of the candidates (row `i` the keys of
+    /// candidate `i`), rows moving with them.
+    fn insertion_sort(&mut self, candidates: &mut [usize]) {
+        let width = self.width;
+        for next in 1..candidates.len() {
+            let mut at = next;
+            while at > 0 {
+                let (before, from) = self.entries.split_at_mut(at * width);
+                let (Some(earlier), Some(row)) =
+                    (before.get_mut((at - 1) * width..), from.get_mut(..width))
+                else {
+                    break;
+                };
+                if *row >= *earlier {
+                    break;
+                }
+                earlier.swap_with_slice(row);
+                candidates.swap(at - 1, at);
+                at -= 1;
+            }
+        }
+    }
+}
+
+/// A present value as an integer whose order is [`Value::compare`]'s among
+/// values of its kind; `None` for values that do not order totally.
+fn packed_word(value: &Value) -> Option<(PackedKind, u64)> {
+    const SIGN: u64 = 1 << 63;
+    Some(match *value {
+        Value::Bool(b) => (PackedKind::Bool, u64::from(b)),
+        Value::Number(n) if !n.is_nan() => {
+            // Zero of either sign is one value; a negative number's bits
+            // order backwards, a positive one's after every negative one.
+            let bits = if n == 0.0 { 0 } else { n.to_bits() };
+            let word = if bits & SIGN == 0 { bits | SIGN } else { !bits };
+            (PackedKind::Number, word)
+        }
+        Value::Duration(ms) => (PackedKind::Duration, ms),
+        Value::Date(days) => (PackedKind::Date, days.cast_unsigned() ^ SIGN),
+        Value::Enum(ref member) => (PackedKind::Rank, u64::from(member.rank)),
+        _ => return None,
+    })
+}
+
 /// The candidate a stable sort by the keys would put first (the earliest of
 /// those that tie), without sorting: each candidate's keys evaluated once,
 /// then one pass.
@@ -178,6 +334,12 @@ pub fn first_by_keys<K: SortKey>(
 ) -> Option<usize> {
     if keys.is_empty() {
         return candidates.clone().next();
+    }
+    let mut packed = Packed::new(keys.len());
+    if Packed::fits(candidates.clone().count(), keys.len())
+        && packed.fill(machine, candidates.clone(), keys).is_some()
+    {
+        return candidates.clone().nth(packed.first()?);
     }
     let width = keys.len();
     let mut values = Vec::new();
@@ -514,6 +676,7 @@ mod tests {
     use super::*;
     use crate::language::ir::{Term, TermKind};
     use crate::source::Span;
+    use proptest::prelude::*;
 
     fn key(descending: bool, nulls_first: bool) -> SortKeySpec {
         SortKeySpec {
@@ -644,6 +807,105 @@ mod tests {
                     compare_rows(row_a, row_b, &directions),
                     "rows {a} and {b}"
                 );
+            }
+        }
+    }
+
+    /// A value of one of the kinds a key can produce (`kind` 0 to 6), or
+    /// absent; kind 7 is any of them, so a key's values may mix kinds.
+    fn key_value(kind: u8) -> BoxedStrategy<Value> {
+        let present = match kind {
+            0 => any::<bool>().prop_map(Value::Bool).boxed(),
+            1 => prop_oneof![
+                Just(0.0),
+                Just(-0.0),
+                Just(f64::INFINITY),
+                Just(f64::NEG_INFINITY),
+                (-3i8..3).prop_map(f64::from),
+                -3.0..3.0f64,
+            ]
+            .prop_map(Value::Number)
+            .boxed(),
+            2 => Just(Value::Number(f64::NAN)).boxed(),
+            3 => (0u64..4).prop_map(Value::Duration).boxed(),
+            4 => (-2i64..2).prop_map(Value::Date).boxed(),
+            5 => (0u32..3)
+                .prop_map(|rank| {
+                    Value::Enum(crate::value::EnumMember {
+                        rank,
+                        name: std::sync::Arc::from("member"),
+                    })
+                })
+                .boxed(),
+            6 => "[ab]?".prop_map(|text| Value::string(&text)).boxed(),
+            _ => (0u8..7).prop_flat_map(key_value).boxed(),
+        };
+        prop_oneof![1 => Just(Value::Null), 3 => present].boxed()
+    }
+
+    /// Rows of key values, each key's values drawn from one kind, and the
+    /// keys' directions.
+    fn any_rows() -> impl Strategy<Value = (Vec<Vec<Value>>, Vec<Direction>)> {
+        (1usize..=3, 0usize..=12).prop_flat_map(|(width, rows)| {
+            let directions = proptest::collection::vec(
+                (any::<bool>(), any::<bool>()).prop_map(|(descending, nulls_first)| Direction {
+                    descending,
+                    nulls_first,
+                }),
+                width,
+            );
+            let columns = proptest::collection::vec(0u8..=7, width).prop_flat_map(move |kinds| {
+                let row: Vec<BoxedStrategy<Value>> = kinds.into_iter().map(key_value).collect();
+                proptest::collection::vec(row, rows)
+            });
+            (columns, directions)
+        })
+    }
+
+    /// Whether every key's present values are of one kind that orders
+    /// totally: what packing needs.
+    fn orders_totally(rows: &[Vec<Value>], width: usize) -> bool {
+        (0..width).all(|key| {
+            let present: Vec<&Value> = rows
+                .iter()
+                .filter_map(|row| row.get(key))
+                .filter(|v| !v.is_null())
+                .collect();
+            let orderable = present.iter().all(|v| packed_word(v).is_some());
+            let one_kind = present.windows(2).all(|pair| {
+                matches!(pair, [a, b] if std::mem::discriminant(*a) == std::mem::discriminant(*b))
+            });
+            orderable && one_kind
+        })
+    }
+
+    proptest! {
+        /// Packed rows sort exactly as the values they stand for, and pack
+        /// whenever they fit and every key's values order totally.
+        #[test]
+        fn packed_rows_sort_as_their_values((rows, directions) in any_rows()) {
+            let width = directions.len();
+            let mut by_values: Vec<usize> = (0..rows.len()).collect();
+            let mut values: Vec<SortValue<'_>> = rows
+                .iter()
+                .flatten()
+                .map(|v| SortValue::of(Cow::Borrowed(v)))
+                .collect();
+            insertion_sort(&mut by_values, &mut values, width, &directions);
+
+            let mut packed = Packed::new(width);
+            let packs = rows.iter().all(|row| {
+                row.iter()
+                    .zip(&directions)
+                    .all(|(value, direction)| packed.push(value, direction).is_some())
+            });
+            let fits = rows.len() * width <= PACKED_MAX;
+            prop_assert_eq!(packs, fits && orders_totally(&rows, width));
+            if packs {
+                prop_assert_eq!(packed.first(), by_values.first().copied());
+                let mut by_packed: Vec<usize> = (0..rows.len()).collect();
+                packed.insertion_sort(&mut by_packed);
+                prop_assert_eq!(by_packed, by_values);
             }
         }
     }
