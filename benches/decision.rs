@@ -301,7 +301,7 @@ fn benchmarks(c: &mut Criterion) {
             let context = RequestContext {
                 id: "bench",
                 endpoint,
-                body: Some(&body),
+                body: Ok(&body),
                 body_bytes: text.len(),
                 headers: &headers,
                 caller: caller(&snapshot, key),

@@ -35,8 +35,8 @@ use switchyard::diagnostics::Diagnostics;
 use switchyard::diagnostics::render::{self, Style};
 use switchyard::evaluate::health::{HealthEntry, HealthTable, HealthView, Healthy, Stats};
 use switchyard::evaluate::{
-    Caller, Candidate, Decision, Endpoint, Refusal, RequestContext, body_as_read, evaluate,
-    evaluate_traced,
+    Caller, Candidate, Decision, Endpoint, NOT_AN_OBJECT, Refusal, RequestContext, body_as_read,
+    evaluate, evaluate_traced,
 };
 use switchyard::language::check::Checker;
 use switchyard::language::ir::{InputSourceKind, InputType};
@@ -882,7 +882,7 @@ fn decide_with(
     let context = RequestContext {
         id: "req-1",
         endpoint: request.endpoint(world),
-        body: Some(body),
+        body: Ok(body),
         body_bytes: text.len(),
         headers: &[],
         caller: caller(snapshot, request.who(world)),
@@ -2249,7 +2249,7 @@ proptest! {
                         let context = RequestContext {
                             id: "req-1",
                             endpoint,
-                            body: body.as_ref(),
+                            body: body.as_ref().ok_or(NOT_AN_OBJECT),
                             body_bytes: text.len(),
                             headers: &headers,
                             caller,
@@ -2266,7 +2266,7 @@ proptest! {
                         );
                         // The proxy gives the evaluator only the members it
                         // reads; nothing else may change a decision.
-                        let read = lean.as_ref();
+                        let read = lean.as_ref().ok_or(NOT_AN_OBJECT);
                         let lean_decision =
                             evaluate(snapshot, &RequestContext { body: read, ..context }, health);
                         prop_assert_eq!(

@@ -2037,13 +2037,43 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
         ("bad_body", "send a JSON object")
     );
 
+    // The built-in error says where the JSON breaks.
     let reply = Reply::of(not_json(&built_in.api)).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
-    assert_eq!(openai_error(&reply).0, "invalid_request_body");
+    let (code, _, message) = openai_error(&reply);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (
+            "invalid_request_body",
+            "the request body is not valid JSON: EOF while parsing a value at line 1 column 15"
+        )
+    );
 
     // A JSON array is not a request body either.
     let reply = Reply::of(built_in.api.chat_request(&json!(["m"]))).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(
+        openai_error(&reply).2,
+        "the request body is not a JSON object"
+    );
+
+    // Nor is an object whose `stream` no JSON tree holds.
+    let reply = Reply::of(
+        built_in
+            .api
+            .client
+            .post(format!("{}/v1/chat/completions", built_in.api.url))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(r#"{"model": "m", "stream": 1e400}"#),
+    )
+    .await;
+    assert_eq!(reply.status, 400, "{}", reply.text);
+    assert_eq!(
+        openai_error(&reply).2,
+        "the request body's `stream` is out of range or not valid text: \
+         number out of range at line 1 column 5 of its value"
+    );
 
     assert!(with_rule.sim.requests().is_empty());
     assert!(built_in.sim.requests().is_empty());

@@ -49,7 +49,7 @@ fn decide(
     let context = RequestContext {
         id: "req-1",
         endpoint,
-        body: Some(&body),
+        body: Ok(&body),
         body_bytes: text.len(),
         headers,
         caller: caller(snapshot, key),
@@ -79,7 +79,7 @@ fn health_asked(snapshot: &Snapshot, key: &str, model: &str, traced: bool) -> (u
     let context = RequestContext {
         id: "req-1",
         endpoint: Endpoint::ChatCompletions,
-        body: Some(&body),
+        body: Ok(&body),
         body_bytes: text.len(),
         headers: &[],
         caller: caller(snapshot, key),

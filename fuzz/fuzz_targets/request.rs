@@ -41,7 +41,7 @@ use switchyard::compile::{AllSecrets, Snapshot, compile_file};
 use switchyard::evaluate::health::Healthy;
 use switchyard::evaluate::{
     AttemptOutcome, Caller, Endpoint, OutcomeClass, OutcomeFacts, Plan, Progress, Refusal,
-    RequestContext, body_as_read, evaluate, evaluate_traced,
+    NOT_AN_OBJECT, RequestContext, body_as_read, evaluate, evaluate_traced,
 };
 use switchyard::language::ir::InputSourceKind;
 
@@ -237,7 +237,7 @@ fuzz_target!(|bytes: &[u8]| {
     let context = RequestContext {
         id: "fuzz",
         endpoint,
-        body: body.as_ref(),
+        body: body.as_ref().ok_or(NOT_AN_OBJECT),
         body_bytes: body_bytes.len(),
         headers: &headers,
         caller,
@@ -257,7 +257,7 @@ fuzz_target!(|bytes: &[u8]| {
     let lean = evaluate(
         snapshot,
         &RequestContext {
-            body: read.as_ref(),
+            body: read.as_ref().ok_or(NOT_AN_OBJECT),
             ..context
         },
         &Healthy,

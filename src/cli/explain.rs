@@ -122,7 +122,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     let context = RequestContext {
         id: "explain",
         endpoint,
-        body: Some(&spec.body),
+        body: Ok(&spec.body),
         body_bytes,
         headers: &headers,
         caller,

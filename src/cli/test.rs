@@ -277,7 +277,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
     let context = RequestContext {
         id: "test",
         endpoint,
-        body: Some(&body),
+        body: Ok(&body),
         body_bytes,
         headers: &headers,
         caller,

@@ -110,8 +110,9 @@ pub struct Caller {
 pub struct RequestContext<'a> {
     pub id: &'a str,
     pub endpoint: Endpoint,
-    /// The parsed body; `None` when it is not JSON.
-    pub body: Option<&'a Json>,
+    /// The parsed body, or why there is none (the built-in error's message
+    /// for a body that is not a JSON object).
+    pub body: Result<&'a Json, &'a str>,
     pub body_bytes: usize,
     /// Request headers, names in lowercase.
     pub headers: &'a [(String, String)],
@@ -121,6 +122,9 @@ pub struct RequestContext<'a> {
     /// Drives round-robin balancing; the proxy counts requests per model.
     pub rotation: u64,
 }
+
+/// Why a body that is JSON, but not an object, is refused.
+pub const NOT_AN_OBJECT: &str = "the request body is not a JSON object";
 
 /// The capabilities `request.parameters` can list, by the name routes list
 /// in `capabilities`, in the order it lists them.
@@ -411,15 +415,12 @@ fn decide(
     tracing: bool,
 ) -> Result<Plan, Refusal> {
     let program = &snapshot.program;
-    let Some(body) = context.body.and_then(Json::as_object) else {
-        trace.refused = Some(String::from("the body is not a JSON object"));
+    let Some(body) = context.body.ok().and_then(Json::as_object) else {
+        let problem = context.body.err().unwrap_or(NOT_AN_OBJECT);
+        trace.refused = Some(problem.to_string());
         return Err(match program.malformed_body {
             Some(error) => execution::refusal(snapshot, error, context),
-            None => execution::builtin_refusal(
-                400,
-                "invalid_request_body",
-                "the request body is not a JSON object",
-            ),
+            None => execution::builtin_refusal(400, "invalid_request_body", problem),
         });
     };
     let model: Arc<str> = Arc::from(body.get("model").and_then(Json::as_str).unwrap_or(""));

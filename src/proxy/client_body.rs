@@ -4,9 +4,11 @@
 //! to be JSON but never becomes a tree; it goes on to the provider as
 //! written.
 
+use crate::evaluate::NOT_AN_OBJECT;
 use crate::json_text::write_json_string;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::error::Category;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value as Json};
 use std::borrow::Cow;
@@ -24,24 +26,33 @@ pub struct ClientBody<'a> {
 const FEW_MEMBERS: usize = 32;
 
 impl<'a> ClientBody<'a> {
-    /// `None` when `bytes` is not one JSON object.
-    pub fn read(bytes: &'a [u8]) -> Option<ClientBody<'a>> {
-        serde_json::from_slice(bytes).ok()
+    /// Why `bytes` is not one JSON object, for the client: where the JSON
+    /// breaks, or that it is some other JSON value.
+    pub fn read(bytes: &'a [u8]) -> Result<ClientBody<'a>, String> {
+        serde_json::from_slice(bytes).map_err(|error| match error.classify() {
+            Category::Data => NOT_AN_OBJECT.to_string(),
+            Category::Syntax | Category::Eof | Category::Io => {
+                format!("the request body is not valid JSON: {error}")
+            }
+        })
     }
 
     /// The members `read` accepts as a JSON object; of a repeated key the
-    /// last, as in a tree. `None` when one of them does not make a tree (a
-    /// number out of range, a lone surrogate): the body is then malformed
-    /// for the policy, as if no member made a tree.
-    pub fn tree(&self, read: impl Fn(&str) -> bool) -> Option<Json> {
+    /// last, as in a tree. An error when one of them does not make a tree
+    /// (a number out of range, a lone surrogate): the body is then
+    /// malformed for the policy, as if no member made a tree.
+    pub fn tree(&self, read: impl Fn(&str) -> bool) -> Result<Json, String> {
         let mut object = Map::new();
         for (key, value) in &self.members {
             if read(key) {
-                let value: Json = serde_json::from_str(value.get()).ok()?;
+                let value: Json = serde_json::from_str(value.get()).map_err(|error| {
+                    // The error's position is within the member's value.
+                    format!("the request body's `{key}` is out of range or not valid text: {error} of its value")
+                })?;
                 object.insert(key.to_string(), value);
             }
         }
-        Some(Json::Object(object))
+        Ok(Json::Object(object))
     }
 
     /// The members `dropped` does not name, joined by commas: the text
@@ -206,7 +217,7 @@ mod tests {
             b"",
             b"{\"a\":}",
         ] {
-            assert!(ClientBody::read(not_an_object).is_none());
+            assert!(ClientBody::read(not_an_object).is_err());
         }
     }
 
@@ -225,11 +236,11 @@ mod tests {
         // serde_json's tree refuses numbers out of range and lone
         // surrogates; a member nobody reads goes on as written.
         let body = ClientBody::read(br#"{"model":"m","n":1e400,"t":"\ud800"}"#).unwrap();
-        assert!(body.tree(|key| key == "n").is_none());
-        assert!(body.tree(|key| key == "t").is_none());
+        assert!(body.tree(|key| key == "n").is_err());
+        assert!(body.tree(|key| key == "t").is_err());
         assert_eq!(
             body.tree(|key| key == "model"),
-            Some(serde_json::json!({"model": "m"}))
+            Ok(serde_json::json!({"model": "m"}))
         );
         assert_eq!(
             body.members_but(|key| key == "model"),

@@ -712,9 +712,10 @@ fn prepare(
     let wire = endpoint.wire();
     let client_body = ClientBody::read(&arrived.bytes);
     // The evaluator's view of the body: the members it can read, no more.
-    let body: Option<Json> = client_body
-        .as_ref()
-        .and_then(|body| body.tree(|member| reads_body_member(snapshot, member)));
+    let body: Result<Json, String> = match &client_body {
+        Ok(body) => body.tree(|member| reads_body_member(snapshot, member)),
+        Err(problem) => Err(problem.clone()),
+    };
     let input_headers = input_names(snapshot, InputSourceKind::Header);
     // The evaluator reads headers only as the policy's header inputs: only
     // those are copied for it.
@@ -733,7 +734,7 @@ fn prepare(
     let context = RequestContext {
         id: request_id,
         endpoint,
-        body: body.as_ref(),
+        body: body.as_ref().map_err(String::as_str),
         body_bytes: arrived.bytes.len(),
         headers: &headers,
         caller,
@@ -750,6 +751,7 @@ fn prepare(
     let tenant = tenant_id(snapshot, caller).to_string();
     let requested_model = body
         .as_ref()
+        .ok()
         .and_then(|b| b.get("model"))
         .and_then(Json::as_str)
         .unwrap_or("")
@@ -775,7 +777,7 @@ fn prepare(
     };
     let input_fields = input_names(snapshot, InputSourceKind::Body);
     let outgoing = upstream::Outgoing::new(
-        client_body.as_ref(),
+        client_body.as_ref().ok(),
         &arrived.parts.headers,
         &input_fields,
         &input_headers,

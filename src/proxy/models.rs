@@ -37,7 +37,7 @@ pub fn list(
         let context = |endpoint: Endpoint| RequestContext {
             id: "models",
             endpoint,
-            body: Some(&body),
+            body: Ok(&body),
             body_bytes: 0,
             headers: &[],
             caller,
