@@ -26,8 +26,9 @@ pub struct ClientBody<'a> {
 const FEW_MEMBERS: usize = 32;
 
 impl<'a> ClientBody<'a> {
-    /// Why `bytes` is not one JSON object, for the client: where the JSON
-    /// breaks, or that it is some other JSON value.
+    /// The members of `bytes` as one JSON object; otherwise why it is not
+    /// one, for the client: where the JSON breaks, or that it is some other
+    /// JSON value.
     pub fn read(bytes: &'a [u8]) -> Result<ClientBody<'a>, String> {
         serde_json::from_slice(bytes).map_err(|error| match error.classify() {
             Category::Data => NOT_AN_OBJECT.to_string(),
