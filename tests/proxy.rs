@@ -247,15 +247,26 @@ struct Api {
 
 impl Api {
     fn post(&self, path: &str, body: &Json) -> RequestBuilder {
+        self.post_text(path, body.to_string())
+    }
+
+    /// A POST of a body as written, JSON or not.
+    fn post_text(&self, path: &str, text: String) -> RequestBuilder {
         self.client
             .post(format!("{}{path}", self.url))
             .header("content-type", "application/json")
-            .body(body.to_string())
+            .body(text)
     }
 
     /// `POST /v1/chat/completions` with the key as a bearer token.
     fn chat_request(&self, body: &Json) -> RequestBuilder {
         self.post("/v1/chat/completions", body).bearer_auth(KEY)
+    }
+
+    /// [`Api::chat_request`] of a body as written.
+    fn chat_text(&self, text: &str) -> RequestBuilder {
+        self.post_text("/v1/chat/completions", text.to_string())
+            .bearer_auth(KEY)
     }
 
     /// `POST /v1/messages` with the key in `x-api-key`, as Anthropic SDKs send it.
@@ -1859,16 +1870,7 @@ async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
     let text = r#"{"stream": true, "model": "m", "str\u0065am": false,
         "messages": [{"role": "user", "content": "a \"quoted\" }, {"}],
         "temperature": 0.5, "temperature": 0.25}"#;
-    let reply = Reply::of(
-        gateway
-            .api
-            .client
-            .post(format!("{}/v1/chat/completions", gateway.api.url))
-            .bearer_auth(KEY)
-            .header("content-type", "application/json")
-            .body(text),
-    )
-    .await;
+    let reply = Reply::of(gateway.api.chat_text(text)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
     assert!(
         !reply.text.starts_with("data:"),
@@ -2022,13 +2024,7 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
         .start("providers:\n  a: {}\n")
         .await;
 
-    let not_json = |api: &Api| {
-        api.client
-            .post(format!("{}/v1/chat/completions", api.url))
-            .bearer_auth(KEY)
-            .header("content-type", "application/json")
-            .body("{\"model\": \"m\", ")
-    };
+    let not_json = |api: &Api| api.chat_text("{\"model\": \"m\", ");
     let reply = Reply::of(not_json(&with_rule.api)).await;
     assert_eq!(reply.status, 422, "{}", reply.text);
     let (code, _, message) = openai_error(&reply);
@@ -2058,16 +2054,7 @@ async fn a_body_that_is_not_json_gets_the_malformed_body_error() -> TestResult {
     );
 
     // Nor is an object whose `stream` no JSON tree holds.
-    let reply = Reply::of(
-        built_in
-            .api
-            .client
-            .post(format!("{}/v1/chat/completions", built_in.api.url))
-            .bearer_auth(KEY)
-            .header("content-type", "application/json")
-            .body(r#"{"model": "m", "stream": 1e400}"#),
-    )
-    .await;
+    let reply = Reply::of(built_in.api.chat_text(r#"{"model": "m", "stream": 1e400}"#)).await;
     assert_eq!(reply.status, 400, "{}", reply.text);
     assert_eq!(
         openai_error(&reply).2,
