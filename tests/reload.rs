@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard::proxy::Options;
-use switchyard::reload::{Reloader, Watch};
+use switchyard::reload::{Outcome, Reloader, Watch};
 
 const KEY: &str = "sk-reload-test";
 /// The most a valid change may take to serve (the promise).
@@ -252,6 +252,84 @@ async fn a_save_by_rename_takes_effect() {
     // And again: the watch survives the replaced file.
     rename_over(&setup.policy, &policy_text("renamed-again"));
     setup.until_serving("renamed-again").await;
+    setup.stop().await;
+}
+
+/// Updates `mount` as Kubernetes updates a ConfigMap volume: the files of
+/// `version` go in a directory of their own, a new `..data` link to it
+/// replaces the old one in one rename, and each file is a link through
+/// `..data`. No event names the files themselves.
+fn update_configmap(mount: &Path, version: &str, files: &[(&str, String)]) {
+    std::fs::create_dir_all(mount).unwrap();
+    let old = std::fs::read_link(mount.join("..data")).ok();
+    let directory = format!("..{version}");
+    std::fs::create_dir(mount.join(&directory)).unwrap();
+    for (name, text) in files {
+        std::fs::write(mount.join(&directory).join(name), text).unwrap();
+    }
+    std::os::unix::fs::symlink(&directory, mount.join("..data_tmp")).unwrap();
+    std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+    for (name, _) in files {
+        let link = mount.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), link).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(mount.join(old)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_style_update_takes_effect() {
+    let tenants = one_key_tenants(KEY);
+    let policy = policy_text("g0");
+    let files = Files {
+        policy: &policy,
+        catalog: CATALOG,
+        tenants: &tenants,
+        scenario: HEALTHY,
+        secrets: SECRETS,
+    };
+    let options = Options {
+        version_header: true,
+        ..Options::default()
+    };
+    let stack = Stack::start("configmap", &files, options).await;
+    let read = |name: &str| std::fs::read_to_string(stack.dir.join(name)).unwrap();
+    let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
+    let version = |generation: &str| {
+        [
+            ("configmap.policy", policy_text(generation)),
+            ("catalog.yaml", catalog.clone()),
+            ("tenants.yaml", tenants.clone()),
+        ]
+    };
+    let mount = stack.dir.join("mount");
+    update_configmap(&mount, "v1", &version("mounted"));
+    let reloader = Reloader::new(
+        stack.proxy.clone(),
+        mount.join("configmap.policy"),
+        &stack.sources,
+        Arc::new(files.secrets()),
+    );
+    let first = reloader.clone();
+    let outcome = tokio::task::spawn_blocking(move || first.reload())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
+    let setup = Setup {
+        _watch: reloader.watch().unwrap(),
+        stack,
+    };
+    setup.until_serving("mounted").await;
+
+    update_configmap(&mount, "v2", &version("swapped"));
+    let took = setup.until_serving("swapped").await;
+    assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
+    // And again: the link now leads to a directory made after the watch.
+    update_configmap(&mount, "v3", &version("swapped-again"));
+    setup.until_serving("swapped-again").await;
     setup.stop().await;
 }
 

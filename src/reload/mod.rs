@@ -15,7 +15,7 @@ use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, new_debouncer};
 use serde_json::{Value as Json, json};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -227,53 +227,78 @@ impl Reloader {
         let (events, mut changes) = mpsc::unbounded_channel::<()>();
         let relevant = self.clone();
         let watched_events = events.clone();
-        let mut debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
+        let debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
             let Ok(batch) = result else {
                 return;
             };
-            let files = relevant.files();
+            let watched = paths_to_watch(&relevant.files());
             let touches_policy = batch
                 .iter()
                 .filter(|event| changes_content(&event.kind))
                 .flat_map(|event| event.paths.iter())
-                .any(|path| files.iter().any(|file| same_file(path, file)));
+                .any(|path| comparable(path).is_some_and(|path| watched.contains(&path)));
             if touches_policy {
                 let _ = watched_events.send(());
             }
         })?;
-        // Directories, not files: an editor that saves by renaming a new
-        // file over the old one replaces the inode a file watch would follow.
-        let mut directories: Vec<PathBuf> = Vec::new();
-        for file in self.files() {
-            let directory = directory_of(&file);
-            if !directories.contains(&directory) {
-                debouncer.watch(&directory, RecursiveMode::NonRecursive)?;
-                directories.push(directory);
-            }
-        }
+        let directories = Arc::new(Mutex::new(WatchedDirectories {
+            debouncer,
+            watched: HashSet::new(),
+        }));
+        lock(&directories).cover(&self.files())?;
         let reloader = self.clone();
+        let task_directories = directories.clone();
         let task = tokio::spawn(async move {
             while changes.recv().await.is_some() {
                 // Changes that arrive while a reload runs are one more reload.
                 while changes.try_recv().is_ok() {}
-                let reloader = reloader.clone();
-                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                let reloading = reloader.clone();
+                let _ = tokio::task::spawn_blocking(move || reloading.reload()).await;
+                // The reload may have named new files, or a swapped link may
+                // lead to a new directory.
+                if let Err(error) = lock(&task_directories).cover(&reloader.files()) {
+                    tracing::warn!(%error, "cannot watch a directory of the policy's files; SIGHUP still reloads");
+                }
             }
         });
         Ok(Watch {
-            _debouncer: debouncer,
+            _directories: directories,
             requests: events,
             task,
         })
     }
 }
 
-/// A running watch; dropping it stops watching.
-pub struct Watch {
-    _debouncer: notify_debouncer_full::Debouncer<
+/// The watcher and the directories it watches.
+struct WatchedDirectories {
+    debouncer: notify_debouncer_full::Debouncer<
         notify::RecommendedWatcher,
         notify_debouncer_full::RecommendedCache,
     >,
+    watched: HashSet<PathBuf>,
+}
+
+impl WatchedDirectories {
+    /// Watches every directory where a change to `files` can show that is
+    /// not watched yet. Directories, not files: an editor that saves by
+    /// renaming a new file over the old one replaces the inode a file
+    /// watch would follow.
+    fn cover(&mut self, files: &[PathBuf]) -> notify::Result<()> {
+        for path in paths_to_watch(files) {
+            let directory = directory_of(&path);
+            if !self.watched.contains(&directory) {
+                self.debouncer
+                    .watch(&directory, RecursiveMode::NonRecursive)?;
+                self.watched.insert(directory);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A running watch; dropping it stops watching.
+pub struct Watch {
+    _directories: Arc<Mutex<WatchedDirectories>>,
     requests: mpsc::UnboundedSender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -309,24 +334,143 @@ fn directory_of(file: &Path) -> PathBuf {
     }
 }
 
-/// Whether an event's path is one of the policy's files: the watcher
-/// reports absolute paths, the policy names them as given.
-fn same_file(event: &Path, file: &Path) -> bool {
-    if event == file {
-        return true;
+/// Where a change to the policy's files can show: each file, every
+/// symbolic link its path goes through, and the file it resolves to. A
+/// Kubernetes ConfigMap volume, for one, updates every file at once by
+/// pointing one `..data` link at a new directory, so no event names the
+/// files themselves. Each path is in [`comparable`] form.
+fn paths_to_watch(files: &[PathBuf]) -> HashSet<PathBuf> {
+    let mut paths = HashSet::new();
+    for file in files {
+        let Ok(absolute) = std::path::absolute(file) else {
+            continue;
+        };
+        let mut links = Vec::new();
+        let resolved = resolve(&absolute, &mut links);
+        let all = std::iter::once(absolute).chain(links).chain(resolved);
+        paths.extend(all.filter_map(|path| comparable(&path)));
     }
-    let absolute = |path: &Path| {
-        let directory = directory_of(path);
-        let name = path.file_name()?;
-        Some(std::fs::canonicalize(directory).ok()?.join(name))
-    };
-    match (absolute(event), absolute(file)) {
-        (Some(a), Some(b)) => a == b,
-        _ => false,
+    paths
+}
+
+/// A path as events are compared: the watcher reports paths under the
+/// directory it was given, the policy names files as written, so both are
+/// taken as their directory's canonical path joined with their name.
+fn comparable(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    Some(std::fs::canonicalize(directory_of(path)).ok()?.join(name))
+}
+
+/// More links than this on one path is a loop, as for the kernel.
+const MAX_LINKS: usize = 40;
+
+/// Resolves an absolute path as the kernel does, collecting every symbolic
+/// link met on the way; `None` for a loop.
+fn resolve(path: &Path, links: &mut Vec<PathBuf>) -> Option<PathBuf> {
+    let mut resolved = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => {
+                let next = resolved.join(name);
+                match std::fs::read_link(&next) {
+                    Ok(target) => {
+                        if links.len() >= MAX_LINKS {
+                            return None;
+                        }
+                        links.push(next);
+                        // A relative target starts at the link's directory;
+                        // an absolute one replaces the path so far.
+                        resolved = resolve(&resolved.join(target), links)?;
+                    }
+                    Err(_) => resolved = next,
+                }
+            }
+            Component::ParentDir => {
+                resolved.pop();
+            }
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => resolved.push(component),
+        }
     }
+    Some(resolved)
 }
 
 /// Secrets from the process environment, shareable across threads.
 pub fn environment() -> Arc<dyn SecretSource + Send + Sync> {
     Arc::new(Environment)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("switchyard-reload-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::canonicalize(dir).unwrap()
+    }
+
+    #[test]
+    fn resolving_follows_links_as_the_kernel_does_and_names_each() {
+        let dir = fresh_dir("resolve");
+        std::fs::create_dir(dir.join("..v1")).unwrap();
+        std::fs::write(dir.join("..v1").join("p.policy"), "").unwrap();
+        symlink("..v1", dir.join("..data")).unwrap();
+        symlink("..data/p.policy", dir.join("p.policy")).unwrap();
+        symlink(dir.join("p.policy"), dir.join("absolute")).unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+
+        let mut links = Vec::new();
+        let resolved = resolve(&dir.join("absolute"), &mut links);
+        assert_eq!(resolved, Some(dir.join("..v1").join("p.policy")));
+        assert_eq!(
+            links,
+            [
+                dir.join("absolute"),
+                dir.join("p.policy"),
+                dir.join("..data")
+            ]
+        );
+        assert_eq!(
+            resolved.map(std::fs::canonicalize).and_then(Result::ok),
+            std::fs::canonicalize(dir.join("absolute")).ok()
+        );
+
+        // `..` after a link leaves the directory the link leads to.
+        symlink("sub", dir.join("to-sub")).unwrap();
+        let mut links = Vec::new();
+        assert_eq!(
+            resolve(&dir.join("to-sub").join("..").join("p.policy"), &mut links),
+            Some(dir.join("..v1").join("p.policy"))
+        );
+        assert_eq!(links[0], dir.join("to-sub"));
+
+        symlink("loop-b", dir.join("loop-a")).unwrap();
+        symlink("loop-a", dir.join("loop-b")).unwrap();
+        assert_eq!(resolve(&dir.join("loop-a"), &mut Vec::new()), None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_linked_file_is_watched_at_every_link_and_where_it_leads() {
+        let dir = fresh_dir("watch");
+        std::fs::create_dir(dir.join("..v1")).unwrap();
+        std::fs::write(dir.join("..v1").join("p.policy"), "").unwrap();
+        symlink("..v1", dir.join("..data")).unwrap();
+        symlink("..data/p.policy", dir.join("p.policy")).unwrap();
+        let watched = paths_to_watch(&[dir.join("p.policy")]);
+        let expected: HashSet<PathBuf> = [
+            dir.join("p.policy"),
+            dir.join("..data"),
+            dir.join("..v1").join("p.policy"),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(watched, expected);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
