@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use switchyard::compile::FixedSecrets;
 use switchyard::proxy::Options;
 use switchyard::reload::{Outcome, Reloader, Watch};
 
@@ -89,32 +90,38 @@ impl std::ops::Deref for Setup {
     }
 }
 
+/// Generation g0 of the policy served in front of `scenario`, and the
+/// secrets its catalog reads.
+async fn start_stack(name: &str, scenario: &str) -> (Stack, FixedSecrets) {
+    let tenants = one_key_tenants(KEY);
+    let policy = policy_text("g0");
+    let files = Files {
+        policy: &policy,
+        catalog: CATALOG,
+        tenants: &tenants,
+        scenario,
+        secrets: SECRETS,
+    };
+    let options = Options {
+        version_header: true,
+        ..Options::default()
+    };
+    (Stack::start(name, &files, options).await, files.secrets())
+}
+
 impl Setup {
     async fn start(name: &str, scenario: &str) -> Setup {
-        let tenants = one_key_tenants(KEY);
-        let policy = policy_text("g0");
-        let files = Files {
-            policy: &policy,
-            catalog: CATALOG,
-            tenants: &tenants,
-            scenario,
-            secrets: SECRETS,
-        };
-        let options = Options {
-            version_header: true,
-            ..Options::default()
-        };
-        let stack = Stack::start(name, &files, options).await;
+        let (stack, secrets) = start_stack(name, scenario).await;
+        let policy = stack.policy.clone();
         let reloader = Reloader::new(
             stack.proxy.clone(),
-            stack.policy.clone(),
+            policy,
             &stack.sources,
-            Arc::new(files.secrets()),
+            Arc::new(secrets),
         );
-        let watch = reloader.watch().unwrap();
         Setup {
+            _watch: reloader.watch().unwrap(),
             stack,
-            _watch: watch,
         }
     }
 
@@ -282,20 +289,7 @@ fn update_configmap(mount: &Path, version: &str, files: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_style_update_takes_effect() {
-    let tenants = one_key_tenants(KEY);
-    let policy = policy_text("g0");
-    let files = Files {
-        policy: &policy,
-        catalog: CATALOG,
-        tenants: &tenants,
-        scenario: HEALTHY,
-        secrets: SECRETS,
-    };
-    let options = Options {
-        version_header: true,
-        ..Options::default()
-    };
-    let stack = Stack::start("configmap", &files, options).await;
+    let (stack, secrets) = start_stack("configmap", HEALTHY).await;
     let read = |name: &str| std::fs::read_to_string(stack.dir.join(name)).unwrap();
     let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
     let version = |generation: &str| {
@@ -311,7 +305,7 @@ async fn a_configmap_style_update_takes_effect() {
         stack.proxy.clone(),
         mount.join("configmap.policy"),
         &stack.sources,
-        Arc::new(files.secrets()),
+        Arc::new(secrets),
     );
     let first = reloader.clone();
     let outcome = tokio::task::spawn_blocking(move || first.reload())

@@ -414,13 +414,19 @@ mod tests {
         std::fs::canonicalize(dir).unwrap()
     }
 
-    #[test]
-    fn resolving_follows_links_as_the_kernel_does_and_names_each() {
-        let dir = fresh_dir("resolve");
+    /// `p.policy` as a ConfigMap volume lays it out: a link into `..data`,
+    /// itself a link to `..v1`.
+    fn link_through_data(dir: &Path) {
         std::fs::create_dir(dir.join("..v1")).unwrap();
         std::fs::write(dir.join("..v1").join("p.policy"), "").unwrap();
         symlink("..v1", dir.join("..data")).unwrap();
         symlink("..data/p.policy", dir.join("p.policy")).unwrap();
+    }
+
+    #[test]
+    fn resolving_follows_links_as_the_kernel_does_and_names_each() {
+        let dir = fresh_dir("resolve");
+        link_through_data(&dir);
         symlink(dir.join("p.policy"), dir.join("absolute")).unwrap();
         std::fs::create_dir(dir.join("sub")).unwrap();
 
@@ -458,10 +464,7 @@ mod tests {
     #[test]
     fn a_linked_file_is_watched_at_every_link_and_where_it_leads() {
         let dir = fresh_dir("watch");
-        std::fs::create_dir(dir.join("..v1")).unwrap();
-        std::fs::write(dir.join("..v1").join("p.policy"), "").unwrap();
-        symlink("..v1", dir.join("..data")).unwrap();
-        symlink("..data/p.policy", dir.join("p.policy")).unwrap();
+        link_through_data(&dir);
         let watched = paths_to_watch(&[dir.join("p.policy")]);
         let expected: HashSet<PathBuf> = [
             dir.join("p.policy"),
