@@ -1944,6 +1944,38 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_a_refused_body_reads_the_413() -> TestResult {
+    // Refused at once, with megabytes still to send: a connection closed on
+    // unread data is reset, and the reset loses the answer.
+    let gateway = gateway_taking_1_kib().await;
+    let mut body = chat_body(false);
+    body["messages"][0]["content"] = json!("x".repeat(4 << 20));
+    for round in 0..3 {
+        let reply = gateway.api.chat(&body).await;
+        assert_eq!(reply.status, 413, "round {round}: {}", reply.text);
+    }
+    // And in chunks, refused once past the limit.
+    let text = body.to_string().into_bytes();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = text
+        .chunks(64 << 10)
+        .map(|chunk| Ok(chunk.to_vec()))
+        .collect();
+    let reply = Reply::of(
+        gateway
+            .api
+            .post("/v1/chat/completions", &Json::Null)
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(reply.status, 413, "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> TestResult {
     use tokio::io::AsyncWriteExt;
     let gateway = simple_gateway().await;

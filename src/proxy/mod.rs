@@ -27,7 +27,7 @@ use arc_swap::ArcSwap;
 use body::ProxyBody;
 use bytes::Bytes;
 use client_body::ClientBody;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::service::service_fn;
@@ -549,35 +549,32 @@ async fn complete(
             return Handled::Answered(unauthorized(wire, &request_id, why));
         }
     };
-    let (parts, incoming) = request.into_parts();
+    let (parts, mut incoming) = request.into_parts();
     let limit = proxy.limits.max_body_bytes;
     // A body whose declared length is over the limit is refused before any
     // of it is read, and so before a client that sent `Expect:
     // 100-continue` is told to send it.
     let declared = hyper::body::Body::size_hint(&incoming).lower();
-    let read = if declared > u64::try_from(limit).unwrap_or(u64::MAX) {
+    let waits_to_send = parts
+        .headers
+        .get(header::EXPECT)
+        .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let declared_too_large = declared > u64::try_from(limit).unwrap_or(u64::MAX);
+    let read = if declared_too_large {
         Err(BodyProblem::TooLarge)
     } else {
-        Limited::new(incoming, limit)
-            .collect()
-            .await
-            .map(|collected| collected.to_bytes())
-            .map_err(|error| {
-                if error
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    BodyProblem::TooLarge
-                } else if client_left(&*error) {
-                    BodyProblem::ClientGone
-                } else {
-                    BodyProblem::Unreadable
-                }
-            })
+        read_limited(&mut incoming, limit).await
     };
     let bytes: Bytes = match read {
         Ok(bytes) => bytes,
         Err(problem) => {
+            // A client still sending the rest of a body too large reads the
+            // refusal only if the rest is read; one that waits for `100
+            // Continue` before sending was never told to send it.
+            let client_is_sending = !(waits_to_send && declared_too_large);
+            if matches!(problem, BodyProblem::TooLarge) && client_is_sending {
+                drain(incoming);
+            }
             let (status, code, message, outcome) = match problem {
                 BodyProblem::TooLarge => (
                     413,
@@ -665,6 +662,59 @@ fn client_left(error: &(dyn std::error::Error + 'static)) -> bool {
         cause = error.source();
     }
     false
+}
+
+/// Reads a client's body up to `limit` bytes.
+async fn read_limited(incoming: &mut Incoming, limit: usize) -> Result<Bytes, BodyProblem> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = incoming.frame().await {
+        let frame = frame.map_err(|error| {
+            if client_left(&error) {
+                BodyProblem::ClientGone
+            } else {
+                BodyProblem::Unreadable
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            total = total.saturating_add(data.len());
+            if total > limit {
+                return Err(BodyProblem::TooLarge);
+            }
+            chunks.push(data);
+        }
+    }
+    Ok(match chunks.as_slice() {
+        [only] => only.clone(),
+        _ => Bytes::from(chunks.concat()),
+    })
+}
+
+/// How much of a refused body is still read, and for how long. Closing a
+/// connection with unread data resets it, and the reset can reach the
+/// client before it reads the refusal: a client that sends its whole body
+/// before reading the answer, as most do, would get a broken pipe instead
+/// of the `413`.
+const DRAIN_MAX_BYTES: usize = 64 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(5);
+
+/// Reads and drops the rest of a refused body, within the bounds above,
+/// while the refusal goes out.
+fn drain(mut body: Incoming) {
+    tokio::spawn(async move {
+        let mut left = DRAIN_MAX_BYTES;
+        let _ = tokio::time::timeout(DRAIN_MAX_TIME, async {
+            while left > 0 {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        left = left.saturating_sub(frame.data_ref().map_or(0, Bytes::len));
+                    }
+                    _ => break,
+                }
+            }
+        })
+        .await;
+    });
 }
 
 /// The id of the caller's tenant; empty for none.
