@@ -263,6 +263,22 @@ impl Api {
         self.post("/v1/chat/completions", body).bearer_auth(KEY)
     }
 
+    /// [`Api::chat_request`] with the body sent in chunks of `size` bytes,
+    /// without a length.
+    fn chat_in_chunks(&self, body: &Json, size: usize) -> RequestBuilder {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> = body
+            .to_string()
+            .as_bytes()
+            .chunks(size)
+            .map(|chunk| Ok(chunk.to_vec()))
+            .collect();
+        self.post("/v1/chat/completions", &Json::Null)
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .bearer_auth(KEY)
+    }
+
     /// [`Api::chat_request`] of a body as written.
     fn chat_text(&self, text: &str) -> RequestBuilder {
         self.post_text("/v1/chat/completions", text.to_string())
@@ -1914,22 +1930,7 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
     assert_eq!(openai_error(&reply).0, "request_too_large");
 
     // Sent in chunks, without a length: refused once it passes the limit.
-    let text = body.to_string();
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = text
-        .as_bytes()
-        .chunks(256)
-        .map(|chunk| Ok(chunk.to_vec()))
-        .collect();
-    let reply = Reply::of(
-        gateway
-            .api
-            .post("/v1/chat/completions", &Json::Null)
-            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-                chunks,
-            )))
-            .bearer_auth(KEY),
-    )
-    .await;
+    let reply = Reply::of(gateway.api.chat_in_chunks(&body, 256)).await;
     assert_eq!(reply.status, 413, "{}", reply.text);
 
     let small = gateway.api.chat(&chat_body(false)).await;
@@ -1955,21 +1956,7 @@ async fn a_client_still_sending_a_refused_body_reads_the_413() -> TestResult {
         assert_eq!(reply.status, 413, "round {round}: {}", reply.text);
     }
     // And in chunks, refused once past the limit.
-    let text = body.to_string().into_bytes();
-    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = text
-        .chunks(64 << 10)
-        .map(|chunk| Ok(chunk.to_vec()))
-        .collect();
-    let reply = Reply::of(
-        gateway
-            .api
-            .post("/v1/chat/completions", &Json::Null)
-            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-                chunks,
-            )))
-            .bearer_auth(KEY),
-    )
-    .await;
+    let reply = Reply::of(gateway.api.chat_in_chunks(&body, 64 << 10)).await;
     assert_eq!(reply.status, 413, "{}", reply.text);
     gateway.stop().await;
     Ok(())
