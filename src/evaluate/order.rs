@@ -113,15 +113,16 @@ pub fn sort_by_keys<K: SortKey>(machine: &mut Machine<'_>, candidates: &mut [usi
     if keys.is_empty() || candidates.len() < 2 {
         return;
     }
-    // Filled in place: the rows are too large to move around cheaply.
-    let mut packed = Packed::new(keys.len());
-    if Packed::fits(candidates.len(), keys.len())
-        && packed
+    if Packed::fits(candidates.len(), keys.len()) {
+        // Filled in place: the rows are too large to move around cheaply.
+        let mut packed = Packed::new(keys.len());
+        if packed
             .fill(machine, candidates.iter().copied(), keys)
             .is_some()
-    {
-        packed.insertion_sort(candidates);
-        return;
+        {
+            packed.insertion_sort(candidates);
+            return;
+        }
     }
     // Keys that do not pack: every key of every candidate, evaluated once
     // (again, for those packed before one did not).
@@ -335,11 +336,11 @@ pub fn first_by_keys<K: SortKey>(
     if keys.is_empty() {
         return candidates.clone().next();
     }
-    let mut packed = Packed::new(keys.len());
-    if Packed::fits(candidates.clone().count(), keys.len())
-        && packed.fill(machine, candidates.clone(), keys).is_some()
-    {
-        return candidates.clone().nth(packed.first()?);
+    if Packed::fits(candidates.clone().count(), keys.len()) {
+        let mut packed = Packed::new(keys.len());
+        if packed.fill(machine, candidates.clone(), keys).is_some() {
+            return candidates.clone().nth(packed.first()?);
+        }
     }
     let width = keys.len();
     let mut values = Vec::new();
