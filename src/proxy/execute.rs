@@ -205,8 +205,13 @@ impl Exchange {
 
     /// The progress as of now, for terms that read `elapsed`.
     fn progress_now(&self) -> Progress {
+        self.progress_at(self.now_ms())
+    }
+
+    /// The progress as of `at_ms` on the proxy's clock.
+    fn progress_at(&self, at_ms: u64) -> Progress {
         Progress {
-            elapsed_ms: self.elapsed_ms(),
+            elapsed_ms: at_ms.saturating_sub(self.started_ms),
             ..self.progress
         }
     }
@@ -332,7 +337,7 @@ impl Exchange {
                     let mut permit = Some(permit);
                     loop {
                         self.progress.attempt += 1;
-                        let attempted = self.attempt(index, link).await;
+                        let (attempted, ended_ms) = self.attempt(index, link).await;
                         drop(permit.take());
                         match attempted {
                             Attempted::Served { usage, first_byte } => {
@@ -349,10 +354,10 @@ impl Exchange {
                                     &self.snapshot,
                                     index,
                                     &outcome,
-                                    self.progress_now(),
+                                    self.progress_at(ended_ms),
                                     &|rule| rule_retries.get(&rule).copied().unwrap_or(0),
                                 );
-                                self.apply_health(index, &reaction);
+                                self.apply_health(index, &reaction, ended_ms);
                                 last = Some((reaction.ending, index, passthrough));
                                 match reaction.action {
                                     Action::Stop => return self.end(last, link).await,
@@ -361,7 +366,7 @@ impl Exchange {
                                         if let Some(rule) = reaction.rule {
                                             *rule_retries.entry(rule).or_insert(0) += 1;
                                         }
-                                        let wake = self.now_ms().saturating_add(after_ms);
+                                        let wake = ended_ms.saturating_add(after_ms);
                                         let woke = self
                                             .wait_until(wake, link, std::future::pending())
                                             .await;
@@ -463,13 +468,15 @@ impl Exchange {
     }
 
     /// Pauses and penalties of a reaction, by the candidate's stable ids.
-    fn apply_health(&self, index: usize, reaction: &crate::evaluate::Reaction) {
+    /// They count from `failed_ms`, when the failure was seen, not from
+    /// whenever this task gets to run.
+    fn apply_health(&self, index: usize, reaction: &crate::evaluate::Reaction, failed_ms: u64) {
         let Some(candidate) = self.plan.candidates.get(index) else {
             return;
         };
         for (scope, ms) in &reaction.pauses {
             let key = ScopeKey::of(&self.snapshot, candidate, *scope);
-            self.proxy.state.pause(&key, *ms);
+            self.proxy.state.pause(&key, failed_ms, *ms);
             self.proxy.metrics.pause(scope_name(&key));
             tracing::info!(
                 request_id = %self.request_id,
@@ -482,7 +489,7 @@ impl Exchange {
             let key = ScopeKey::of(&self.snapshot, candidate, *scope);
             self.proxy
                 .state
-                .penalize(&key, &self.snapshot.health.penalty);
+                .penalize(&key, failed_ms, &self.snapshot.health.penalty);
         }
     }
 
@@ -585,11 +592,15 @@ impl Exchange {
         }
     }
 
-    /// One attempt at a candidate.
-    async fn attempt(&mut self, index: usize, link: &mut Link) -> Attempted {
+    /// One attempt at a candidate, and when it ended on the proxy's clock.
+    /// What follows a failure (a retry's wait, a pause) counts from then:
+    /// the end is read before the attempt's metric is, so whoever sees the
+    /// metric sees a time that is already fixed.
+    async fn attempt(&mut self, index: usize, link: &mut Link) -> (Attempted, u64) {
         let begun = Instant::now();
         self.attempting = Some((index, begun));
         let attempted = self.attempt_inner(index, link).await;
+        let ended_ms = self.now_ms();
         self.attempting = None;
         let outcome = match &attempted {
             Attempted::Served { .. } => String::from("ok"),
@@ -602,7 +613,7 @@ impl Exchange {
             self.proxy.state.record(&keys.route, Sample::default());
         }
         self.record_attempt(index, begun, outcome);
-        attempted
+        (attempted, ended_ms)
     }
 
     /// An attempt's metric and its entry in the log line.

@@ -149,16 +149,16 @@ impl InProcess {
         lock(&self.capacity)
     }
 
-    /// Skips the scope for `for_ms` from now (a longer pause wins).
-    pub fn pause(&self, scope: &ScopeKey, for_ms: u64) {
-        let now = self.clock.now_ms();
-        self.health().pause(scope, now, for_ms);
+    /// Skips the scope for `for_ms` from `since_ms` on the clock (a longer
+    /// pause wins).
+    pub fn pause(&self, scope: &ScopeKey, since_ms: u64, for_ms: u64) {
+        self.health().pause(scope, since_ms, for_ms);
     }
 
-    /// Counts a failure against the scope under the policy's schedule.
-    pub fn penalize(&self, scope: &ScopeKey, schedule: &PenaltySchedule) {
-        let now = self.clock.now_ms();
-        self.health().penalize(scope, now, schedule);
+    /// Counts a failure seen at `failed_ms` against the scope under the
+    /// policy's schedule.
+    pub fn penalize(&self, scope: &ScopeKey, failed_ms: u64, schedule: &PenaltySchedule) {
+        self.health().penalize(scope, failed_ms, schedule);
     }
 
     /// Records an attempt's measurements for the route.

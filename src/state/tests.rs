@@ -28,13 +28,13 @@ const DAY: u64 = 86_400_000;
 fn a_pause_ends_and_the_longer_of_two_wins() {
     let (clock, state) = state();
     let candidate = keys("p");
-    state.pause(&candidate.route, 5_000);
-    state.pause(&candidate.provider, 2_000);
+    state.pause(&candidate.route, clock.now_ms(), 5_000);
+    state.pause(&candidate.provider, clock.now_ms(), 2_000);
     assert_eq!(
         state.candidate_health(&candidate, None, DAY).paused_for_ms,
         Some(5_000)
     );
-    state.pause(&candidate.route, 1_000);
+    state.pause(&candidate.route, clock.now_ms(), 1_000);
     assert_eq!(
         state.candidate_health(&candidate, None, DAY).paused_for_ms,
         Some(5_000)
@@ -57,6 +57,19 @@ fn a_pause_ends_and_the_longer_of_two_wins() {
 }
 
 #[test]
+fn a_pause_counts_from_the_failure_not_from_when_it_is_applied() {
+    let (clock, state) = state();
+    let candidate = keys("p");
+    let failed_ms = clock.now_ms();
+    clock.advance(1_500);
+    state.pause(&candidate.provider, failed_ms, 5_000);
+    assert_eq!(
+        state.candidate_health(&candidate, None, DAY).paused_for_ms,
+        Some(3_500)
+    );
+}
+
+#[test]
 fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
     let (clock, state) = state();
     let candidate = keys("p");
@@ -66,7 +79,7 @@ fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
         max_ms: 5_000,
         reset_ms: 60_000,
     };
-    state.penalize(&candidate.provider, &schedule);
+    state.penalize(&candidate.provider, clock.now_ms(), &schedule);
     let health = state.candidate_health(&candidate, None, DAY);
     assert!(health.penalized);
     assert_eq!(health.strikes, 1);
@@ -74,12 +87,12 @@ fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
     assert!(!state.candidate_health(&candidate, None, DAY).penalized);
 
     // A second failure within `reset`: 3 s; a third: 9 s capped at 5 s.
-    state.penalize(&candidate.provider, &schedule);
+    state.penalize(&candidate.provider, clock.now_ms(), &schedule);
     clock.advance(2_999);
     assert!(state.candidate_health(&candidate, None, DAY).penalized);
     clock.advance(1);
     assert!(!state.candidate_health(&candidate, None, DAY).penalized);
-    state.penalize(&candidate.provider, &schedule);
+    state.penalize(&candidate.provider, clock.now_ms(), &schedule);
     assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 3);
     clock.advance(4_999);
     assert!(state.candidate_health(&candidate, None, DAY).penalized);
@@ -88,7 +101,7 @@ fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
 
     // After `reset` without a failure the count starts again.
     clock.advance(60_000);
-    state.penalize(&candidate.provider, &schedule);
+    state.penalize(&candidate.provider, clock.now_ms(), &schedule);
     assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 1);
 }
 
@@ -196,9 +209,9 @@ fn waiters_only_hold_back_the_providers_they_wait_for() {
 
 #[test]
 fn removed_providers_lose_their_state() {
-    let (_clock, state) = state();
-    state.pause(&keys("gone").provider, 60_000);
-    state.pause(&keys("kept").provider, 60_000);
+    let (clock, state) = state();
+    state.pause(&keys("gone").provider, clock.now_ms(), 60_000);
+    state.pause(&keys("kept").provider, clock.now_ms(), 60_000);
     state.retain_providers(&HashSet::from(["kept"]));
     assert!(
         state
