@@ -24,6 +24,7 @@ mod common;
 use common::{
     AllBut, HEALTHY, Reply, Stack, advance_until, assert_nothing_sent, closed_port, edit,
     event_text, events, finished, get, healthz, names, reconfigure, replay, settle, until_asked,
+    until_sleeping,
 };
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
@@ -224,7 +225,11 @@ async fn expect_retry_within(
     latest: u64,
 ) {
     until_asked(stack, asked).await;
-    settle().await;
+    let failed_ms = clock.now_ms();
+    until_sleeping(clock, "the proxy waits to retry", |at| {
+        (failed_ms + earliest..=failed_ms + latest).contains(&at)
+    })
+    .await;
     clock.advance(earliest - 1);
     settle().await;
     assert_eq!(
@@ -260,11 +265,18 @@ async fn expect_timeout_after(
     );
     let timed_out = attempts_ended(stack, &provider, Some(outcome)).await;
     clock.advance(1);
-    settle().await;
+    let began = Instant::now();
+    while attempts_ended(stack, &provider, Some(outcome)).await == timed_out {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{provider}: not given up after {timeout_ms} ms as {outcome}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(
         attempts_ended(stack, &provider, Some(outcome)).await,
         timed_out + 1,
-        "not given up after {timeout_ms} ms as {outcome}"
+        "{provider}: given up more than once"
     );
     clock.advance(1_000);
     until_asked(stack, asked + 1).await;
@@ -1028,20 +1040,24 @@ async fn e34_half_of_each_backoff_is_random() {
         replay(&stack, &scenario(&[("deepseek", &["503", "200"])]));
         let waiting = spawn_call(&stack, Api::Chat, Api::Chat.body("deepseek-chat"));
         until_asked(&stack, 1).await;
+        let failed_ms = clock.now_ms();
+        let window = failed_ms + 500..=failed_ms + 1_000;
+        until_sleeping(&clock, "the proxy waits to retry", |at| {
+            window.contains(&at)
+        })
+        .await;
+        let wake = clock
+            .sleeping_until()
+            .into_iter()
+            .find(|at| window.contains(at))
+            .unwrap();
+        clock.advance(wake - failed_ms - 1);
         settle().await;
-        clock.advance(499);
-        settle().await;
-        assert_eq!(stack.sim.requests().len(), 1, "retried before 500 ms");
-        let mut waited = 499;
-        while stack.sim.requests().len() < 2 && waited < 1_000 {
-            clock.advance(50);
-            waited += 50;
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        // Past 1 s on the clock: the retry is due.
+        assert_eq!(stack.sim.requests().len(), 1, "retried before its wait");
+        clock.advance(1);
         until_asked(&stack, 2).await;
         finished(waiting).await.assert_served("deepseek");
-        waits.push(waited);
+        waits.push(wake - failed_ms);
     }
     assert!(
         waits.iter().any(|wait| *wait != waits[0]),
@@ -1277,7 +1293,11 @@ async fn expect_stall_ends_after(
         .unwrap();
     let text = read_until_content(&mut response, 2).await;
     let rest = tokio::spawn(Reply::rest(response, text, started));
-    settle().await;
+    let silent_from = clock.now_ms();
+    until_sleeping(clock, "the proxy waits for the next event", |at| {
+        at == silent_from + silence_ms
+    })
+    .await;
     clock.advance(silence_ms - 1);
     settle().await;
     assert!(!rest.is_finished(), "{model}: ended before {silence_ms} ms");

@@ -26,12 +26,12 @@ mod common;
 use common::{
     HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished, messages,
     messages_body, model_list, names, replay, settle, spawn_chat, spawn_post, streamed, tried_by,
-    until,
+    until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
-use switchyard::state::ManualClock;
+use switchyard::state::{Clock, ManualClock};
 use tokio::task::JoinHandle;
 
 // The test keys of policies/noirdoc/tenants.yaml.
@@ -1655,7 +1655,11 @@ async fn n25_n31_n38_a_stream_stalled_for_120s_ends_with_an_error_event() {
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
     let rest = tokio::spawn(Reply::rest(response, text, started));
-    settle().await;
+    let silent_from = clock.now_ms();
+    until_sleeping(&clock, "the proxy waits for the next event", |at| {
+        at == silent_from + 120_000
+    })
+    .await;
     clock.advance(119_999);
     settle().await;
     assert!(!rest.is_finished(), "ended before 120 s of silence");

@@ -3,9 +3,11 @@
 //! wall-clock changes do not affect them and tests can move time by hand
 //! instead of sleeping through a policy's real durations.
 
+use crate::sync::lock;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -54,17 +56,47 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to; sleepers wake as it passes their
-/// time.
+/// time. It also tells what is asleep on it, so a test can move time once
+/// the code under test waits, instead of guessing how long that takes.
 #[derive(Default)]
 pub struct ManualClock {
     now_ms: AtomicU64,
     moved: Notify,
+    /// The wake times of the sleeps now pending, one entry per sleep.
+    sleeping: Mutex<Vec<u64>>,
 }
 
 impl ManualClock {
     pub fn advance(&self, ms: u64) {
         self.now_ms.fetch_add(ms, Ordering::SeqCst);
         self.moved.notify_waiters();
+    }
+
+    /// The wake times of the sleeps pending now, soonest first.
+    pub fn sleeping_until(&self) -> Vec<u64> {
+        let mut times = self.sleepers().clone();
+        times.sort_unstable();
+        times
+    }
+
+    fn sleepers(&self) -> MutexGuard<'_, Vec<u64>> {
+        lock(&self.sleeping)
+    }
+}
+
+/// A pending sleep's entry in [`ManualClock::sleeping_until`], gone with
+/// the sleep, whether it woke or was dropped.
+struct Asleep<'a> {
+    clock: &'a ManualClock,
+    at_ms: u64,
+}
+
+impl Drop for Asleep<'_> {
+    fn drop(&mut self) {
+        let mut sleepers = self.clock.sleepers();
+        if let Some(index) = sleepers.iter().position(|&at| at == self.at_ms) {
+            sleepers.swap_remove(index);
+        }
     }
 }
 
@@ -74,7 +106,10 @@ impl Clock for ManualClock {
     }
 
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
+        self.sleepers().push(at_ms);
+        let asleep = Asleep { clock: self, at_ms };
         Box::pin(async move {
+            let _asleep = asleep;
             loop {
                 let moved = self.moved.notified();
                 tokio::pin!(moved);
@@ -112,5 +147,21 @@ mod tests {
             woke.is_ok_and(|joined| joined.is_ok()),
             "the sleeper did not wake"
         );
+    }
+
+    #[tokio::test]
+    async fn manual_clocks_tell_what_sleeps_on_them() {
+        let clock = ManualClock::default();
+        let first = clock.sleep_until(300);
+        let second = clock.sleep_until(100);
+        let third = clock.sleep_until(300);
+        assert_eq!(clock.sleeping_until(), [100, 300, 300]);
+        drop(first);
+        assert_eq!(clock.sleeping_until(), [100, 300]);
+        clock.advance(100);
+        second.await;
+        assert_eq!(clock.sleeping_until(), [300]);
+        drop(third);
+        assert!(clock.sleeping_until().is_empty());
     }
 }

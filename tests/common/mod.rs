@@ -743,6 +743,18 @@ pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until something sleeps on `clock` until a time `wanted` accepts
+/// (at most 10 s of real time): the proxy then waits on the clock, and a
+/// move of the clock acts on that wait. Its wake time is fixed from then,
+/// whereas after a `settle` it may not be yet on a busy machine.
+pub async fn until_sleeping(
+    clock: &switchyard::state::ManualClock,
+    what: &str,
+    wanted: impl Fn(u64) -> bool,
+) {
+    until(what, || clock.sleeping_until().into_iter().any(&wanted)).await;
+}
+
 /// Waits until the sim has received `count` requests (at most 10 s of
 /// real time).
 pub async fn until_asked(stack: &Stack, count: usize) {
