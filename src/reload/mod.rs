@@ -241,10 +241,7 @@ impl Reloader {
                 let _ = watched_events.send(());
             }
         })?;
-        let directories = Arc::new(Mutex::new(WatchedDirectories {
-            debouncer,
-            watched: HashSet::new(),
-        }));
+        let directories = Arc::new(Mutex::new(WatchedDirectories::new(debouncer)));
         lock(&directories).cover(&self.files())?;
         let reloader = self.clone();
         let task_directories = directories.clone();
@@ -269,23 +266,41 @@ impl Reloader {
     }
 }
 
+type Debouncer = notify_debouncer_full::Debouncer<
+    notify::RecommendedWatcher,
+    notify_debouncer_full::RecommendedCache,
+>;
+
 /// The watcher and the directories it watches.
 struct WatchedDirectories {
-    debouncer: notify_debouncer_full::Debouncer<
-        notify::RecommendedWatcher,
-        notify_debouncer_full::RecommendedCache,
-    >,
+    debouncer: Debouncer,
     watched: HashSet<PathBuf>,
 }
 
 impl WatchedDirectories {
-    /// Watches every directory where a change to `files` can show that is
-    /// not watched yet. Directories, not files: an editor that saves by
-    /// renaming a new file over the old one replaces the inode a file
-    /// watch would follow.
+    fn new(debouncer: Debouncer) -> WatchedDirectories {
+        WatchedDirectories {
+            debouncer,
+            watched: HashSet::new(),
+        }
+    }
+
+    /// Watches every directory where a change to `files` can show, and
+    /// stops watching those where none can any more (the old target of a
+    /// swapped link, which a ConfigMap update also deletes). Directories,
+    /// not files: an editor that saves by renaming a new file over the old
+    /// one replaces the inode a file watch would follow.
     fn cover(&mut self, files: &[PathBuf]) -> notify::Result<()> {
-        for path in paths_to_watch(files) {
-            let directory = directory_of(&path);
+        let needed: HashSet<PathBuf> = paths_to_watch(files)
+            .iter()
+            .map(|path| directory_of(path))
+            .collect();
+        for directory in self.watched.difference(&needed) {
+            // A deleted directory's watch is gone already; nothing to undo.
+            let _ = self.debouncer.unwatch(directory);
+        }
+        self.watched.retain(|directory| needed.contains(directory));
+        for directory in needed {
             if !self.watched.contains(&directory) {
                 self.debouncer
                     .watch(&directory, RecursiveMode::NonRecursive)?;
@@ -474,6 +489,33 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(watched, expected);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_swapped_link_moves_the_watch_to_its_new_target() {
+        let dir = fresh_dir("swap");
+        link_through_data(&dir);
+        let debouncer = new_debouncer(DEBOUNCE, None, |_: DebounceEventResult| {}).unwrap();
+        let mut directories = WatchedDirectories::new(debouncer);
+        let files = [dir.join("p.policy")];
+        directories.cover(&files).unwrap();
+        let watched = |directories: &WatchedDirectories| {
+            let mut watched: Vec<PathBuf> = directories.watched.iter().cloned().collect();
+            watched.sort();
+            watched
+        };
+        assert_eq!(watched(&directories), [dir.clone(), dir.join("..v1")]);
+
+        // The update a ConfigMap volume makes: a new directory, `..data`
+        // renamed over to lead there, the old directory deleted.
+        std::fs::create_dir(dir.join("..v2")).unwrap();
+        std::fs::write(dir.join("..v2").join("p.policy"), "").unwrap();
+        symlink("..v2", dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        std::fs::remove_dir_all(dir.join("..v1")).unwrap();
+        directories.cover(&files).unwrap();
+        assert_eq!(watched(&directories), [dir.clone(), dir.join("..v2")]);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
