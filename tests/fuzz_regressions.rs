@@ -13,8 +13,11 @@
 //! A stack overflow aborts the whole process rather than panicking, so every
 //! test runs its input in a child process (this test binary, filtered to the
 //! one test) on a thread with an 8 MiB stack, the size of a main thread and of
-//! the fuzz targets' stack. Inputs that used to run for a long time get a
-//! deadline; the child is killed when it passes.
+//! the fuzz targets' stack. Inputs that used to take exponential time get a
+//! deadline; the child is killed when it passes. Inputs that used to take
+//! quadratic time run at two sizes, and the larger must not take
+//! disproportionately more CPU time: a ratio, which a busy machine does not
+//! upset as it does a deadline.
 //!
 //! The inputs are generated here rather than stored: they are long repetitions.
 //!
@@ -143,39 +146,144 @@ const HEADER: &str = "policy p {\n  catalog \"c\"\n  tenants \"t\"\n}\n";
 // ---------------------------------------------------------------- running one input in a child process
 
 const CHILD: &str = "SWITCHYARD_FUZZ_REGRESSION";
+/// The input's size, for a test that runs its input at two sizes.
+const SIZE: &str = "SWITCHYARD_FUZZ_REGRESSION_SIZE";
+/// What a child prints (on stderr) of the CPU time its input took.
+const CPU_NS: &str = "cpu-ns=";
 const STACK: usize = 8 * 1024 * 1024;
 /// For inputs that crash: long enough for a debug build to get there.
 const CRASH_DEADLINE: Duration = Duration::from_secs(120);
-/// For inputs that used to stall: each takes a few seconds at most in a debug
-/// build once the work is linear, and well over this before.
+/// For inputs that used to take exponential time: they take well under a
+/// second in a debug build now, and hours before.
 const STALL_DEADLINE: Duration = if cfg!(debug_assertions) {
     Duration::from_secs(30)
 } else {
     Duration::from_secs(3)
 };
+/// For inputs that used to take quadratic time, a guard against a hang only:
+/// they are judged by how their time grows ([`grows_linearly`]).
+const HANG_DEADLINE: Duration = Duration::from_secs(300);
+/// How much larger the second input of [`grows_linearly`] is.
+const SCALE: usize = 8;
+/// Linear work takes about `SCALE` times as long at `SCALE` times the size
+/// (8.1 to 10.6 times for these inputs in a debug build), quadratic work up
+/// to `SCALE²` (64) times, less where linear parts dilute it: removing the
+/// cap on measured suggestions made the unknown models' input grow 34
+/// times.
+const MAX_GROWTH: f64 = 24.0;
 
 /// Runs `body` in a child process and fails unless it finishes within
 /// `deadline` without panicking or aborting.
 fn isolated(name: &str, deadline: Duration, body: fn()) {
-    if std::env::var(CHILD).as_deref() == Ok(name) {
-        let worker = std::thread::Builder::new()
-            .name(name.to_string())
-            .stack_size(STACK)
-            .spawn(body)
-            .expect("spawn the worker thread");
-        if worker.join().is_err() {
-            panic!("{name}: the code under test panicked");
-        }
+    if in_child(name) {
+        on_a_main_sized_stack(name, body);
         return;
     }
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+    run_child(name, deadline, None);
+}
+
+/// Runs `body` at `size` and at `SCALE` times `size`, each in a child
+/// process, and fails unless the larger took under `MAX_GROWTH` times the
+/// CPU time of the smaller. A ratio, not a deadline: a busy machine does not
+/// make the test fail, a quadratic algorithm does. CPU time, not wall time,
+/// so that tests running beside it do not count.
+fn grows_linearly(name: &str, size: usize, body: fn(usize)) {
+    if in_child(name) {
+        let size = std::env::var(SIZE)
+            .ok()
+            .and_then(|size| size.parse().ok())
+            .expect("the input's size");
+        on_a_main_sized_stack(name, move || {
+            let started = CpuClock::start();
+            body(size);
+            eprintln!("{CPU_NS}{}", started.elapsed().as_nanos());
+        });
+        return;
+    }
+    let cpu_time = |size: usize| {
+        let stderr = run_child(name, HANG_DEADLINE, Some(size));
+        stderr
+            .lines()
+            .find_map(|line| line.strip_prefix(CPU_NS)?.parse::<u64>().ok())
+            .map(Duration::from_nanos)
+            .unwrap_or_else(|| panic!("{name}: the child printed no CPU time:\n{stderr}"))
+    };
+    let small = cpu_time(size);
+    let large = cpu_time(size * SCALE);
+    let growth = large.as_secs_f64() / small.as_secs_f64().max(1e-9);
+    assert!(
+        growth < MAX_GROWTH,
+        "{name}: {SCALE} times the input took {growth:.1} times as long ({small:?}, then {large:?}); \
+         linear work takes about {SCALE} times, quadratic {}",
+        SCALE * SCALE
+    );
+}
+
+fn in_child(name: &str) -> bool {
+    std::env::var(CHILD).as_deref() == Ok(name)
+}
+
+/// Runs `body` on a thread with the stack of a main thread and of the fuzz
+/// targets, so that stack overflows happen where they would there.
+fn on_a_main_sized_stack(name: &str, body: impl FnOnce() + Send + 'static) {
+    let worker = std::thread::Builder::new()
+        .name(name.to_string())
+        .stack_size(STACK)
+        .spawn(body)
+        .expect("spawn the worker thread");
+    if worker.join().is_err() {
+        panic!("{name}: the code under test panicked");
+    }
+}
+
+/// The calling thread's CPU time, from Linux's scheduler statistics; wall
+/// time where they cannot be read.
+enum CpuClock {
+    Scheduler(Duration),
+    Wall(Instant),
+}
+
+impl CpuClock {
+    fn start() -> CpuClock {
+        match thread_cpu_time() {
+            Some(used) => CpuClock::Scheduler(used),
+            None => CpuClock::Wall(Instant::now()),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        match self {
+            CpuClock::Scheduler(before) => thread_cpu_time()
+                .map(|now| now.saturating_sub(*before))
+                .unwrap_or_default(),
+            CpuClock::Wall(started) => started.elapsed(),
+        }
+    }
+}
+
+/// `/proc/thread-self/schedstat` begins with the thread's time on a CPU in
+/// nanoseconds.
+fn thread_cpu_time() -> Option<Duration> {
+    let stats = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stats.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+/// Runs this test in a child process (this test binary, filtered to the
+/// test) and fails unless it finishes within `deadline` without panicking
+/// or aborting; returns what it wrote to stderr.
+fn run_child(name: &str, deadline: Duration, size: Option<usize>) -> String {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
+    command
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, name)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the child process");
+        .stderr(Stdio::piped());
+    if let Some(size) = size {
+        command.env(SIZE, size.to_string());
+    }
+    let mut child = command.spawn().expect("start the child process");
     let mut stderr = child.stderr.take().expect("child stderr");
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -206,7 +314,7 @@ fn isolated(name: &str, deadline: Duration, body: fn()) {
         Some(status) if !status.success() => panic!(
             "{name}: the child process failed: {status} (SIGABRT/SIGSEGV = stack overflow)\n--- child stderr ---\n{tail}"
         ),
-        Some(_) => {}
+        Some(_) => stderr,
     }
 }
 
@@ -356,19 +464,18 @@ fn policy_unclosed_aggregates() {
     });
 }
 
-/// 40 000 definitions `let aN = aN-1 + 1` (0.9 MB, below the 4 MiB policy
-/// limit): definitions are found by a linear scan of all of them
-/// (`Checker::let_type`, `check_quietly`), so checking is quadratic: 5.4 s
-/// for 20 000 and about 25 s for 40 000 in release, 50 s in a debug build
-/// (2 s expected when linear).
+/// Many definitions `let aN = aN-1 + 1` (40 000 are 0.9 MB, below the
+/// 4 MiB policy limit): definitions were found by a linear scan of all of
+/// them (`Checker::let_type`, `check_quietly`), so checking was quadratic:
+/// 5.4 s for 20 000 and about 25 s for 40 000 in release.
 #[test]
-fn policy_many_definitions_check_in_reasonable_time() {
-    isolated(
-        "policy_many_definitions_check_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
+fn policy_many_definitions_check_in_linear_time() {
+    grows_linearly(
+        "policy_many_definitions_check_in_linear_time",
+        2_500,
+        |count| {
             let mut text = format!("{HEADER}let a0 = 1\n");
-            for i in 1..40_000 {
+            for i in 1..count {
                 text.push_str(&format!("let a{i} = a{} + 1\n", i - 1));
             }
             policy_target(text.as_bytes());
@@ -376,17 +483,18 @@ fn policy_many_definitions_check_in_reasonable_time() {
     );
 }
 
-/// 20 000 lines `let = 1` (160 KB), one syntax error each: checking takes
-/// 0.1 s, but `render::human` hands the whole file to annotate-snippets for
-/// every diagnostic, so rendering is O(diagnostics x file size): 11 s in
-/// release (20 000 unused definitions: 13 s), about 90 s in a debug build.
+/// Many lines `let = 1` (20 000 are 160 KB), one syntax error each:
+/// checking takes 0.1 s, but `render::human` handed the whole file to
+/// annotate-snippets for every diagnostic, so rendering was O(diagnostics x
+/// file size): 11 s in release for 20 000 (20 000 unused definitions:
+/// 13 s), about 90 s in a debug build.
 #[test]
-fn policy_many_diagnostics_render_in_reasonable_time() {
-    isolated(
-        "policy_many_diagnostics_render_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
-            let text = format!("{HEADER}{}", "let = 1\n".repeat(20_000));
+fn policy_many_diagnostics_render_in_linear_time() {
+    grows_linearly(
+        "policy_many_diagnostics_render_in_linear_time",
+        2_000,
+        |lines| {
+            let text = format!("{HEADER}{}", "let = 1\n".repeat(lines));
             policy_target(text.as_bytes());
         },
     );
@@ -409,16 +517,15 @@ fn policy_long_unknown_name_suggests_in_reasonable_time() {
     );
 }
 
-/// 3 000 models and a key allowing 3 000 unknown model ids (280 KB):
-/// each unknown id is compared with every model id by `diagnostics::suggest`,
-/// 7.9 s in release.
+/// Many models and a key allowing as many unknown model ids (3 000 of
+/// each are 280 KB): each unknown id was compared with every model id by
+/// `diagnostics::suggest`, 7.9 s in release for 3 000.
 #[test]
-fn data_many_unknown_models_load_in_reasonable_time() {
-    isolated(
-        "data_many_unknown_models_load_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
-            let count = 3_000;
+fn data_many_unknown_models_load_in_linear_time() {
+    grows_linearly(
+        "data_many_unknown_models_load_in_linear_time",
+        400,
+        |count| {
             let mut catalog = String::from(
                 "providers:\n  - id: p\n    format: openai\n    base_url: http://x/v1\n    credentials:\n      - {id: k, key: \"${K}\"}\nmodels:\n",
             );
@@ -437,37 +544,37 @@ fn data_many_unknown_models_load_in_reasonable_time() {
     );
 }
 
-/// One event of almost 4 MiB (the reader's limit) arriving in 1 KiB chunks,
-/// as a provider streaming a large event over a slow connection sends it:
-/// `EventReader::push` searched the whole buffer for a blank line on every
-/// chunk, so reading it was quadratic: 150 s in the fuzz build (4 000
-/// chunks, 8 GB of bytes compared). Found by probing the `sse` target by
-/// hand (inputs of `-max_len` never get near the limit).
+/// One long event arriving in 1 KiB chunks, as a provider streaming a large
+/// event over a slow connection sends it: `EventReader::push` searched the
+/// whole buffer for a blank line on every chunk, so reading it was
+/// quadratic: 150 s in the fuzz build for almost 4 MiB, the reader's limit
+/// (4 000 chunks, 8 GB of bytes compared). Found by probing the `sse` target
+/// by hand (inputs of `-max_len` never get near the limit).
 #[test]
-fn sse_long_event_in_small_chunks_reads_in_reasonable_time() {
-    isolated(
-        "sse_long_event_in_small_chunks_reads_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
+fn sse_long_event_in_small_chunks_reads_in_linear_time() {
+    grows_linearly(
+        "sse_long_event_in_small_chunks_reads_in_linear_time",
+        500,
+        |chunks| {
             let mut stream = b"data: ".to_vec();
-            stream.extend(std::iter::repeat_n(b'x', 4_000 * 1024));
+            stream.extend(std::iter::repeat_n(b'x', chunks * 1024));
             stream.extend_from_slice(b"\n\n");
             sse_target(Endpoint::ChatCompletions, stream.chunks(1024));
         },
     );
 }
 
-/// 4 MiB of blank lines (2 million empty events) in one chunk: `push`
-/// drained each event from the front of its buffer, moving the rest of the
-/// chunk once per event, quadratic in the chunk's size: 140 s in the fuzz
-/// build (1 MiB: 5.5 s; 4 MiB in 256 KiB chunks: 6.8 s).
+/// Blank lines (empty events) in one chunk: `push` drained each event from
+/// the front of its buffer, moving the rest of the chunk once per event,
+/// quadratic in the chunk's size: 140 s in the fuzz build for 4 MiB (1 MiB:
+/// 5.5 s; 4 MiB in 256 KiB chunks: 6.8 s).
 #[test]
-fn sse_many_events_in_one_chunk_read_in_reasonable_time() {
-    isolated(
-        "sse_many_events_in_one_chunk_read_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
-            let stream = b"\n\n".repeat(2 * 1024 * 1024);
+fn sse_many_events_in_one_chunk_read_in_linear_time() {
+    grows_linearly(
+        "sse_many_events_in_one_chunk_read_in_linear_time",
+        128 * 1024,
+        |events| {
+            let stream = b"\n\n".repeat(events);
             sse_target(Endpoint::ChatCompletions, [stream.as_slice()]);
         },
     );
