@@ -364,7 +364,11 @@ async fn requests_in_flight_finish_on_the_policy_they_started_on() {
     let client = setup.client.clone();
     let url = setup.url("/v1/chat/completions");
     let slow = tokio::spawn(async move { ask(&client, &url).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Decided and sent: alpha holds it for 600 ms while the policy changes.
+    until("the slow request reaches alpha", || {
+        setup.sim.requests().len() == 1
+    })
+    .await;
     std::fs::write(&setup.policy, policy_text("g1")).unwrap();
     setup.until_serving("g1").await;
     assert_eq!(slow.await.unwrap(), (200, Some(String::from("g0"))));
