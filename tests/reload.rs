@@ -327,6 +327,65 @@ async fn a_configmap_style_update_takes_effect() {
     setup.stop().await;
 }
 
+/// Replaces the directory `config` with a new one holding `files`, as a
+/// deploy that renames directories does: the new one is written beside
+/// it, the old one renamed away, the new one renamed into its place.
+fn replace_directory(config: &Path, files: &[(&str, String)]) {
+    let staged = config.with_extension("new");
+    std::fs::create_dir(&staged).unwrap();
+    for (name, text) in files {
+        std::fs::write(staged.join(name), text).unwrap();
+    }
+    let old = config.with_extension("old");
+    if config.exists() {
+        std::fs::rename(config, &old).unwrap();
+    }
+    std::fs::rename(&staged, config).unwrap();
+    if old.exists() {
+        std::fs::remove_dir_all(&old).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_directory_takes_effect() {
+    let (stack, secrets) = start_stack("replaced", HEALTHY).await;
+    let read = |name: &str| std::fs::read_to_string(stack.dir.join(name)).unwrap();
+    let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
+    let version = |generation: &str| {
+        [
+            ("replaced.policy", policy_text(generation)),
+            ("catalog.yaml", catalog.clone()),
+            ("tenants.yaml", tenants.clone()),
+        ]
+    };
+    let config = stack.dir.join("config");
+    replace_directory(&config, &version("first"));
+    let reloader = Reloader::new(
+        stack.proxy.clone(),
+        config.join("replaced.policy"),
+        &stack.sources,
+        Arc::new(secrets),
+    );
+    let first = reloader.clone();
+    let outcome = tokio::task::spawn_blocking(move || first.reload())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
+    let setup = Setup {
+        _watch: reloader.watch().unwrap(),
+        stack,
+    };
+    setup.until_serving("first").await;
+
+    replace_directory(&config, &version("second"));
+    let took = setup.until_serving("second").await;
+    assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
+    // And again: the directory in place now is not the one first watched.
+    replace_directory(&config, &version("third"));
+    setup.until_serving("third").await;
+    setup.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_file_change_reloads_too() {
     let setup = Setup::start("data", HEALTHY).await;

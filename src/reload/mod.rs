@@ -232,11 +232,15 @@ impl Reloader {
                 return;
             };
             let watched = paths_to_watch(&relevant.files());
+            // A directory renamed or removed as a whole takes its files along.
+            let directories: HashSet<PathBuf> =
+                watched.iter().map(|path| directory_of(path)).collect();
             let touches_policy = batch
                 .iter()
                 .filter(|event| changes_content(&event.kind))
                 .flat_map(|event| event.paths.iter())
-                .any(|path| comparable(path).is_some_and(|path| watched.contains(&path)));
+                .filter_map(|path| comparable(path))
+                .any(|path| watched.contains(&path) || directories.contains(&path));
             if touches_policy {
                 let _ = watched_events.send(());
             }
@@ -289,7 +293,9 @@ impl WatchedDirectories {
     /// stops watching those where none can any more (the old target of a
     /// swapped link, which a ConfigMap update also deletes). Directories,
     /// not files: an editor that saves by renaming a new file over the old
-    /// one replaces the inode a file watch would follow.
+    /// one replaces the inode a file watch would follow. Each is watched
+    /// again even if it was before: a directory replaced as a whole is a
+    /// new one at the same path, and the old watch follows the old one.
     fn cover(&mut self, files: &[PathBuf]) -> notify::Result<()> {
         let needed: HashSet<PathBuf> = paths_to_watch(files)
             .iter()
@@ -301,11 +307,9 @@ impl WatchedDirectories {
         }
         self.watched.retain(|directory| needed.contains(directory));
         for directory in needed {
-            if !self.watched.contains(&directory) {
-                self.debouncer
-                    .watch(&directory, RecursiveMode::NonRecursive)?;
-                self.watched.insert(directory);
-            }
+            self.debouncer
+                .watch(&directory, RecursiveMode::NonRecursive)?;
+            self.watched.insert(directory);
         }
         Ok(())
     }
