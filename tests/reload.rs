@@ -289,42 +289,10 @@ fn update_configmap(mount: &Path, version: &str, files: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_style_update_takes_effect() {
-    let (stack, secrets) = start_stack("configmap", HEALTHY).await;
-    let read = |name: &str| std::fs::read_to_string(stack.dir.join(name)).unwrap();
-    let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
-    let version = |generation: &str| {
-        [
-            ("configmap.policy", policy_text(generation)),
-            ("catalog.yaml", catalog.clone()),
-            ("tenants.yaml", tenants.clone()),
-        ]
-    };
-    let mount = stack.dir.join("mount");
-    update_configmap(&mount, "v1", &version("mounted"));
-    let reloader = Reloader::new(
-        stack.proxy.clone(),
-        mount.join("configmap.policy"),
-        &stack.sources,
-        Arc::new(secrets),
-    );
-    let first = reloader.clone();
-    let outcome = tokio::task::spawn_blocking(move || first.reload())
-        .await
-        .unwrap();
-    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
-    let setup = Setup {
-        _watch: reloader.watch().unwrap(),
-        stack,
-    };
-    setup.until_serving("mounted").await;
-
-    update_configmap(&mount, "v2", &version("swapped"));
-    let took = setup.until_serving("swapped").await;
-    assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
-    // And again: the link now leads to a directory made after the watch.
-    update_configmap(&mount, "v3", &version("swapped-again"));
-    setup.until_serving("swapped-again").await;
-    setup.stop().await;
+    deployed_updates_take_effect("configmap", |mount, version, files| {
+        update_configmap(mount, &format!("v{version}"), files);
+    })
+    .await;
 }
 
 /// Replaces the directory `config` with a new one holding `files`, as a
@@ -348,21 +316,36 @@ fn replace_directory(config: &Path, files: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_directory_takes_effect() {
-    let (stack, secrets) = start_stack("replaced", HEALTHY).await;
-    let read = |name: &str| std::fs::read_to_string(stack.dir.join(name)).unwrap();
+    deployed_updates_take_effect("replaced", |config, _, files| {
+        replace_directory(config, files);
+    })
+    .await;
+}
+
+/// Serves a policy whose files `deploy` puts in a directory (given it, the
+/// version's number and the files), then deploys two more versions and
+/// waits for each to serve. The third deploy finds whatever the second
+/// left in place, not what the watch began on.
+async fn deployed_updates_take_effect(
+    name: &str,
+    deploy: impl Fn(&Path, usize, &[(&str, String)]),
+) {
+    let (stack, secrets) = start_stack(name, HEALTHY).await;
+    let read = |file: &str| std::fs::read_to_string(stack.dir.join(file)).unwrap();
     let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
+    let policy_name = format!("{name}.policy");
     let version = |generation: &str| {
         [
-            ("replaced.policy", policy_text(generation)),
+            (policy_name.as_str(), policy_text(generation)),
             ("catalog.yaml", catalog.clone()),
             ("tenants.yaml", tenants.clone()),
         ]
     };
-    let config = stack.dir.join("config");
-    replace_directory(&config, &version("first"));
+    let directory = stack.dir.join("deployed");
+    deploy(&directory, 1, &version("first"));
     let reloader = Reloader::new(
         stack.proxy.clone(),
-        config.join("replaced.policy"),
+        directory.join(&policy_name),
         &stack.sources,
         Arc::new(secrets),
     );
@@ -377,11 +360,10 @@ async fn a_replaced_directory_takes_effect() {
     };
     setup.until_serving("first").await;
 
-    replace_directory(&config, &version("second"));
+    deploy(&directory, 2, &version("second"));
     let took = setup.until_serving("second").await;
     assert!(took < IN_EFFECT_WITHIN, "took {took:?}");
-    // And again: the directory in place now is not the one first watched.
-    replace_directory(&config, &version("third"));
+    deploy(&directory, 3, &version("third"));
     setup.until_serving("third").await;
     setup.stop().await;
 }
