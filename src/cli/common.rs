@@ -2,12 +2,15 @@
 //! printing a failed check.
 
 use crate::compile::Snapshot;
+use crate::diagnostics::io_reason;
 use crate::diagnostics::render::{self, Style};
 use crate::evaluate::{Caller, Endpoint};
 use crate::language::CheckReport;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::io::ErrorKind;
 use std::path::PathBuf;
 
 /// A request as written in a file: an endpoint, headers and a body. A file
@@ -132,7 +135,7 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
     for path in paths {
         if path.is_dir() {
             let entries = std::fs::read_dir(&path)
-                .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+                .map_err(|e| format!("cannot read `{}`: {}", path.display(), io_reason(&e)))?;
             let mut found: Vec<PathBuf> = entries
                 .filter_map(Result::ok)
                 .map(|entry| entry.path())
@@ -153,4 +156,68 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
         }
     }
     Ok(files)
+}
+
+/// How `serve`, `demo` and `sim` let a user pick another address.
+pub const CHOOSE_ANOTHER: &str = "choose another address with `--listen ADDR`";
+
+/// Why `who` could not listen on `address`, and what to do about it.
+/// `choose_another` says how to pick another address; `None` where the
+/// address is fixed (the demo's simulated providers, which the shipped
+/// catalog names).
+pub fn listen_failure(
+    who: &str,
+    address: impl Display,
+    error: &std::io::Error,
+    choose_another: Option<&str>,
+) -> String {
+    let help = match (error.kind(), choose_another) {
+        (ErrorKind::AddrInUse, Some(choose)) => {
+            format!("another process listens there: stop it, or {choose}")
+        }
+        (ErrorKind::AddrInUse, None) => {
+            String::from("another process listens there: stop it (the catalog names this address)")
+        }
+        (ErrorKind::AddrNotAvailable, Some(choose)) => format!(
+            "{choose}: 127.0.0.1:PORT for this machine alone, 0.0.0.0:PORT for all its networks"
+        ),
+        (ErrorKind::PermissionDenied, Some(choose)) => {
+            format!("ports below 1024 need privileges: {choose}, on a port above 1023")
+        }
+        (_, Some(choose)) => String::from(choose),
+        (_, None) => return format!("{who} cannot listen on {address}: {}", io_reason(error)),
+    };
+    format!(
+        "{who} cannot listen on {address}: {}\n = help: {help}",
+        io_reason(error)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_address_says_what_to_do() {
+        let busy = std::io::Error::from(ErrorKind::AddrInUse);
+        assert_eq!(
+            listen_failure("the proxy", "127.0.0.1:8080", &busy, Some(CHOOSE_ANOTHER)),
+            "the proxy cannot listen on 127.0.0.1:8080: the address is in use\n \
+             = help: another process listens there: stop it, or choose another address with `--listen ADDR`"
+        );
+        assert!(
+            listen_failure("the simulated providers", "127.0.0.1:9100", &busy, None).ends_with(
+                "= help: another process listens there: stop it (the catalog names this address)"
+            )
+        );
+    }
+
+    #[test]
+    fn an_unexplained_failure_keeps_the_systems_words() {
+        let other = std::io::Error::other("something else");
+        assert_eq!(
+            listen_failure("the proxy", "127.0.0.1:8080", &other, None),
+            "the proxy cannot listen on 127.0.0.1:8080: something else"
+        );
+    }
 }

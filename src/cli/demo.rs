@@ -1,6 +1,7 @@
 //! `switchyard demo`: the proxy with a shipped policy in front of simulated
 //! providers, one of them flaky, in one process. No provider keys needed.
 
+use super::common::listen_failure;
 use super::daemon::{LogFormat, init_logging, raise_open_file_limit, runtime, status};
 use super::exit;
 use super::serve::{Service, load};
@@ -173,9 +174,13 @@ pub fn run(args: &DemoArgs) -> ExitCode {
         };
         let simulated = match sim::start(sim_addr, scenario).await {
             Ok(handle) => handle,
+            // The shipped catalog names this address: there is no other.
             Err(error) => {
-                return fail(format!(
-                    "cannot start the simulated providers on {SIM_ADDR} (the shipped catalog expects them there): {error}"
+                return fail(listen_failure(
+                    "the simulated providers",
+                    SIM_ADDR,
+                    &error,
+                    None,
                 ));
             }
         };

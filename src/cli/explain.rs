@@ -3,6 +3,7 @@
 use super::common::{RequestSpec, print_report, resolve_caller};
 use super::{Format, exit};
 use crate::compile::{AllSecrets, Snapshot, compile_report};
+use crate::diagnostics::io_reason;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
@@ -61,8 +62,9 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         Ok(text) => text,
         Err(error) => {
             return fail(format_args!(
-                "cannot read `{}`: {error}",
-                args.request.display()
+                "cannot read `{}`: {}",
+                args.request.display(),
+                io_reason(&error)
             ));
         }
     };
@@ -98,7 +100,11 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             let text = match std::fs::read_to_string(path) {
                 Ok(text) => text,
                 Err(error) => {
-                    return fail(format_args!("cannot read `{}`: {error}", path.display()));
+                    return fail(format_args!(
+                        "cannot read `{}`: {}",
+                        path.display(),
+                        io_reason(&error)
+                    ));
                 }
             };
             match serde_saphyr::from_str(&text) {

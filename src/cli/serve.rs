@@ -1,7 +1,7 @@
 //! `switchyard serve`: the proxy that enforces a policy, following changes
 //! to its files.
 
-use super::common::print_report;
+use super::common::{CHOOSE_ANOTHER, listen_failure, print_report};
 use super::daemon::{
     LogFormat, duration_arg, init_logging, raise_open_file_limit, runtime, status, stop_signal,
 };
@@ -104,7 +104,9 @@ impl Service {
         warn_missing_secrets(&snapshot);
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
-            .map_err(|error| format!("cannot listen on {}: {error}", self.listen))?;
+            .map_err(|error| {
+                listen_failure("the proxy", self.listen, &error, Some(CHOOSE_ANOTHER))
+            })?;
         let state = InProcess::new(Arc::new(SystemClock::new()));
         let proxy = Proxy::logging_to(
             Arc::new(snapshot),

@@ -1,6 +1,8 @@
 //! `switchyard sim`: simulated providers for demos and tests.
 
+use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::exit;
+use crate::diagnostics::io_reason;
 use crate::sim::{self, Scenario};
 use clap::Args;
 use std::io::IsTerminal;
@@ -24,7 +26,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
     let shown = args.scenario.display().to_string();
     let text = match std::fs::read_to_string(&args.scenario) {
         Ok(text) => text,
-        Err(error) => return usage_error(&format!("cannot read `{shown}`: {}", reason(&error))),
+        Err(error) => return usage_error(&format!("cannot read `{shown}`: {}", io_reason(&error))),
     };
     let scenario = match Scenario::parse(&text, &shown) {
         Ok(scenario) => scenario,
@@ -49,7 +51,12 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
     let handle = match sim::start(listen, scenario).await {
         Ok(handle) => handle,
         Err(error) => {
-            return usage_error(&format!("cannot listen on {listen}: {}", reason(&error)));
+            return usage_error(&listen_failure(
+                "the simulated providers",
+                listen,
+                &error,
+                Some(CHOOSE_ANOTHER),
+            ));
         }
     };
     println!(
@@ -65,20 +72,6 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
 fn usage_error(message: &str) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(exit::USAGE)
-}
-
-fn reason(error: &std::io::Error) -> String {
-    match error.kind() {
-        std::io::ErrorKind::NotFound => String::from("no such file"),
-        std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
-        std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
-        std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
-        std::io::ErrorKind::AddrInUse => String::from("the address is in use"),
-        std::io::ErrorKind::AddrNotAvailable => {
-            String::from("the address is not one of this machine's")
-        }
-        _ => error.to_string(),
-    }
 }
 
 /// One line per request on standard error; `RUST_LOG` overrides the level.

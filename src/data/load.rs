@@ -6,7 +6,7 @@
 use super::model::*;
 use super::schema::*;
 use super::yaml::*;
-use crate::diagnostics::{Code, Diagnostic, codes, suggest};
+use crate::diagnostics::{Code, Diagnostic, codes, io_reason, suggest};
 use crate::source::{SourceId, SourceMap, Span};
 use crate::value::{EnumMember, Value};
 use foldhash::{HashMap, HashSet};
@@ -37,16 +37,6 @@ pub fn read_source(
             );
             None
         }
-    }
-}
-
-fn io_reason(error: &std::io::Error) -> String {
-    match error.kind() {
-        std::io::ErrorKind::NotFound => String::from("no such file"),
-        std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
-        std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
-        std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
-        _ => error.to_string(),
     }
 }
 

@@ -162,6 +162,21 @@ impl IntoIterator for Diagnostics {
     }
 }
 
+/// Why a file could not be read, or an address not listened on, in words.
+pub fn io_reason(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => String::from("no such file"),
+        std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
+        std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
+        std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
+        std::io::ErrorKind::AddrInUse => String::from("the address is in use"),
+        std::io::ErrorKind::AddrNotAvailable => {
+            String::from("the address is not one of this machine's")
+        }
+        _ => error.to_string(),
+    }
+}
+
 /// The closest candidate to a misspelled name, if one is close enough to be
 /// what the user meant.
 pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {

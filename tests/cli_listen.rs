@@ -1,0 +1,54 @@
+//! `switchyard serve` and `switchyard sim` on an address another process
+//! holds: a usage error that says so and what to do, not a panic or an
+//! operating system's bare message.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Runs the binary with `args` while another listener holds the address
+/// given as `--listen`; returns its exit code and what it wrote to stderr.
+fn run_on_a_busy_address(args: &[&str]) -> (Option<i32>, String) {
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = holder.local_addr().unwrap().to_string();
+    let output = Command::new(BIN)
+        .args(args)
+        .args(["--listen", &address])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    drop(holder);
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+const HELP: &str = "= help: another process listens there: stop it, or choose another address with `--listen ADDR`";
+
+#[test]
+fn serve_on_a_busy_address_says_what_to_do() {
+    let (code, stderr) = run_on_a_busy_address(&["serve", "--policy", "policies/noirdoc.policy"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: the proxy cannot listen on 127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(": the address is in use"), "{stderr}");
+    assert!(stderr.contains(HELP), "{stderr}");
+}
+
+#[test]
+fn sim_on_a_busy_address_says_what_to_do() {
+    let (code, stderr) = run_on_a_busy_address(&["sim", "--scenario", "scenarios/healthy.yaml"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: the simulated providers cannot listen on 127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(HELP), "{stderr}");
+}
