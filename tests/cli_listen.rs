@@ -28,27 +28,36 @@ fn run_on_a_busy_address(args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
-const HELP: &str = "= help: another process listens there: stop it, or choose another address with `--listen ADDR`";
-
-#[test]
-fn serve_on_a_busy_address_says_what_to_do() {
-    let (code, stderr) = run_on_a_busy_address(&["serve", "--policy", "policies/noirdoc.policy"]);
+/// Checks that running `args` on a busy address fails as a usage error
+/// naming `who`, the reason and what to do.
+fn assert_explained(who: &str, args: &[&str]) {
+    let (code, stderr) = run_on_a_busy_address(args);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
-        stderr.contains("error: the proxy cannot listen on 127.0.0.1:"),
+        stderr.contains(&format!("error: {who} cannot listen on 127.0.0.1:")),
         "{stderr}"
     );
     assert!(stderr.contains(": the address is in use"), "{stderr}");
-    assert!(stderr.contains(HELP), "{stderr}");
+    assert!(
+        stderr.contains(
+            "= help: another process listens there: stop it, or choose another address with `--listen ADDR`"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_on_a_busy_address_says_what_to_do() {
+    assert_explained(
+        "the proxy",
+        &["serve", "--policy", "policies/noirdoc.policy"],
+    );
 }
 
 #[test]
 fn sim_on_a_busy_address_says_what_to_do() {
-    let (code, stderr) = run_on_a_busy_address(&["sim", "--scenario", "scenarios/healthy.yaml"]);
-    assert_eq!(code, Some(2), "{stderr}");
-    assert!(
-        stderr.contains("error: the simulated providers cannot listen on 127.0.0.1:"),
-        "{stderr}"
+    assert_explained(
+        "the simulated providers",
+        &["sim", "--scenario", "scenarios/healthy.yaml"],
     );
-    assert!(stderr.contains(HELP), "{stderr}");
 }
