@@ -1,12 +1,14 @@
 //! What the long-running commands (`serve`, `sim`, `demo`) share: logging,
 //! the runtime, and waiting for a signal to stop.
 
+use super::exit;
 use super::log_batch::{Batched, FlushOnDrop, FormatLater};
 use crate::json_text::{JsonEscaped, write_json_string};
 use crate::proxy::{AccessLog, REQUEST_LOG_TARGET, RequestLine, TracingAccessLog};
 use clap::ValueEnum;
 use std::fmt::{self, Write as _};
 use std::io::{IsTerminal, Stderr};
+use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 use tracing::Level;
 use tracing_subscriber::fmt::format::Writer;
@@ -72,6 +74,12 @@ pub fn status(message: fmt::Arguments<'_>) {
         Some(writer) => writer.write_now(format!("{message}\n").as_bytes()),
         None => eprintln!("{message}"),
     }
+}
+
+/// A fatal error in the command's use or set-up: a status line, exit 2.
+pub fn fail(message: impl fmt::Display) -> ExitCode {
+    status(format_args!("error: {message}"));
+    ExitCode::from(exit::USAGE)
 }
 
 /// Below this many open files a warning says how few requests fit.

@@ -2,7 +2,7 @@
 //! providers, one of them flaky, in one process. No provider keys needed.
 
 use super::common::listen_failure;
-use super::daemon::{LogFormat, init_logging, raise_open_file_limit, runtime, status};
+use super::daemon::{LogFormat, fail, init_logging, raise_open_file_limit, runtime};
 use super::exit;
 use super::serve::{Service, load};
 use crate::compile::AllSecrets;
@@ -98,11 +98,6 @@ pub struct DemoArgs {
     pub policy_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    status(format_args!("error: {message}"));
-    ExitCode::from(exit::USAGE)
 }
 
 /// Copies the shipped policy into `dir` unless it already holds files.

@@ -3,7 +3,8 @@
 
 use super::common::{CHOOSE_ANOTHER, listen_failure, print_report};
 use super::daemon::{
-    LogFormat, duration_arg, init_logging, raise_open_file_limit, runtime, status, stop_signal,
+    LogFormat, duration_arg, fail, init_logging, raise_open_file_limit, runtime, status,
+    stop_signal,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
@@ -43,11 +44,6 @@ pub struct ServeArgs {
     pub version_header: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    status(format_args!("error: {message}"));
-    ExitCode::from(exit::USAGE)
 }
 
 /// Checks and compiles a policy, as `check` does; on failure prints why.

@@ -1,6 +1,7 @@
 //! `switchyard sim`: simulated providers for demos and tests.
 
 use super::common::{CHOOSE_ANOTHER, listen_failure};
+use super::daemon::fail;
 use super::exit;
 use crate::diagnostics::io_reason;
 use crate::sim::{self, Scenario};
@@ -26,11 +27,11 @@ pub fn run(args: &SimArgs) -> ExitCode {
     let shown = args.scenario.display().to_string();
     let text = match std::fs::read_to_string(&args.scenario) {
         Ok(text) => text,
-        Err(error) => return usage_error(&format!("cannot read `{shown}`: {}", io_reason(&error))),
+        Err(error) => return fail(format!("cannot read `{shown}`: {}", io_reason(&error))),
     };
     let scenario = match Scenario::parse(&text, &shown) {
         Ok(scenario) => scenario,
-        Err(message) => return usage_error(&message),
+        Err(message) => return fail(message),
     };
     init_logging();
     super::daemon::raise_open_file_limit();
@@ -51,7 +52,7 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
     let handle = match sim::start(listen, scenario).await {
         Ok(handle) => handle,
         Err(error) => {
-            return usage_error(&listen_failure(
+            return fail(listen_failure(
                 "the simulated providers",
                 listen,
                 &error,
@@ -67,11 +68,6 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
     shutdown_signal().await;
     handle.shutdown().await;
     ExitCode::from(exit::OK)
-}
-
-fn usage_error(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(exit::USAGE)
 }
 
 /// One line per request on standard error; `RUST_LOG` overrides the level.
