@@ -1,7 +1,7 @@
 //! `switchyard explain`: the decision for one request, and why.
 
 use super::common::{RequestSpec, print_report, resolve_caller};
-use super::{Format, exit};
+use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::diagnostics::io_reason;
 use crate::evaluate::health::{HealthEntry, HealthTable};
@@ -30,15 +30,25 @@ pub struct ExplainArgs {
     /// With --tenant: the workspace (default: the tenant's first).
     #[arg(long, requires = "tenant")]
     pub workspace: Option<String>,
-    /// Health of providers: a YAML list of entries such as
-    /// `- {provider: aki-io, paused_for: 30s}`.
-    #[arg(long)]
+    /// A YAML file of the health to decide with: a list of entries such
+    /// as `- {provider: aki-io, paused_for: 30s}`.
+    #[arg(long, value_name = "FILE")]
     pub health: Option<PathBuf>,
     /// The load-balancing seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    #[arg(long, value_enum, default_value_t = Format::Human)]
-    pub format: Format,
+    #[arg(long, value_enum, default_value_t = ExplainFormat::Human)]
+    pub format: ExplainFormat,
+}
+
+/// How `explain` prints the decision, on standard output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExplainFormat {
+    /// The candidates as a table, each kept or removed and why, then the
+    /// plan or the error: for a person.
+    Human,
+    /// One JSON object (`candidates`, `result`): for tools.
+    Json,
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -137,8 +147,8 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     };
     let decision = evaluate_traced(&snapshot, &context, &health);
     match args.format {
-        Format::Human => print!("{}", human(&snapshot, &sources, &decision)),
-        Format::Json => println!(
+        ExplainFormat::Human => print!("{}", human(&snapshot, &sources, &decision)),
+        ExplainFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&as_json(&snapshot, &sources, &decision))
                 .unwrap_or_default()
