@@ -1972,6 +1972,30 @@ async fn a_client_still_sending_a_refused_body_reads_the_413() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_a_body_reads_a_refusal_given_before_reading_it() -> TestResult {
+    // Refusals that need none of the body (a wrong key, a wrong path or
+    // method) come with megabytes still unsent; the same reset as for a
+    // 413 would lose them.
+    let gateway = simple_gateway().await;
+    let mut body = chat_body(false);
+    body["messages"][0]["content"] = json!("x".repeat(4 << 20));
+    for round in 0..2 {
+        let wrong_key = gateway
+            .api
+            .post("/v1/chat/completions", &body)
+            .bearer_auth("sk-nobody");
+        let reply = Reply::of(wrong_key).await;
+        assert_eq!(reply.status, 401, "round {round}: {}", reply.text);
+        let reply = Reply::of(gateway.api.post("/v2/chat/completions", &body)).await;
+        assert_eq!(reply.status, 404, "round {round}: {}", reply.text);
+        let reply = Reply::of(gateway.api.post("/healthz", &body)).await;
+        assert_eq!(reply.status, 405, "round {round}: {}", reply.text);
+    }
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> TestResult {
     use tokio::io::AsyncWriteExt;
     let gateway = simple_gateway().await;

@@ -379,6 +379,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
             None => not_found(wire, &request_id, path),
         },
     };
+    drain_unread(request);
     Handled::Answered(response)
 }
 
@@ -546,7 +547,9 @@ async fn complete(
                 (401, "unauthorized"),
                 "unauthorized",
             );
-            return Handled::Answered(unauthorized(wire, &request_id, why));
+            let response = unauthorized(wire, &request_id, why);
+            drain_unread(request);
+            return Handled::Answered(response);
         }
     };
     let (parts, mut incoming) = request.into_parts();
@@ -555,10 +558,7 @@ async fn complete(
     // of it is read, and so before a client that sent `Expect:
     // 100-continue` is told to send it.
     let declared = hyper::body::Body::size_hint(&incoming).lower();
-    let waits_to_send = parts
-        .headers
-        .get(header::EXPECT)
-        .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let waits_to_send = waits_for_continue(&parts.headers);
     let declared_too_large = declared > u64::try_from(limit).unwrap_or(u64::MAX);
     let read = if declared_too_large {
         Err(BodyProblem::TooLarge)
@@ -694,9 +694,28 @@ async fn read_limited(incoming: &mut Incoming, limit: usize) -> Result<Bytes, Bo
 /// connection with unread data resets it, and the reset can reach the
 /// client before it reads the refusal: a client that sends its whole body
 /// before reading the answer, as most do, would get a broken pipe instead
-/// of the `413`.
+/// of the refusal (a `413`, a `401`, a `404`).
 const DRAIN_MAX_BYTES: usize = 64 << 20;
 const DRAIN_MAX_TIME: Duration = Duration::from_secs(5);
+
+/// Drains the body of a request refused before any of it was read, unless
+/// it has none or its client waits for `100 Continue` before sending it:
+/// reading it would tell that client to go ahead.
+fn drain_unread(request: Request<Incoming>) {
+    let waits_to_send = waits_for_continue(request.headers());
+    let body = request.into_body();
+    if !waits_to_send && !hyper::body::Body::is_end_stream(&body) {
+        drain(body);
+    }
+}
+
+/// Whether the client sends its body only once told to (`Expect:
+/// 100-continue`), which hyper does when the body is first read.
+fn waits_for_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
 
 /// Reads and drops the rest of a refused body, within the bounds above,
 /// while the refusal goes out.
