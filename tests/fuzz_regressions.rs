@@ -208,9 +208,19 @@ fn grows_linearly(name: &str, size: usize, body: fn(usize)) {
             .map(Duration::from_nanos)
             .unwrap_or_else(|| panic!("{name}: the child printed no CPU time:\n{stderr}"))
     };
-    let small = cpu_time(size);
-    let large = cpu_time(size * SCALE);
-    let growth = large.as_secs_f64() / small.as_secs_f64().max(1e-9);
+    let growth =
+        |small: Duration, large: Duration| large.as_secs_f64() / small.as_secs_f64().max(1e-9);
+    let mut small = cpu_time(size);
+    let mut large = cpu_time(size * SCALE);
+    // CPU time still grows a little on a busy machine (caches shared with
+    // the tests beside it): a ratio over the bound is measured once more,
+    // and each size keeps its faster run. Quadratic work is over the bound
+    // every time.
+    if growth(small, large) >= MAX_GROWTH {
+        small = small.min(cpu_time(size));
+        large = large.min(cpu_time(size * SCALE));
+    }
+    let growth = growth(small, large);
     assert!(
         growth < MAX_GROWTH,
         "{name}: {SCALE} times the input took {growth:.1} times as long ({small:?}, then {large:?}); \
@@ -500,17 +510,17 @@ fn policy_many_diagnostics_render_in_linear_time() {
     );
 }
 
-/// A 40 000-character name used where a definition of a name one letter off
-/// exists: `diagnostics::suggest` runs a full Damerau-Levenshtein over every
-/// candidate, quadratic in the name's length (3.2 s for 30 000 in release; a
-/// 2 MB policy with two 1 MB names would take hours).
+/// A long name used where a definition of a name one letter off exists:
+/// `diagnostics::suggest` ran a full Damerau-Levenshtein over every
+/// candidate, quadratic in the name's length (3.2 s for 30 000 characters in
+/// release; a 2 MB policy with two 1 MB names would take hours).
 #[test]
-fn policy_long_unknown_name_suggests_in_reasonable_time() {
-    isolated(
-        "policy_long_unknown_name_suggests_in_reasonable_time",
-        STALL_DEADLINE,
-        || {
-            let name = "a".repeat(40_000);
+fn policy_long_unknown_name_suggests_in_linear_time() {
+    grows_linearly(
+        "policy_long_unknown_name_suggests_in_linear_time",
+        5_000,
+        |length| {
+            let name = "a".repeat(length);
             let text = format!("{HEADER}let {name} = 1\nlet b = {}b\n", &name[1..]);
             policy_target(text.as_bytes());
         },
