@@ -14,7 +14,7 @@ use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, new_debouncer};
 use serde_json::{Value as Json, json};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -275,17 +275,18 @@ type Debouncer = notify_debouncer_full::Debouncer<
     notify_debouncer_full::RecommendedCache,
 >;
 
-/// The watcher and the directories it watches.
+/// The watcher and the directories it watches, each with the identity of
+/// the directory the watch follows.
 struct WatchedDirectories {
     debouncer: Debouncer,
-    watched: HashSet<PathBuf>,
+    watched: HashMap<PathBuf, Option<DirectoryId>>,
 }
 
 impl WatchedDirectories {
     fn new(debouncer: Debouncer) -> WatchedDirectories {
         WatchedDirectories {
             debouncer,
-            watched: HashSet::new(),
+            watched: HashMap::new(),
         }
     }
 
@@ -293,26 +294,86 @@ impl WatchedDirectories {
     /// stops watching those where none can any more (the old target of a
     /// swapped link, which a ConfigMap update also deletes). Directories,
     /// not files: an editor that saves by renaming a new file over the old
-    /// one replaces the inode a file watch would follow. Each is watched
-    /// again even if it was before: a directory replaced as a whole is a
-    /// new one at the same path, and the old watch follows the old one.
+    /// one replaces the inode a file watch would follow. Their parents
+    /// too, or the nearest directory that exists while one is missing: a
+    /// directory renamed into place shows only there. A watch follows a
+    /// directory, not its path, so a path that now leads to another
+    /// directory (one replaced as a whole) is watched anew.
     fn cover(&mut self, files: &[PathBuf]) -> notify::Result<()> {
-        let needed: HashSet<PathBuf> = paths_to_watch(files)
-            .iter()
-            .map(|path| directory_of(path))
-            .collect();
-        for directory in self.watched.difference(&needed) {
-            // A deleted directory's watch is gone already; nothing to undo.
-            let _ = self.debouncer.unwatch(directory);
+        let mut needed: HashMap<PathBuf, Option<DirectoryId>> = HashMap::new();
+        for path in paths_to_watch(files) {
+            let mut directory = directory_of(&path);
+            loop {
+                match directory_id(&directory) {
+                    Some(id) => {
+                        if let Some(parent) = directory.parent() {
+                            needed.insert(parent.to_path_buf(), directory_id(parent));
+                        }
+                        needed.insert(directory, Some(id));
+                        break;
+                    }
+                    None => match directory.parent() {
+                        Some(parent) => directory = parent.to_path_buf(),
+                        None => break,
+                    },
+                }
+            }
         }
-        self.watched.retain(|directory| needed.contains(directory));
-        for directory in needed {
-            self.debouncer
-                .watch(&directory, RecursiveMode::NonRecursive)?;
-            self.watched.insert(directory);
+        for (directory, id) in &self.watched {
+            if needed.get(directory) != Some(id) {
+                // A deleted directory's watch is gone already; nothing to
+                // undo.
+                let _ = self.debouncer.unwatch(directory);
+            }
         }
-        Ok(())
+        self.watched
+            .retain(|directory, id| needed.get(directory) == Some(id));
+        let mut first_error = None;
+        for (directory, id) in needed {
+            if self.watched.contains_key(&directory) {
+                continue;
+            }
+            match self
+                .debouncer
+                .watch(&directory, RecursiveMode::NonRecursive)
+            {
+                Ok(()) => {
+                    self.watched.insert(directory, id);
+                }
+                // The others are still worth watching.
+                Err(error) => first_error = first_error.or(Some(error)),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
+}
+
+/// What tells one directory from another at the same path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirectoryId {
+    device: u64,
+    inode: u64,
+}
+
+/// The directory at `path`, or `None` when there is none.
+#[cfg(unix)]
+fn directory_id(path: &Path) -> Option<DirectoryId> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    metadata.is_dir().then(|| DirectoryId {
+        device: metadata.dev(),
+        inode: metadata.ino(),
+    })
+}
+
+/// Elsewhere directories are told apart by path only: one replaced as a
+/// whole keeps the old one's watch.
+#[cfg(not(unix))]
+fn directory_id(path: &Path) -> Option<DirectoryId> {
+    path.is_dir().then_some(DirectoryId {
+        device: 0,
+        inode: 0,
+    })
 }
 
 /// A running watch; dropping it stops watching.
@@ -374,10 +435,27 @@ fn paths_to_watch(files: &[PathBuf]) -> HashSet<PathBuf> {
 
 /// A path as events are compared: the watcher reports paths under the
 /// directory it was given, the policy names files as written, so both are
-/// taken as their directory's canonical path joined with their name.
+/// taken as their directory's canonical path joined with their name. While
+/// the directory is missing (renamed away, its replacement not yet in
+/// place), as the nearest one that exists makes it.
 fn comparable(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?;
-    Some(std::fs::canonicalize(directory_of(path)).ok()?.join(name))
+    let mut missing = Vec::new();
+    let mut existing = directory_of(path);
+    let canonical = loop {
+        if let Ok(canonical) = std::fs::canonicalize(&existing) {
+            break canonical;
+        }
+        missing.push(existing.file_name()?.to_os_string());
+        existing = existing.parent()?.to_path_buf();
+    };
+    Some(
+        missing
+            .iter()
+            .rev()
+            .fold(canonical, |path, part| path.join(part))
+            .join(name),
+    )
 }
 
 /// More links than this on one path is a loop, as for the kernel.
@@ -505,11 +583,15 @@ mod tests {
         let files = [dir.join("p.policy")];
         directories.cover(&files).unwrap();
         let watched = |directories: &WatchedDirectories| {
-            let mut watched: Vec<PathBuf> = directories.watched.iter().cloned().collect();
+            let mut watched: Vec<PathBuf> = directories.watched.keys().cloned().collect();
             watched.sort();
             watched
         };
-        assert_eq!(watched(&directories), [dir.clone(), dir.join("..v1")]);
+        let parent = dir.parent().unwrap().to_path_buf();
+        assert_eq!(
+            watched(&directories),
+            [parent.clone(), dir.clone(), dir.join("..v1")]
+        );
 
         // The update a ConfigMap volume makes: a new directory, `..data`
         // renamed over to lead there, the old directory deleted.
@@ -519,7 +601,43 @@ mod tests {
         std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
         std::fs::remove_dir_all(dir.join("..v1")).unwrap();
         directories.cover(&files).unwrap();
-        assert_eq!(watched(&directories), [dir.clone(), dir.join("..v2")]);
+        assert_eq!(
+            watched(&directories),
+            [parent, dir.clone(), dir.join("..v2")]
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_missing_directory_is_watched_through_the_nearest_that_exists() {
+        let dir = fresh_dir("missing");
+        let config = dir.join("config");
+        std::fs::create_dir(&config).unwrap();
+        std::fs::write(config.join("p.policy"), "").unwrap();
+        let debouncer = new_debouncer(DEBOUNCE, None, |_: DebounceEventResult| {}).unwrap();
+        let mut directories = WatchedDirectories::new(debouncer);
+        let files = [config.join("p.policy")];
+        directories.cover(&files).unwrap();
+        let first = directories.watched.get(&config).copied().flatten();
+        assert!(first.is_some());
+
+        // Renamed away: the path compares as it did, and its parent, where
+        // the replacement will show, stays watched.
+        std::fs::rename(&config, dir.join("config.old")).unwrap();
+        assert_eq!(
+            comparable(&config.join("p.policy")),
+            Some(config.join("p.policy"))
+        );
+        directories.cover(&files).unwrap();
+        assert!(!directories.watched.contains_key(&config));
+        assert!(directories.watched.contains_key(&dir));
+
+        // A new directory at the path is watched, not the old one.
+        std::fs::create_dir(&config).unwrap();
+        directories.cover(&files).unwrap();
+        let second = directories.watched.get(&config).copied().flatten();
+        assert!(second.is_some());
+        assert_ne!(first, second);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
