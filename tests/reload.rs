@@ -232,21 +232,38 @@ async fn a_valid_edit_takes_effect_and_shows_its_version() {
         health["version"]
     );
     assert!(health["reload"]["last_failure"].is_null());
-    // Responses say which version decided them.
-    let response = setup
-        .client
-        .post(setup.url("/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&serde_json::json!({"model": "m", "messages": []}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.headers()["x-switchyard-policy-version"]
-            .to_str()
-            .unwrap(),
-        health["version"].as_str().unwrap()
-    );
+    // Responses say which version decided them: answers, refusals and
+    // everything else the proxy says.
+    let chat = |key: &str, model: &str| {
+        setup
+            .client
+            .post(setup.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"model": model, "messages": []}))
+    };
+    let requests = [
+        ("answer", chat(KEY, "m")),
+        ("policy refusal", chat(KEY, "no-such-model")),
+        ("wrong key", chat("sk-nobody", "m")),
+        (
+            "models",
+            setup.client.get(setup.url("/v1/models")).bearer_auth(KEY),
+        ),
+        ("health", setup.client.get(setup.url("/healthz"))),
+        ("unknown path", setup.client.get(setup.url("/v2/models"))),
+    ];
+    for (what, request) in requests {
+        let response = request.send().await.unwrap();
+        assert_eq!(
+            response
+                .headers()
+                .get("x-switchyard-policy-version")
+                .map(|version| version.to_str().unwrap()),
+            health["version"].as_str(),
+            "{what} ({})",
+            response.status()
+        );
+    }
     setup.stop().await;
 }
 

@@ -299,14 +299,7 @@ struct Answering {
 impl Answering {
     async fn response(self) -> Response<ProxyBody> {
         match execute::answer(self.started).await {
-            Some(mut response) => {
-                if let Some(version) = self.version {
-                    response
-                        .headers_mut()
-                        .insert(header_names::POLICY_VERSION, version);
-                }
-                response
-            }
+            Some(response) => with_version(response, self.version.as_ref()),
             // The exchange ended without answering: only a bug can do that.
             None => respond::builtin_error(
                 self.wire,
@@ -380,7 +373,29 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
         },
     };
     drain_unread(request);
-    Handled::Answered(response)
+    let version = policy_version(&proxy, &proxy.snapshot());
+    Handled::Answered(with_version(response, version.as_ref()))
+}
+
+/// The value of `x-switchyard-policy-version` for answers decided on
+/// `snapshot`, when responses carry it.
+fn policy_version(proxy: &Proxy, snapshot: &Snapshot) -> Option<HeaderValue> {
+    proxy
+        .version_header
+        .then(|| HeaderValue::from_str(&snapshot.version).ok())
+        .flatten()
+}
+
+fn with_version(
+    mut response: Response<ProxyBody>,
+    version: Option<&HeaderValue>,
+) -> Response<ProxyBody> {
+    if let Some(version) = version {
+        response
+            .headers_mut()
+            .insert(header_names::POLICY_VERSION, version.clone());
+    }
+    response
 }
 
 fn not_found(wire: WireFormat, request_id: &str, path: &str) -> Response<ProxyBody> {
@@ -536,6 +551,8 @@ async fn complete(
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
     let snapshot = proxy.snapshot();
+    let version = policy_version(&proxy, &snapshot);
+    let answered = |response| Handled::Answered(with_version(response, version.as_ref()));
     let caller = match authenticate(&snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
@@ -549,7 +566,7 @@ async fn complete(
             );
             let response = unauthorized(wire, &request_id, why);
             drain_unread(request);
-            return Handled::Answered(response);
+            return answered(response);
         }
     };
     let (parts, mut incoming) = request.into_parts();
@@ -605,7 +622,7 @@ async fn complete(
                 (status, code),
                 outcome,
             );
-            return Handled::Answered(respond::builtin_error(
+            return answered(respond::builtin_error(
                 wire,
                 &request_id,
                 status,
@@ -629,12 +646,8 @@ async fn complete(
         &request_id,
     ) {
         Ok(exchange) => exchange,
-        Err(refused) => return Handled::Answered(*refused),
+        Err(refused) => return answered(*refused),
     };
-    let version = proxy
-        .version_header
-        .then(|| HeaderValue::from_str(&snapshot.version).ok())
-        .flatten();
     Handled::Answering(Answering {
         started: execute::start(exchange),
         wire,
