@@ -137,7 +137,32 @@ impl Metrics {
             histograms: Handles::default(),
         };
         metrics.describe();
+        metrics.start_at_zero();
         metrics
+    }
+
+    /// Registers the series whose labels are known in advance, so that a
+    /// fresh proxy's scrape shows them at 0: a missing series is no rate,
+    /// and an alert on `switchyard_reload_failed` could not tell "no
+    /// failure" from "no data".
+    fn start_at_zero(&self) {
+        let counter = |name: &'static str, labels: &[(&'static str, String)]| {
+            self.recorder
+                .register_counter(&key(name, labels), &METADATA);
+        };
+        counter("switchyard_capacity_waits_total", &[]);
+        // The scope kinds a pause applies to (`execute::scope_name`).
+        for scope in ["provider", "route", "credential"] {
+            counter("switchyard_pauses_total", &[("scope", scope.to_string())]);
+        }
+        for result in ["ok", "failed"] {
+            counter(
+                "switchyard_reloads_total",
+                &[("result", result.to_string())],
+            );
+        }
+        self.set("switchyard_reload_failed", &[], 0.0);
+        self.in_flight(0.0);
     }
 
     fn describe(&self) {
@@ -311,5 +336,30 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_proxy_shows_its_event_series_at_zero() {
+        let text = Metrics::new().render();
+        for series in [
+            "switchyard_capacity_waits_total 0",
+            "switchyard_pauses_total{scope=\"provider\"} 0",
+            "switchyard_pauses_total{scope=\"route\"} 0",
+            "switchyard_pauses_total{scope=\"credential\"} 0",
+            "switchyard_reloads_total{result=\"ok\"} 0",
+            "switchyard_reloads_total{result=\"failed\"} 0",
+            "switchyard_reload_failed 0",
+            "switchyard_in_flight 0",
+        ] {
+            assert!(
+                text.lines().any(|line| line == series),
+                "no `{series}` in:\n{text}"
+            );
+        }
     }
 }
