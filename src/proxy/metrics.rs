@@ -148,7 +148,8 @@ impl Metrics {
     fn start_at_zero(&self) {
         let counter = |name: &'static str, labels: &[(&'static str, String)]| {
             self.recorder
-                .register_counter(&key(name, labels), &METADATA);
+                .register_counter(&key(name, labels), &METADATA)
+                .increment(0);
         };
         counter("switchyard_capacity_waits_total", &[]);
         // The scope kinds a pause applies to (`execute::scope_name`).
