@@ -4,6 +4,7 @@
 use super::Rule;
 use crate::diagnostics::{Diagnostic, codes};
 use crate::source::{SourceId, Span};
+use pest::Parser;
 use pest::error::{ErrorVariant, InputLocation};
 use std::collections::BTreeSet;
 
@@ -119,8 +120,28 @@ fn found_at(text: &str, offset: usize) -> (String, usize) {
     }
 }
 
+/// At most this many things are named after "expected": every section
+/// keyword fits (19), so a mistake between sections lists them all.
+const MAX_EXPECTED: usize = 24;
+
+/// The word that ends at `position`, with where it starts, if it is one
+/// of the grammar's reserved words.
+fn reserved_word_before(text: &str, position: usize) -> Option<(usize, &str)> {
+    let before = text.get(..position)?;
+    let start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |at| at + 1);
+    let word = before.get(start..)?;
+    let whole = super::PolicyParser::parse(Rule::reserved, word)
+        .is_ok_and(|pairs| pairs.as_str().len() == word.len());
+    (!word.is_empty() && whole).then_some((start, word))
+}
+
+/// "a, b or c"; a count of more things (`N more`) goes last.
 fn join_expected(expected: &BTreeSet<String>) -> String {
-    let items: Vec<&String> = expected.iter().collect();
+    let (more, named): (Vec<&String>, Vec<&String>) =
+        expected.iter().partition(|item| item.ends_with(" more"));
+    let items: Vec<&String> = named.into_iter().chain(more).collect();
     match items.as_slice() {
         [] => String::from("something else"),
         [only] => (*only).clone(),
@@ -187,10 +208,29 @@ pub fn syntax_error(
     if expected.len() > 1 {
         expected.remove("an operator");
     }
-    if expected.len() > 8 {
-        let keep: BTreeSet<String> = expected.iter().take(8).cloned().collect();
+    // The parser tried to read a name, matched a reserved word, and wanted
+    // the word to go on: "expected `_`" would send the reader looking for
+    // a missing underscore.
+    if expected.len() == 1
+        && expected.contains("`_`")
+        && let Some((start, word)) = reserved_word_before(text, position)
+    {
+        return Diagnostic::new(
+            codes::SYNTAX,
+            format!("`{word}` is a reserved word and cannot be a name"),
+        )
+        .at(
+            source,
+            Span::new(offset + start, offset + position),
+            "reserved",
+        )
+        .help("choose another name; docs/language.md lists the reserved words");
+    }
+    if expected.len() > MAX_EXPECTED {
+        let more = expected.len() - MAX_EXPECTED;
+        let keep: BTreeSet<String> = expected.iter().take(MAX_EXPECTED).cloned().collect();
         expected = keep;
-        expected.insert(String::from("..."));
+        expected.insert(format!("{more} more"));
     }
     let (found, length) = found_at(text, position);
     let span = Span::new(offset + position, offset + position + length);
@@ -200,4 +240,27 @@ pub fn syntax_error(
     )
     .at(source, span, "unexpected here")
     .help("see docs/language.md for the form of each statement")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_of_more_things_goes_last() {
+        let expected: BTreeSet<String> = ["`b`", "3 more", "`a`"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(join_expected(&expected), "`a`, `b` or 3 more");
+    }
+
+    #[test]
+    fn only_a_whole_reserved_word_counts() {
+        assert_eq!(reserved_word_before("let where", 9), Some((4, "where")));
+        assert_eq!(reserved_word_before("let wherever", 12), None);
+        assert_eq!(reserved_word_before("let x_in", 8), None);
+        assert_eq!(reserved_word_before("in", 2), Some((0, "in")));
+        assert_eq!(reserved_word_before("let ", 4), None);
+    }
 }
