@@ -306,7 +306,7 @@ fn update_configmap(mount: &Path, version: &str, files: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_style_update_takes_effect() {
-    deployed_updates_take_effect("configmap", |mount, version, files| {
+    deployed_updates_take_effect("configmap", "deployed", |mount, version, files| {
         update_configmap(mount, &format!("v{version}"), files);
     })
     .await;
@@ -318,9 +318,10 @@ async fn a_configmap_style_update_takes_effect() {
 /// place; then the old one is deleted or kept.
 fn replace_directory(config: &Path, files: &[(&str, String)], gap: Duration, keep: Keep) {
     let staged = config.with_extension("new");
-    std::fs::create_dir(&staged).unwrap();
     for (name, text) in files {
-        std::fs::write(staged.join(name), text).unwrap();
+        let file = staged.join(name);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, text).unwrap();
     }
     let old = match keep {
         Keep::Nothing => config.with_extension("old"),
@@ -346,7 +347,7 @@ enum Keep {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_directory_takes_effect() {
-    deployed_updates_take_effect("replaced", |config, _, files| {
+    deployed_updates_take_effect("replaced", "deployed", |config, _, files| {
         replace_directory(config, files, Duration::ZERO, Keep::Nothing);
     })
     .await;
@@ -356,18 +357,38 @@ async fn a_replaced_directory_takes_effect() {
 async fn a_directory_replaced_with_a_gap_takes_effect() {
     // Long enough for the watch to see the directory missing; the old one
     // kept, as for a rollback, so that its deletion is no event either.
-    deployed_updates_take_effect("replaced-with-gap", |config, version, files| {
+    deployed_updates_take_effect("replaced-with-gap", "deployed", |config, version, files| {
         replace_directory(config, files, Duration::from_secs(1), Keep::OldAs(version));
     })
     .await;
 }
 
-/// Serves a policy whose files `deploy` puts in a directory (given it, the
-/// version's number and the files), then deploys two more versions and
-/// waits for each to serve. The third deploy finds whatever the second
-/// left in place, not what the watch began on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_directory_above_the_policy_takes_effect() {
+    // The policy in `app/config/`, and `app` replaced with a gap: while it
+    // is missing the watch is on the test's own directory, two levels up.
+    deployed_updates_take_effect("replaced-above", "app/config", |config, version, files| {
+        let app = config.parent().unwrap();
+        let nested: Vec<(String, String)> = files
+            .iter()
+            .map(|(name, text)| (format!("config/{name}"), text.clone()))
+            .collect();
+        let nested: Vec<(&str, String)> = nested
+            .iter()
+            .map(|(name, text)| (name.as_str(), text.clone()))
+            .collect();
+        replace_directory(app, &nested, Duration::from_secs(1), Keep::OldAs(version));
+    })
+    .await;
+}
+
+/// Serves a policy whose files `deploy` puts in the directory `within` the
+/// test's own (given it, the version's number and the files), then deploys
+/// two more versions and waits for each to serve. The third deploy finds
+/// whatever the second left in place, not what the watch began on.
 async fn deployed_updates_take_effect(
     name: &str,
+    within: &str,
     deploy: impl Fn(&Path, usize, &[(&str, String)]),
 ) {
     let (stack, secrets) = start_stack(name, HEALTHY).await;
@@ -381,7 +402,7 @@ async fn deployed_updates_take_effect(
             ("tenants.yaml", tenants.clone()),
         ]
     };
-    let directory = stack.dir.join("deployed");
+    let directory = stack.dir.join(within);
     deploy(&directory, 1, &version("first"));
     let reloader = Reloader::new(
         stack.proxy.clone(),

@@ -231,22 +231,39 @@ impl Reloader {
             let Ok(batch) = result else {
                 return;
             };
-            let watched = paths_to_watch(&relevant.files());
-            // A directory renamed or removed as a whole takes its files along.
-            let directories: HashSet<PathBuf> =
-                watched.iter().map(|path| directory_of(path)).collect();
-            let touches_policy = batch
+            // Events the watch may have missed (the kernel's queue ran
+            // over) can be the policy's as well as any.
+            let rescan = batch.iter().any(|event| event.need_rescan());
+            let changes: Vec<&PathBuf> = batch
                 .iter()
                 .filter(|event| changes_content(&event.kind))
                 .flat_map(|event| event.paths.iter())
-                .filter_map(|path| comparable(path))
-                .any(|path| watched.contains(&path) || directories.contains(&path));
+                .collect();
+            if !rescan && changes.is_empty() {
+                return;
+            }
+            let watched = paths_to_watch(&relevant.files());
+            let directories: HashSet<PathBuf> =
+                watched.iter().map(|path| directory_of(path)).collect();
+            // A directory renamed, removed or created as a whole, or one
+            // above it, takes its files along.
+            let touches_policy = rescan
+                || changes
+                    .into_iter()
+                    .filter_map(|path| comparable(path))
+                    .any(|path| {
+                        watched.contains(&path)
+                            || directories
+                                .iter()
+                                .any(|directory| directory.starts_with(&path))
+                    });
             if touches_policy {
                 let _ = watched_events.send(());
             }
         })?;
         let directories = Arc::new(Mutex::new(WatchedDirectories::new(debouncer)));
         lock(&directories).cover(&self.files())?;
+        let more_reloads = events.clone();
         let reloader = self.clone();
         let task_directories = directories.clone();
         let task = tokio::spawn(async move {
@@ -256,9 +273,18 @@ impl Reloader {
                 let reloading = reloader.clone();
                 let _ = tokio::task::spawn_blocking(move || reloading.reload()).await;
                 // The reload may have named new files, or a swapped link may
-                // lead to a new directory.
-                if let Err(error) = lock(&task_directories).cover(&reloader.files()) {
-                    tracing::warn!(%error, "cannot watch a directory of the policy's files; SIGHUP still reloads");
+                // lead to a new directory. A directory watched only now may
+                // have changed after the reload read it and before its watch
+                // began: one more reload reads it again (and finds nothing
+                // to do if it did not change).
+                match lock(&task_directories).cover(&reloader.files()) {
+                    Ok(Covered::AsBefore) => {}
+                    Ok(Covered::Anew) => {
+                        let _ = more_reloads.send(());
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot watch a directory of the policy's files; SIGHUP still reloads");
+                    }
                 }
             }
         });
@@ -297,42 +323,51 @@ impl WatchedDirectories {
     /// one replaces the inode a file watch would follow. Their parents
     /// too, or the nearest directory that exists while one is missing: a
     /// directory renamed into place shows only there. A watch follows a
-    /// directory, not its path, so a path that now leads to another
-    /// directory (one replaced as a whole) is watched anew.
-    fn cover(&mut self, files: &[PathBuf]) -> notify::Result<()> {
-        let mut needed: HashMap<PathBuf, Option<DirectoryId>> = HashMap::new();
+    /// directory, not its path: a path that now leads to another directory
+    /// (one replaced as a whole) has its old watch dropped first. Every
+    /// directory is watched again each time, which for one already watched
+    /// costs nothing, since the watcher may have dropped a watch by itself
+    /// (on a directory moved away, which may come back).
+    ///
+    /// Only the files' own directories must be watched; a parent that
+    /// cannot be (not readable) is left out.
+    fn cover(&mut self, files: &[PathBuf]) -> notify::Result<Covered> {
+        let mut needed: HashMap<PathBuf, (Option<DirectoryId>, bool)> = HashMap::new();
         for path in paths_to_watch(files) {
             let mut directory = directory_of(&path);
+            let mut own = true;
             loop {
                 match directory_id(&directory) {
                     Some(id) => {
                         if let Some(parent) = directory.parent() {
-                            needed.insert(parent.to_path_buf(), directory_id(parent));
+                            needed
+                                .entry(parent.to_path_buf())
+                                .or_insert((directory_id(parent), false));
                         }
-                        needed.insert(directory, Some(id));
+                        let entry = needed.entry(directory).or_insert((Some(id), own));
+                        entry.1 |= own;
                         break;
                     }
                     None => match directory.parent() {
-                        Some(parent) => directory = parent.to_path_buf(),
+                        Some(parent) => {
+                            directory = parent.to_path_buf();
+                            own = false;
+                        }
                         None => break,
                     },
                 }
             }
         }
         for (directory, id) in &self.watched {
-            if needed.get(directory) != Some(id) {
+            if needed.get(directory).map(|(needed_id, _)| needed_id) != Some(id) {
                 // A deleted directory's watch is gone already; nothing to
                 // undo.
                 let _ = self.debouncer.unwatch(directory);
             }
         }
-        self.watched
-            .retain(|directory, id| needed.get(directory) == Some(id));
+        let before = std::mem::take(&mut self.watched);
         let mut first_error = None;
-        for (directory, id) in needed {
-            if self.watched.contains_key(&directory) {
-                continue;
-            }
+        for (directory, (id, own)) in needed {
             match self
                 .debouncer
                 .watch(&directory, RecursiveMode::NonRecursive)
@@ -340,12 +375,26 @@ impl WatchedDirectories {
                 Ok(()) => {
                     self.watched.insert(directory, id);
                 }
-                // The others are still worth watching.
-                Err(error) => first_error = first_error.or(Some(error)),
+                Err(error) if own => first_error = first_error.or(Some(error)),
+                Err(_) => {}
             }
         }
-        first_error.map_or(Ok(()), Err)
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        Ok(if self.watched == before {
+            Covered::AsBefore
+        } else {
+            Covered::Anew
+        })
     }
+}
+
+/// Whether [`WatchedDirectories::cover`] watches what it watched before.
+#[derive(Debug, PartialEq, Eq)]
+enum Covered {
+    AsBefore,
+    Anew,
 }
 
 /// What tells one directory from another at the same path.
@@ -617,7 +666,8 @@ mod tests {
         let debouncer = new_debouncer(DEBOUNCE, None, |_: DebounceEventResult| {}).unwrap();
         let mut directories = WatchedDirectories::new(debouncer);
         let files = [config.join("p.policy")];
-        directories.cover(&files).unwrap();
+        assert_eq!(directories.cover(&files).unwrap(), Covered::Anew);
+        assert_eq!(directories.cover(&files).unwrap(), Covered::AsBefore);
         let first = directories.watched.get(&config).copied().flatten();
         assert!(first.is_some());
 
@@ -632,9 +682,10 @@ mod tests {
         assert!(!directories.watched.contains_key(&config));
         assert!(directories.watched.contains_key(&dir));
 
-        // A new directory at the path is watched, not the old one.
+        // A new directory at the path is watched, not the old one, and the
+        // caller hears of it.
         std::fs::create_dir(&config).unwrap();
-        directories.cover(&files).unwrap();
+        assert_eq!(directories.cover(&files).unwrap(), Covered::Anew);
         let second = directories.watched.get(&config).copied().flatten();
         assert!(second.is_some());
         assert_ne!(first, second);
