@@ -298,8 +298,8 @@ struct Answering {
 
 impl Answering {
     async fn response(self) -> Response<ProxyBody> {
-        match execute::answer(self.started).await {
-            Some(response) => with_version(response, self.version.as_ref()),
+        let response = match execute::answer(self.started).await {
+            Some(response) => response,
             // The exchange ended without answering: only a bug can do that.
             None => respond::builtin_error(
                 self.wire,
@@ -308,7 +308,8 @@ impl Answering {
                 "internal_error",
                 "the gateway failed to answer",
             ),
-        }
+        };
+        with_version(response, self.version.as_ref())
     }
 }
 
@@ -324,9 +325,10 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
     } else {
         WireFormat::OpenAi
     };
+    // One snapshot answers the request and names its version.
+    let snapshot = proxy.snapshot();
     let response = match (method, path.as_str()) {
         (Method::GET, "/healthz") => {
-            let snapshot = proxy.snapshot();
             let reloads = lock(&proxy.reload_status).to_json();
             respond::json(
                 200,
@@ -346,23 +348,20 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
             "text/plain; version=0.0.4",
             ProxyBody::full(proxy.metrics.render()),
         ),
-        (Method::GET, "/v1/models") => {
-            let snapshot = proxy.snapshot();
-            match authenticate(&snapshot, request.headers()) {
-                Ok(caller) => {
-                    let health = StateView {
-                        state: &proxy.state,
-                        snapshot: &snapshot,
-                    };
-                    let listing = models::list(&snapshot, caller, wire, &health);
-                    respond::json(200, &request_id, &listing)
-                }
-                Err(refusal) => unauthorized(wire, &request_id, refusal),
+        (Method::GET, "/v1/models") => match authenticate(&snapshot, request.headers()) {
+            Ok(caller) => {
+                let health = StateView {
+                    state: &proxy.state,
+                    snapshot: &snapshot,
+                };
+                let listing = models::list(&snapshot, caller, wire, &health);
+                respond::json(200, &request_id, &listing)
             }
-        }
+            Err(refusal) => unauthorized(wire, &request_id, refusal),
+        },
         (method, path) => match Endpoint::from_path(path) {
             Some(endpoint) if method == Method::POST => {
-                return complete(proxy, request, endpoint, request_id).await;
+                return complete(proxy, snapshot, request, endpoint, request_id).await;
             }
             // An endpoint's errors are in its own wire format.
             Some(endpoint) => method_not_allowed(endpoint.wire(), &request_id, "POST"),
@@ -372,8 +371,8 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
             None => not_found(wire, &request_id, path),
         },
     };
-    drain_unread(request);
-    let version = policy_version(&proxy, &proxy.snapshot());
+    drain_unread(request, proxy.limits.max_body_bytes);
+    let version = policy_version(&proxy, &snapshot);
     Handled::Answered(with_version(response, version.as_ref()))
 }
 
@@ -542,6 +541,7 @@ impl Drop for InFlight {
 
 async fn complete(
     proxy: Arc<Proxy>,
+    snapshot: Arc<Snapshot>,
     request: Request<Incoming>,
     endpoint: Endpoint,
     request_id: String,
@@ -550,7 +550,6 @@ async fn complete(
     let started_ms = proxy.state.clock().now_ms();
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
-    let snapshot = proxy.snapshot();
     let version = policy_version(&proxy, &snapshot);
     let answered = |response| Handled::Answered(with_version(response, version.as_ref()));
     let caller = match authenticate(&snapshot, request.headers()) {
@@ -565,7 +564,7 @@ async fn complete(
                 "unauthorized",
             );
             let response = unauthorized(wire, &request_id, why);
-            drain_unread(request);
+            drain_unread(request, proxy.limits.max_body_bytes);
             return answered(response);
         }
     };
@@ -590,7 +589,7 @@ async fn complete(
             // Continue` before sending was never told to send it.
             let client_is_sending = !(waits_to_send && declared_too_large);
             if matches!(problem, BodyProblem::TooLarge) && client_is_sending {
-                drain(incoming);
+                drain(incoming, DRAIN_MAX_BYTES);
             }
             let (status, code, message, outcome) = match problem {
                 BodyProblem::TooLarge => (
@@ -711,14 +710,16 @@ async fn read_limited(incoming: &mut Incoming, limit: usize) -> Result<Bytes, Bo
 const DRAIN_MAX_BYTES: usize = 64 << 20;
 const DRAIN_MAX_TIME: Duration = Duration::from_secs(5);
 
-/// Drains the body of a request refused before any of it was read, unless
-/// it has none or its client waits for `100 Continue` before sending it:
-/// reading it would tell that client to go ahead.
-fn drain_unread(request: Request<Incoming>) {
+/// Drains up to `max_bytes` of the body of a request refused before any
+/// of it was read, unless it has none or its client waits for `100
+/// Continue` before sending it: reading it would tell that client to go
+/// ahead. Such a refusal needs no key, so it reads no more than a body
+/// the gateway would accept.
+fn drain_unread(request: Request<Incoming>, max_bytes: usize) {
     let waits_to_send = waits_for_continue(request.headers());
     let body = request.into_body();
     if !waits_to_send && !hyper::body::Body::is_end_stream(&body) {
-        drain(body);
+        drain(body, max_bytes.min(DRAIN_MAX_BYTES));
     }
 }
 
@@ -730,11 +731,11 @@ fn waits_for_continue(headers: &HeaderMap) -> bool {
         .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// Reads and drops the rest of a refused body, within the bounds above,
-/// while the refusal goes out.
-fn drain(mut body: Incoming) {
+/// Reads and drops the rest of a refused body, up to `max_bytes` and
+/// [`DRAIN_MAX_TIME`], while the refusal goes out.
+fn drain(mut body: Incoming, max_bytes: usize) {
     tokio::spawn(async move {
-        let mut left = DRAIN_MAX_BYTES;
+        let mut left = max_bytes;
         let _ = tokio::time::timeout(DRAIN_MAX_TIME, async {
             while left > 0 {
                 match body.frame().await {
