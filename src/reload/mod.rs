@@ -334,29 +334,23 @@ impl WatchedDirectories {
     fn cover(&mut self, files: &[PathBuf]) -> notify::Result<Covered> {
         let mut needed: HashMap<PathBuf, (Option<DirectoryId>, bool)> = HashMap::new();
         for path in paths_to_watch(files) {
-            let mut directory = directory_of(&path);
-            let mut own = true;
-            loop {
-                match directory_id(&directory) {
-                    Some(id) => {
-                        if let Some(parent) = directory.parent() {
-                            needed
-                                .entry(parent.to_path_buf())
-                                .or_insert((directory_id(parent), false));
-                        }
-                        let entry = needed.entry(directory).or_insert((Some(id), own));
-                        entry.1 |= own;
-                        break;
-                    }
-                    None => match directory.parent() {
-                        Some(parent) => {
-                            directory = parent.to_path_buf();
-                            own = false;
-                        }
-                        None => break,
-                    },
-                }
+            let directory = directory_of(&path);
+            let Some((existing, id)) = directory
+                .ancestors()
+                .find_map(|ancestor| Some((ancestor, directory_id(ancestor)?)))
+            else {
+                continue;
+            };
+            if let Some(parent) = existing.parent() {
+                needed
+                    .entry(parent.to_path_buf())
+                    .or_insert((directory_id(parent), false));
             }
+            let own = existing == directory;
+            let entry = needed
+                .entry(existing.to_path_buf())
+                .or_insert((Some(id), own));
+            entry.1 |= own;
         }
         for (directory, id) in &self.watched {
             if needed.get(directory).map(|(needed_id, _)| needed_id) != Some(id) {
@@ -489,22 +483,12 @@ fn paths_to_watch(files: &[PathBuf]) -> HashSet<PathBuf> {
 /// place), as the nearest one that exists makes it.
 fn comparable(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?;
-    let mut missing = Vec::new();
-    let mut existing = directory_of(path);
-    let canonical = loop {
-        if let Ok(canonical) = std::fs::canonicalize(&existing) {
-            break canonical;
-        }
-        missing.push(existing.file_name()?.to_os_string());
-        existing = existing.parent()?.to_path_buf();
-    };
-    Some(
-        missing
-            .iter()
-            .rev()
-            .fold(canonical, |path, part| path.join(part))
-            .join(name),
-    )
+    let directory = directory_of(path);
+    let (existing, canonical) = directory
+        .ancestors()
+        .find_map(|ancestor| Some((ancestor, std::fs::canonicalize(ancestor).ok()?)))?;
+    let missing = directory.strip_prefix(existing).ok()?;
+    Some(canonical.join(missing).join(name))
 }
 
 /// More links than this on one path is a loop, as for the kernel.
