@@ -316,7 +316,12 @@ async fn a_configmap_style_update_takes_effect() {
 /// deploy that renames directories does: the new one is written beside
 /// it, the old one renamed away, `gap` later the new one renamed into its
 /// place; then the old one is deleted or kept.
-fn replace_directory(config: &Path, files: &[(&str, String)], gap: Duration, keep: Keep) {
+fn replace_directory(
+    config: &Path,
+    files: &[(impl AsRef<Path>, String)],
+    gap: Duration,
+    keep: Keep,
+) {
     let staged = config.with_extension("new");
     for (name, text) in files {
         let file = staged.join(name);
@@ -372,10 +377,6 @@ async fn a_replaced_directory_above_the_policy_takes_effect() {
         let nested: Vec<(String, String)> = files
             .iter()
             .map(|(name, text)| (format!("config/{name}"), text.clone()))
-            .collect();
-        let nested: Vec<(&str, String)> = nested
-            .iter()
-            .map(|(name, text)| (name.as_str(), text.clone()))
             .collect();
         replace_directory(app, &nested, Duration::from_secs(1), Keep::OldAs(version));
     })
