@@ -643,8 +643,7 @@ impl<'a> Validator<'a> {
 
     /// Refuses strings that look like a credential pasted into data.
     fn check_not_secret(&mut self, source: SourceId, span: Span, field: &str, text: &str) {
-        const PREFIXES: [&str; 7] = ["sk-", "sk_live_", "AKIA", "ghp_", "xoxb-", "xoxp-", "AIza"];
-        if PREFIXES.iter().any(|prefix| text.starts_with(prefix)) && text.len() >= 16 {
+        if crate::diagnostics::redact::looks_like_secret(text) {
             self.diagnostics
                 .push(secret_diagnostic(source, span, field));
         }

@@ -4,6 +4,7 @@
 //! renderers in [`render`] turn it into rustc-style text or JSON.
 
 pub mod codes;
+pub mod redact;
 pub mod render;
 
 use crate::source::{SourceId, Span};

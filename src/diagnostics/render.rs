@@ -1,9 +1,11 @@
 //! Renders diagnostics as rustc-style text or as JSON for CI.
 
+use super::redact::redact;
 use super::{Diagnostic, Label, Severity};
 use crate::source::{SourceFile, SourceMap};
-use annotate_snippets::{AnnotationKind, Group, Level, Origin, Renderer, Snippet};
+use annotate_snippets::{AnnotationKind, Element, Group, Level, Origin, Renderer, Snippet};
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// Whether human output uses terminal colours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,25 +15,24 @@ pub enum Style {
 }
 
 /// Renders one diagnostic the way rustc does: header, `--> file:line:col`,
-/// the source line with the span underlined, then the help line.
+/// the source line with the span underlined, then the help line. Words that
+/// look like API keys are masked in all of it ([`redact`]).
 pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> String {
     let level = match diagnostic.severity() {
         Severity::Error => Level::ERROR,
         Severity::Warning => Level::WARNING,
     };
-    let mut group = Group::with_title(
-        level
-            .primary_title(diagnostic.message.as_str())
-            .id(diagnostic.code.id),
-    );
-
     let mut labels: Vec<(&Label, bool)> = Vec::new();
     if let Some(primary) = &diagnostic.primary {
         labels.push((primary, true));
     }
     labels.extend(diagnostic.secondary.iter().map(|label| (label, false)));
+    let label_messages: Vec<Cow<'_, str>> = labels
+        .iter()
+        .map(|(label, _)| redact(&label.message))
+        .collect();
 
-    // One snippet per file, primary file first, so labels in a data file and
+    // One place per file, primary file first, so labels in a data file and
     // in the policy are both quoted.
     let mut files = Vec::new();
     for (label, _) in &labels {
@@ -39,61 +40,88 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
             files.push(label.source);
         }
     }
-    for source in files {
-        let Some(file) = sources.file(source) else {
-            continue;
-        };
-        if !diagnostic.quote_source {
-            if let Some((label, _)) = labels.iter().find(|(label, _)| label.source == source) {
+    let places: Vec<Place<'_>> = files
+        .into_iter()
+        .filter_map(|source| {
+            let file = sources.file(source)?;
+            let located = || {
+                let (label, _) = labels.iter().find(|(label, _)| label.source == source)?;
                 let (line, column) = file.line_col(label.span.start);
-                group = group.element(
-                    Origin::path(file.name.as_str())
-                        .line(line)
-                        .char_column(column),
-                );
-            }
-            continue;
-        }
-        let annotated: Vec<(std::ops::Range<usize>, &Label, bool)> = labels
-            .iter()
-            .filter(|(label, _)| label.source == source)
-            .map(|(label, is_primary)| (visible_range(file, label), *label, *is_primary))
-            .collect();
-        // Only the lines the labels touch go to the renderer: quoting the
-        // whole file for every diagnostic made many diagnostics quadratic.
-        let ranges: Vec<std::ops::Range<usize>> =
-            annotated.iter().map(|(range, ..)| range.clone()).collect();
-        let (text, first_line, offset) = excerpt(file, &ranges);
-        if text.len() > LONG_EXCERPT {
-            // A line this long (a flow list of thousands of items) is no
-            // help quoted, and quoting it for each of its many diagnostics
-            // would cost its length every time: say where, not what.
-            if let Some((_, label, _)) = annotated.first() {
-                let (line, column) = file.line_col(label.span.start);
-                group = group.element(
-                    Origin::path(file.name.as_str())
-                        .line(line)
-                        .char_column(column),
-                );
-            }
-            continue;
-        }
-        let mut snippet = Snippet::source(text)
-            .path(file.name.as_str())
-            .line_start(first_line);
-        for (range, label, is_primary) in &annotated {
-            let kind = if *is_primary {
-                AnnotationKind::Primary
-            } else {
-                AnnotationKind::Context
+                Some(Place::Located {
+                    path: file.name.as_str(),
+                    line,
+                    column,
+                })
             };
-            let shifted = range.start.saturating_sub(offset)..range.end.saturating_sub(offset);
-            snippet = snippet.annotation(kind.span(shifted).label(label.message.as_str()));
-        }
-        group = group.element(snippet);
+            if !diagnostic.quote_source {
+                return located();
+            }
+            let annotations: Vec<(std::ops::Range<usize>, usize)> = labels
+                .iter()
+                .enumerate()
+                .filter(|(_, (label, _))| label.source == source)
+                .map(|(index, (label, _))| (visible_range(file, label), index))
+                .collect();
+            // Only the lines the labels touch go to the renderer: quoting the
+            // whole file for every diagnostic made many diagnostics quadratic.
+            let ranges: Vec<std::ops::Range<usize>> =
+                annotations.iter().map(|(range, _)| range.clone()).collect();
+            let (text, first_line, offset) = excerpt(file, &ranges);
+            if text.len() > LONG_EXCERPT {
+                // A line this long (a flow list of thousands of items) is no
+                // help quoted, and quoting it for each of its many
+                // diagnostics would cost its length every time: say where,
+                // not what.
+                return located();
+            }
+            let annotations = annotations
+                .into_iter()
+                .map(|(range, index)| {
+                    (
+                        range.start.saturating_sub(offset)..range.end.saturating_sub(offset),
+                        index,
+                    )
+                })
+                .collect();
+            Some(Place::Quoted {
+                path: file.name.as_str(),
+                text: redact(text),
+                first_line,
+                annotations,
+            })
+        })
+        .collect();
+
+    let message = redact(&diagnostic.message);
+    let mut group = Group::with_title(level.primary_title(&*message).id(diagnostic.code.id));
+    for place in &places {
+        let element: Element<'_> = match place {
+            Place::Located { path, line, column } => {
+                Origin::path(*path).line(*line).char_column(*column).into()
+            }
+            Place::Quoted {
+                path,
+                text,
+                first_line,
+                annotations,
+            } => {
+                let mut snippet = Snippet::source(&**text).path(*path).line_start(*first_line);
+                for (range, index) in annotations {
+                    let kind = match labels.get(*index) {
+                        Some((_, true)) => AnnotationKind::Primary,
+                        _ => AnnotationKind::Context,
+                    };
+                    let label = label_messages.get(*index).map_or("", |m| &**m);
+                    snippet = snippet.annotation(kind.span(range.clone()).label(label));
+                }
+                snippet.into()
+            }
+        };
+        group = group.element(element);
     }
-    if let Some(help) = &diagnostic.help {
-        group = group.element(Level::HELP.message(help.as_str()));
+    let help = diagnostic.help.as_deref().map(redact);
+    if let Some(help) = &help {
+        group = group.element(Level::HELP.message(&**help));
     }
 
     let renderer = match style {
@@ -102,6 +130,22 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
     };
     let report: [Group<'_>; 1] = [group];
     renderer.render(&report)
+}
+
+/// Where a diagnostic points in one file: the lines quoted with the labels'
+/// ranges in them (and the index of each label), or only the position.
+enum Place<'a> {
+    Quoted {
+        path: &'a str,
+        text: Cow<'a, str>,
+        first_line: usize,
+        annotations: Vec<(std::ops::Range<usize>, usize)>,
+    },
+    Located {
+        path: &'a str,
+        line: usize,
+        column: usize,
+    },
 }
 
 /// Excerpts longer than this are not quoted.
@@ -177,19 +221,19 @@ struct JsonLabel<'a> {
     column: usize,
     end_line: usize,
     end_column: usize,
-    message: &'a str,
+    message: Cow<'a, str>,
 }
 
 #[derive(Serialize)]
 struct JsonDiagnostic<'a> {
     code: &'a str,
     severity: Severity,
-    message: &'a str,
+    message: Cow<'a, str>,
     file: Option<&'a str>,
     line: Option<usize>,
     column: Option<usize>,
     labels: Vec<JsonLabel<'a>>,
-    help: Option<&'a str>,
+    help: Option<Cow<'a, str>>,
 }
 
 fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<'a>> {
@@ -202,11 +246,12 @@ fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<
         column,
         end_line,
         end_column,
-        message: label.message.as_str(),
+        message: redact(&label.message),
     })
 }
 
-/// All diagnostics as one JSON array; the primary label comes first in `labels`.
+/// All diagnostics as one JSON array; the primary label comes first in
+/// `labels`. Words that look like API keys are masked, as in [`human`].
 pub fn json<'a>(
     diagnostics: impl IntoIterator<Item = &'a Diagnostic>,
     sources: &SourceMap,
@@ -233,12 +278,12 @@ pub fn json<'a>(
             JsonDiagnostic {
                 code: diagnostic.code.id,
                 severity: diagnostic.severity(),
-                message: diagnostic.message.as_str(),
+                message: redact(&diagnostic.message),
                 file,
                 line,
                 column,
                 labels,
-                help: diagnostic.help.as_deref(),
+                help: diagnostic.help.as_deref().map(redact),
             }
         })
         .collect();
@@ -270,6 +315,36 @@ mod tests {
         assert!(
             out.contains("= help: did you mean provider.priority?"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn a_key_like_word_is_masked_wherever_it_is_printed() {
+        let key = "sk-proj-AbCdEf0123456789AbCdEf";
+        let mut sources = SourceMap::new();
+        let text = format!("providers:\n  - {{id: a, api_key: {key}}}\n");
+        let id = sources.add("catalog.yaml", &text);
+        let start = text.find("api_key").unwrap();
+        let diagnostic =
+            Diagnostic::new(codes::DATA_UNKNOWN_FIELD, format!("unknown value `{key}`"))
+                .at(id, Span::new(start, start + 7), format!("near {key}"))
+                .help(format!("remove {key}"));
+        let human = human(&diagnostic, &sources, Style::Plain);
+        let json = json([&diagnostic], &sources);
+        for out in [&human, &json] {
+            assert!(!out.contains("AbCdEf"), "{out}");
+            assert!(out.contains("sk-***************************"), "{out}");
+        }
+        // The caret still sits under `api_key`.
+        let lines: Vec<&str> = human.lines().collect();
+        let quoted = lines
+            .iter()
+            .position(|line| line.contains("api_key"))
+            .unwrap();
+        assert_eq!(
+            lines[quoted].find("api_key"),
+            lines[quoted + 1].find('^'),
+            "{human}"
         );
     }
 
