@@ -73,6 +73,11 @@ pub fn resolve_caller(
     workspace: Option<&str>,
 ) -> Result<Caller, String> {
     let tenants = &snapshot.data.tenants;
+    if key.is_some() && (tenant.is_some() || workspace.is_some()) {
+        return Err(String::from(
+            "give a key or a tenant (with its workspace), not both: a key belongs to its own tenant",
+        ));
+    }
     if let Some(key) = key {
         let by_id = tenants.keys.iter().position(|k| k.id == key);
         let by_secret = || {

@@ -90,6 +90,15 @@ pub struct OutcomeSpec {
     pub elapsed: Option<String>,
 }
 
+/// `n` and the noun, plural unless `n` is 1.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 fn first_attempt() -> usize {
     1
 }
@@ -174,8 +183,8 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
         Ok(plan) => {
             if let Some(error) = &expect.error {
                 problems.push(format!(
-                    "expected error `{error}`, got a plan of {} candidates",
-                    plan.candidates.len()
+                    "expected error `{error}`, got a plan of {}",
+                    count(plan.candidates.len(), "candidate")
                 ));
             }
             if let Some(expected) = &expect.plan {
@@ -195,7 +204,8 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 && attempts != plan.attempts
             {
                 problems.push(format!(
-                    "expected at most {attempts} attempts, the plan allows {}",
+                    "expected at most {}, the plan allows {}",
+                    count(attempts, "attempt"),
                     plan.attempts
                 ));
             }
@@ -246,8 +256,104 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
     problems
 }
 
+/// What is wrong with a case as written, before it runs: fields that would
+/// not be compared, or that contradict each other, make a case that passes
+/// whatever the policy does.
+fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
+    let expect = &case.expect;
+    if let Some(missing) = case.missing_secrets.iter().find(|name| {
+        !snapshot
+            .data
+            .catalog
+            .providers
+            .iter()
+            .flat_map(|p| &p.credentials)
+            .any(|c| &c.env == *name)
+    }) {
+        return Some(format!(
+            "`missing_secrets` names `{missing}`, which no credential of the catalog reads"
+        ));
+    }
+    let for_outcomes = [
+        ("action", expect.action.is_some()),
+        ("retry_after", expect.retry_after.is_some()),
+        ("pause", !expect.pause.is_empty()),
+        ("penalize", !expect.penalize.is_empty()),
+    ];
+    let for_decisions = [
+        ("plan", expect.plan.is_some()),
+        ("attempts", expect.attempts.is_some()),
+        ("headers", !expect.headers.is_empty()),
+    ];
+    let given = |fields: &[(&'static str, bool)]| -> Vec<&'static str> {
+        fields
+            .iter()
+            .filter(|(_, given)| *given)
+            .map(|(name, _)| *name)
+            .collect()
+    };
+    let fields = |names: &[&str]| {
+        names
+            .iter()
+            .map(|name| format!("`{name}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if case.outcome.is_some() {
+        let ignored = given(&for_decisions);
+        if !ignored.is_empty() {
+            return Some(format!(
+                "a case with an `outcome` does not compare {}: give them in a case without one",
+                fields(&ignored)
+            ));
+        }
+        let scopes = ["provider", "route", "credential"];
+        if let Some(scope) = expect
+            .pause
+            .keys()
+            .chain(&expect.penalize)
+            .find(|scope| !scopes.contains(&scope.as_str()))
+        {
+            return Some(format!(
+                "`{scope}` is not a scope: `pause` and `penalize` name provider, route or credential"
+            ));
+        }
+        if expect.status.is_some() && expect.error.is_none() {
+            return Some(String::from(
+                "`status` is compared with the error it belongs to: give `error` too",
+            ));
+        }
+        return None;
+    }
+    let ignored = given(&for_outcomes);
+    if !ignored.is_empty() {
+        return Some(format!(
+            "{} describe how an attempt's outcome is handled: give the case an `outcome`",
+            fields(&ignored)
+        ));
+    }
+    match (
+        &expect.error,
+        expect.plan.is_some() || expect.attempts.is_some(),
+    ) {
+        (Some(_), true) => Some(String::from(
+            "`expect` names an error and a plan; a request gets one or the other",
+        )),
+        (None, _) if expect.status.is_some() || !expect.headers.is_empty() => Some(String::from(
+            "`status` and `headers` describe a refusal: give its `error` too",
+        )),
+        (None, false) => Some(String::from(
+            "`expect` gives nothing to compare: give `plan`, `attempts` or `error`",
+        )),
+        _ => None,
+    }
+}
+
 /// Runs one case; `Err` holds what went wrong.
 fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, String> {
+    if let Some(problem) = case_problem(base, case) {
+        return Err(problem);
+    }
     let rebuilt;
     let snapshot = if case.missing_secrets.is_empty() {
         base
@@ -382,9 +488,12 @@ fn reaction_differences(
     if let Some(expected) = duration(&expect.retry_after, "retry_after")?
         && retry_ms != Some(expected)
     {
-        problems.push(format!(
-            "expected a retry after {expected}ms, got {retry_ms:?}"
-        ));
+        problems.push(match retry_ms {
+            Some(actual) => {
+                format!("expected a retry after {expected} ms, got one after {actual} ms")
+            }
+            None => format!("expected a retry after {expected} ms, the policy says `{action}`"),
+        });
     }
     let scope_name = |scope: HealthScope| match scope {
         HealthScope::Route => "route",
@@ -404,8 +513,21 @@ fn reaction_differences(
         })
         .collect::<Result<_, _>>()?;
     if pauses != expected_pauses {
+        let shown = |pauses: &BTreeMap<String, u64>| {
+            let list: Vec<String> = pauses
+                .iter()
+                .map(|(scope, ms)| format!("{scope} {ms} ms"))
+                .collect();
+            if list.is_empty() {
+                String::from("none")
+            } else {
+                list.join(", ")
+            }
+        };
         problems.push(format!(
-            "expected pauses {expected_pauses:?} (ms), got {pauses:?}"
+            "expected pauses: {}; got: {}",
+            shown(&expected_pauses),
+            shown(&pauses)
         ));
     }
     let penalties: Vec<&str> = reaction.penalties.iter().map(|s| scope_name(*s)).collect();
@@ -416,9 +538,18 @@ fn reaction_differences(
             .map(String::as_str)
             .collect::<Vec<_>>()
     {
+        let shown = |scopes: &[&str]| {
+            if scopes.is_empty() {
+                String::from("none")
+            } else {
+                scopes.join(", ")
+            }
+        };
+        let expected: Vec<&str> = expect.penalize.iter().map(String::as_str).collect();
         problems.push(format!(
-            "expected penalties {:?}, got {penalties:?}",
-            expect.penalize
+            "expected penalties: {}; got: {}",
+            shown(&expected),
+            shown(&penalties)
         ));
     }
     match (&reaction.ending, &expect.error) {
@@ -443,6 +574,19 @@ fn reaction_differences(
 }
 
 pub fn run(args: &TestArgs) -> ExitCode {
+    if let Some(policy) = args
+        .paths
+        .iter()
+        .find(|path| path.is_file() && path.extension().is_some_and(|ext| ext == "policy"))
+    {
+        let stem = policy.file_stem().map(|s| s.to_string_lossy().to_string());
+        eprintln!(
+            "error: `{}` is a policy; `switchyard test` runs the cases beside it, in `{}.tests.yaml`",
+            policy.display(),
+            stem.unwrap_or_default()
+        );
+        return ExitCode::from(exit::USAGE);
+    }
     let files = match files_named(&args.paths, ".tests.yaml") {
         Ok(files) => files,
         Err(message) => {
@@ -470,13 +614,22 @@ pub fn run(args: &TestArgs) -> ExitCode {
             }
         };
         let directory = file.parent().unwrap_or_else(|| Path::new("."));
-        let policy_name = tests.policy.clone().unwrap_or_else(|| {
-            let name = file
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
-            format!("{}.policy", name.trim_end_matches(".tests.yaml"))
-        });
+        let file_name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let policy_name = match (&tests.policy, file_name.strip_suffix(".tests.yaml")) {
+            (Some(policy), _) => policy.clone(),
+            (None, Some(stem)) => format!("{stem}.policy"),
+            (None, None) => {
+                println!(
+                    "FAIL  {shown}: name its policy with `policy:`; only a file named \
+                     NAME.tests.yaml finds NAME.policy by itself"
+                );
+                failed += tests.cases.len().max(1);
+                continue;
+            }
+        };
         let policy = directory.join(policy_name);
         let base = match compile_report(check_file(&policy), &AllBut(&[])) {
             Ok((snapshot, _)) => snapshot,
@@ -488,11 +641,20 @@ pub fn run(args: &TestArgs) -> ExitCode {
             }
         };
         let mut expected_errors = BTreeSet::new();
+        let mut names = BTreeSet::new();
         for case in &tests.cases {
             if let Some(error) = &case.expect.error {
                 expected_errors.insert(error.clone());
             }
-            match run_case(&policy, &base, case) {
+            // A repeated name would make a failure's line ambiguous.
+            let outcome = if names.insert(case.name.as_str()) {
+                run_case(&policy, &base, case)
+            } else {
+                Err(String::from(
+                    "an earlier case of this file has the same name",
+                ))
+            };
+            match outcome {
                 Ok(problems) if problems.is_empty() => {
                     passed += 1;
                     println!("ok    {shown}: {}", case.name);

@@ -1,0 +1,151 @@
+//! `switchyard test` as users run it: the real binary on a cases file of
+//! its own. A case whose fields would not be compared, or contradict each
+//! other, would pass whatever the policy does; such a case fails, saying
+//! why, instead.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+const PACKAGE_ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// Writes `text` as a cases file in a directory of its own and runs
+/// `switchyard test` on it.
+fn run_cases(name: &str, file_name: &str, text: &str) -> (Output, PathBuf) {
+    let dir =
+        std::env::temp_dir().join(format!("switchyard-cli-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(file_name);
+    std::fs::write(&file, text).unwrap();
+    let output = Command::new(BIN)
+        .arg("test")
+        .arg(&file)
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .expect("the switchyard binary runs");
+    std::fs::remove_dir_all(&dir).unwrap();
+    (output, file)
+}
+
+fn noirdoc() -> String {
+    format!("{PACKAGE_ROOT}/policies/noirdoc.policy")
+}
+
+#[test]
+fn a_case_that_could_not_fail_fails_and_says_why() {
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: sound
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io, scaleway, ionos, together]}}
+  - name: error and plan
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{error: model_not_available, plan: [aki-io]}}
+  - name: a plan for an outcome
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "500"}}
+    expect: {{action: next, plan: [nobody]}}
+  - name: key and tenant
+    key: acme-default
+    tenant: acme
+    body: {{model: qwen3.8-27b}}
+    expect: {{attempts: 3}}
+  - name: headers of a plan
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io, scaleway, ionos, together], headers: {{x-anything: y}}}}
+  - name: a secret no credential reads
+    key: acme-default
+    missing_secrets: [NO_SUCH_VARIABLE]
+    body: {{model: qwen3.8-27b}}
+    expect: {{attempts: 3}}
+  - name: sound
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{attempts: 3}}
+  - name: a status alone
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{status: 403}}
+  - name: a misspelt scope
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "500"}}
+    expect: {{action: next, penalize: [provder]}}
+  - name: an outcome's fields without an outcome
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io, scaleway, ionos, together], action: next}}
+  - name: nothing to compare
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{}}
+"#,
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("shapes", "shapes.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let failures: Vec<(&str, &str)> = stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("FAIL  "))
+        .map(|line| {
+            let (_, rest) = line.split_once(".tests.yaml: ").unwrap();
+            rest.split_once(": ").unwrap()
+        })
+        .collect();
+    let expected = [
+        ("error and plan", "one or the other"),
+        ("a plan for an outcome", "does not compare `plan`"),
+        ("key and tenant", "not both"),
+        ("headers of a plan", "describe a refusal"),
+        ("a secret no credential reads", "`NO_SUCH_VARIABLE`"),
+        ("sound", "same name"),
+        ("a status alone", "give its `error` too"),
+        ("a misspelt scope", "`provder` is not a scope"),
+        ("an outcome's fields without an outcome", "`action`"),
+        ("nothing to compare", "nothing to compare"),
+    ];
+    assert_eq!(failures.len(), expected.len(), "{stdout}");
+    for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
+        assert_eq!(*name, expected_name, "{stdout}");
+        assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
+    }
+    assert!(stdout.contains("ok    "), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 10 failed\n"), "{stdout}");
+    assert_eq!(output.status.code(), Some(1));
+}
+
+#[test]
+fn a_cases_file_not_named_for_its_policy_must_name_it() {
+    let cases = "cases:\n  - name: a\n    key: acme-default\n    body: {model: qwen3.8-27b}\n    expect: {attempts: 3}\n";
+    let (output, _) = run_cases("unnamed", "cases.yaml", cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("name its policy with `policy:`"),
+        "{stdout}"
+    );
+    assert_eq!(output.status.code(), Some(1));
+}
+
+#[test]
+fn a_policy_given_for_its_cases_is_a_usage_error() {
+    let output = Command::new(BIN)
+        .args(["test", "policies/noirdoc.policy"])
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .expect("the switchyard binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`noirdoc.tests.yaml`"), "{stderr}");
+    assert_eq!(output.status.code(), Some(2));
+}
