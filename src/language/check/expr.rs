@@ -130,6 +130,34 @@ fn null_comparison(lhs: &Expr, rhs: &Expr) -> Vec<String> {
     }
 }
 
+/// The value of a number built only from literals, if it has one.
+pub fn constant_number(expr: &Expr) -> Option<f64> {
+    let value = match &expr.kind {
+        ExprKind::Literal(Literal::Number(n) | Literal::Percent(n)) => *n,
+        ExprKind::Unary(UnaryOp::Negate, inner) => -constant_number(inner)?,
+        ExprKind::Binary(op, lhs, rhs) => {
+            let (a, b) = (constant_number(lhs)?, constant_number(rhs)?);
+            match op {
+                BinaryOp::Add => a + b,
+                BinaryOp::Sub => a - b,
+                BinaryOp::Mul => a * b,
+                BinaryOp::Div if b != 0.0 => a / b,
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    value.is_finite().then_some(value)
+}
+
+/// The value of a duration literal, in milliseconds.
+pub fn constant_duration(expr: &Expr) -> Option<u64> {
+    match expr.kind {
+        ExprKind::Literal(Literal::Duration(ms)) => Some(ms),
+        _ => None,
+    }
+}
+
 /// The value of a condition built only from literals, if it has one.
 pub fn constant_bool(expr: &Expr) -> Option<bool> {
     match &expr.kind {
@@ -384,8 +412,20 @@ impl Checker<'_> {
                         (Ty::Bool, Term::new(TermKind::Not(boxed(term)), span))
                     }
                     UnaryOp::Negate => match ty.required() {
-                        Ty::Number | Ty::Duration | Ty::Unknown => {
+                        Ty::Number | Ty::Unknown => {
                             (ty, Term::new(TermKind::Negate(boxed(term)), span))
+                        }
+                        Ty::Duration => {
+                            self.err(
+                                codes::BAD_OPERANDS,
+                                expr.span,
+                                String::from("`-` is not defined for duration"),
+                                "a negative duration",
+                                Some(String::from(
+                                    "durations are never negative; a difference of durations stops at 0",
+                                )),
+                            );
+                            broken(expr.span)
                         }
                         _ => self.bad_operands(expr, "-", &ty, None),
                     },

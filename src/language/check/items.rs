@@ -171,6 +171,7 @@ impl<'a> Checker<'a> {
                             let (_, max) = self.expect(&penalty.max, &Ty::Duration, &place, &scope);
                             let (_, reset) =
                                 self.expect(&penalty.reset, &Ty::Duration, &place, &scope);
+                            self.penalty_schedule(penalty);
                             self.program.penalty = Some(ir::PenaltySpec {
                                 base,
                                 factor,
@@ -628,6 +629,40 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A schedule written with literals must make sense as written: the
+    /// proxy would otherwise quietly treat a factor below 1 as 1 and a `max`
+    /// below `base` as the length of every penalty.
+    fn penalty_schedule(&mut self, penalty: &PenaltyDecl) {
+        if let Some(factor) = expr::constant_number(&penalty.factor)
+            && factor < 1.0
+        {
+            self.error_at(
+                codes::BAD_SCHEDULE,
+                penalty.factor.span,
+                format!("a penalty `factor` of {factor} would shorten penalties"),
+                "this factor",
+                Some(String::from(
+                    "each further failure multiplies the penalty by the factor; write 1 or more",
+                )),
+            );
+        }
+        if let (Some(base), Some(max)) = (
+            expr::constant_duration(&penalty.base),
+            expr::constant_duration(&penalty.max),
+        ) && max < base
+        {
+            self.error_at(
+                codes::BAD_SCHEDULE,
+                penalty.max.span,
+                String::from("a penalty's `max` is shorter than its `base`"),
+                "this maximum",
+                Some(String::from(
+                    "`max` caps the penalty as it grows from `base`; make it at least `base`",
+                )),
+            );
+        }
+    }
+
     fn failover(&mut self, block: &'a FailoverBlock) {
         let scope = Scope::default();
         let mut attempts_seen = None;
@@ -647,7 +682,7 @@ impl<'a> Checker<'a> {
                     spec.attempts = self
                         .expect(limit, &Ty::Number, &Place::request("`attempts`"), &scope)
                         .1;
-                    if let ExprKind::Literal(Literal::Number(n)) = limit.kind
+                    if let Some(n) = expr::constant_number(limit)
                         && (n < 1.0 || n.fract() != 0.0)
                     {
                         self.error_at(
