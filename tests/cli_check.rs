@@ -314,6 +314,45 @@ fn a_missing_path_is_a_usage_error() {
 }
 
 #[test]
+fn explain_and_serve_given_no_policy_file_are_usage_errors() {
+    for (command, path) in [
+        ("explain", "policies/no-such-file.policy"),
+        ("serve", "policies/no-such-file.policy"),
+        ("explain", "policies"),
+        ("serve", "policies"),
+    ] {
+        let mut args = vec![command, "--policy", path];
+        if command == "explain" {
+            args.extend(["--request", "README.md", "--key", "k"]);
+        }
+        let output = Command::new(BIN)
+            .args(&args)
+            .current_dir(PACKAGE_ROOT)
+            .output()
+            .expect("the switchyard binary runs");
+        let err = stderr(&output);
+        assert_eq!(code(&output), 2, "{command} {path}: {err}");
+        assert!(
+            err.starts_with("error: `policies"),
+            "{command} {path}: {err}"
+        );
+        assert!(!err.contains("E0108"), "{command} {path}: {err}");
+    }
+}
+
+#[test]
+fn a_policy_that_is_not_text_is_a_problem_in_it() {
+    let dir = TempDir::new("not-text");
+    let policy = dir.path().join("binary.policy");
+    std::fs::write(&policy, b"\xff\xfe policy").unwrap();
+    let output = check(&[policy.to_str().unwrap()]);
+    let err = stderr(&output);
+    assert_eq!(code(&output), 1, "{err}");
+    assert!(err.contains("error[E0108]"), "{err}");
+    assert!(err.contains("help: save the file as UTF-8 text"), "{err}");
+}
+
+#[test]
 fn an_unknown_flag_is_a_usage_error() {
     let output = check(&["--no-such-flag", "policies/"]);
     assert_eq!(code(&output), 2, "{}", stderr(&output));

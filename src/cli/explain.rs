@@ -1,6 +1,6 @@
 //! `switchyard explain`: the decision for one request, and why.
 
-use super::common::{RequestSpec, print_report, resolve_caller};
+use super::common::{RequestSpec, not_a_policy_file, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::diagnostics::io_reason;
@@ -57,6 +57,9 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn run(args: &ExplainArgs) -> ExitCode {
+    if let Some(problem) = not_a_policy_file(&args.policy) {
+        return fail(problem);
+    }
     let report = check_file(&args.policy);
     // Every credential counts as configured: explain shows the policy's
     // decision, not this machine's environment.

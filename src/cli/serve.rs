@@ -170,6 +170,9 @@ fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
 pub fn run(args: &ServeArgs) -> ExitCode {
     let logs = init_logging(args.log_format);
     raise_open_file_limit();
+    if let Some(problem) = super::common::not_a_policy_file(&args.policy) {
+        return fail(problem);
+    }
     let secrets = crate::reload::environment();
     let (snapshot, sources) = match load(&args.policy, secrets.as_ref()) {
         Ok(loaded) => loaded,

@@ -29,12 +29,17 @@ pub fn read_source(
                 codes::READ_FAILED,
                 format!("cannot read `{shown_as}`: {}", io_reason(&error)),
             );
+            let help = if error.kind() == std::io::ErrorKind::InvalidData {
+                "save the file as UTF-8 text"
+            } else if referenced_at.is_some() {
+                "check the path; data paths are relative to the policy file"
+            } else {
+                "check the path"
+            };
             if let Some((source, span)) = referenced_at {
                 diagnostic = diagnostic.at(source, span, "named here");
             }
-            diagnostics.push(
-                diagnostic.help("check the path; data paths are relative to the policy file"),
-            );
+            diagnostics.push(diagnostic.help(help));
             None
         }
     }
