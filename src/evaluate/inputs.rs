@@ -29,15 +29,17 @@ pub enum Raw<'a> {
     Text(&'a str),
 }
 
-/// Parses one input's raw value (or `None` when the request does not carry it).
+/// Parses one input's raw value (or `None` when the request does not carry
+/// it). A body field sent as `null` is absent, as it is within an object.
 pub fn parse_input(
     snapshot: &Snapshot,
     spec: &InputSpec,
     raw: Option<Raw<'_>>,
     expand_shorthand: &mut dyn FnMut(&InputSpec, Value) -> Value,
 ) -> Result<Value, InputProblem> {
-    let Some(raw) = raw else {
-        return Ok(Value::Null);
+    let raw = match raw {
+        None | Some(Raw::Json(Json::Null)) => return Ok(Value::Null),
+        Some(raw) => raw,
     };
     let problem = |problem: Problem| match problem {
         Problem::Malformed(detail) => InputProblem {

@@ -243,6 +243,15 @@ impl<'a> Checker<'a> {
             } else {
                 fields.insert(field_key, decl.source_name.span);
             }
+            if let Some((problem, help)) = unreadable(decl.source, &decl.source_name.value) {
+                self.error_at(
+                    codes::RESERVED_INPUT,
+                    decl.source_name.span,
+                    problem,
+                    "read here",
+                    Some(help),
+                );
+            }
             let (ty, input_type) =
                 self.input_type_of(&decl.ty, decl.source, &decls, &decl.name.name);
             let malformed = match &decl.malformed_error {
@@ -369,4 +378,65 @@ impl<'a> Checker<'a> {
         }
         (it_input, term)
     }
+}
+
+/// Why an input cannot read this body field or header: the proxy reads or
+/// sends it itself (an input is removed from the request before it goes
+/// upstream), or no request can carry it. The problem and a hint.
+fn unreadable(source: InputSource, field: &str) -> Option<(String, String)> {
+    let owned = |what: &str, instead: &str| {
+        Some((
+            format!("an input cannot read `{field}`: {what}"),
+            String::from(instead),
+        ))
+    };
+    match source {
+        InputSource::Body => match field {
+            "" => owned("a body field has a name", "name the body field"),
+            "model" => owned(
+                "the proxy reads it and sends the upstream model's name in it",
+                "read the requested model as `request.model`",
+            ),
+            "stream" => owned(
+                "the proxy reads it and the provider needs it",
+                "read it as `request.stream`",
+            ),
+            _ => None,
+        },
+        InputSource::Header => {
+            let lower = field.to_ascii_lowercase();
+            if field.is_empty() || !field.bytes().all(is_token_byte) {
+                owned(
+                    "it is not a header name",
+                    "a header name is letters, digits and `!#$%&'*+-.^_`|~`, with no spaces or colons",
+                )
+            } else if ["authorization", "x-api-key"].contains(&lower.as_str()) {
+                owned(
+                    "it carries the caller's key, which the proxy checks and never forwards",
+                    "read who calls through `key`, `tenant` and `workspace`",
+                )
+            } else if [
+                "host",
+                "content-length",
+                "content-type",
+                "transfer-encoding",
+                "connection",
+                "expect",
+            ]
+            .contains(&lower.as_str())
+            {
+                owned(
+                    "the HTTP layer reads and writes it",
+                    "send routing hints in a header of their own",
+                )
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Whether a byte may be part of an HTTP header name (RFC 9110's `token`).
+fn is_token_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
