@@ -834,6 +834,7 @@ fn compile(policy: &str, catalog: &str, tenants: &str) -> Snapshot {
         sources,
         diagnostics: Diagnostics::new(),
         policy: Some(policy),
+        unread: Vec::new(),
     };
     match compile_report(report, &AllSecrets) {
         Ok((snapshot, _)) => snapshot,

@@ -215,7 +215,44 @@ async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
     assert_eq!(failure["diagnostics"][0]["line"], garbage_line);
     assert_eq!(failure["diagnostics"][0]["column"], 1);
     assert_eq!(failure["diagnostics"][0]["severity"], "error");
+    assert!(
+        metrics(&setup)
+            .await
+            .contains("\nswitchyard_reload_failed 1\n")
+    );
+
+    // The bad edit undone: the files are the served policy again, and the
+    // failure no longer stands, for /healthz and the alerting gauge alike.
+    std::fs::write(&setup.policy, policy_text("g0")).unwrap();
+    until("the undone edit is looked at", || {
+        setup
+            .proxy
+            .reload_status
+            .lock()
+            .unwrap()
+            .last_failure
+            .is_none()
+    })
+    .await;
+    assert!(
+        metrics(&setup)
+            .await
+            .contains("\nswitchyard_reload_failed 0\n")
+    );
+    assert_eq!(healthz(&setup).await["version"], version);
     setup.stop().await;
+}
+
+async fn metrics(stack: &Stack) -> String {
+    stack
+        .client
+        .get(stack.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,6 +492,83 @@ async fn a_data_file_change_reloads_too() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_replaced_with_a_gap_takes_effect() {
+    // The policy stays; its data files live in `data/`, which a deploy
+    // replaces with a gap. The reload in the gap fails (the files are
+    // missing), and must not forget the directory it waits for.
+    let (stack, secrets) = start_stack("data-gap", HEALTHY).await;
+    let sim = stack.sim.addr().to_string();
+    let catalog = |first: &str, second: &str| {
+        CATALOG.replace("{sim}", &sim).replace(
+            "      - provider: alpha\n      - provider: beta\n",
+            &format!("      - provider: {first}\n      - provider: {second}\n"),
+        )
+    };
+    let tenants = std::fs::read_to_string(stack.dir.join("tenants.yaml")).unwrap();
+    let data = stack.dir.join("data");
+    let version = |first: &str, second: &str| {
+        [
+            ("catalog.yaml", catalog(first, second)),
+            ("tenants.yaml", tenants.clone()),
+        ]
+    };
+    replace_directory(
+        &data,
+        &version("alpha", "beta"),
+        Duration::ZERO,
+        Keep::Nothing,
+    );
+    let policy = stack.dir.join("split.policy");
+    std::fs::write(
+        &policy,
+        policy_text("split")
+            .replace("\"catalog.yaml\"", "\"data/catalog.yaml\"")
+            .replace("\"tenants.yaml\"", "\"data/tenants.yaml\""),
+    )
+    .unwrap();
+    let reloader = Reloader::new(
+        stack.proxy.clone(),
+        policy,
+        &stack.sources,
+        Arc::new(secrets),
+    );
+    let first = reloader.clone();
+    let outcome = tokio::task::spawn_blocking(move || first.reload())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
+    let setup = Setup {
+        _watch: reloader.watch().unwrap(),
+        stack,
+    };
+    setup.until_serving("split").await;
+    let answering = || async {
+        setup.sim.clear();
+        assert_eq!(setup.ask().await.0, 200);
+        setup.sim.requests()[0].provider.clone()
+    };
+    assert_eq!(answering().await, "alpha");
+
+    let before = setup.failures();
+    replace_directory(
+        &data,
+        &version("beta", "alpha"),
+        Duration::from_secs(1),
+        Keep::OldAs(1),
+    );
+    let started = Instant::now();
+    while answering().await != "beta" {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the new data directory never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(setup.failures() > before, "the gap was seen");
     setup.stop().await;
 }
 

@@ -13,7 +13,7 @@ use crate::data::{self, Data};
 use crate::diagnostics::{Diagnostic, Diagnostics, codes};
 use crate::source::{SourceId, SourceMap, Span};
 use ast::{DataFileKind, Item};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A policy that checked without errors, with its data.
@@ -56,6 +56,9 @@ pub struct CheckReport {
     pub sources: SourceMap,
     pub diagnostics: Diagnostics,
     pub policy: Option<CheckedPolicy>,
+    /// The files the check looked for and could not read (each an `E0108`),
+    /// so that a watch can wait for them to appear.
+    pub unread: Vec<PathBuf>,
 }
 
 /// Largest policy file accepted: far above any real policy, small enough that
@@ -75,7 +78,9 @@ pub fn check_file_cached(path: &Path, cache: Option<&DataCache>) -> CheckReport 
     let mut diagnostics = Vec::new();
     let shown = path.display().to_string();
     let Some(source) = data::read_source(path, &shown, &mut sources, &mut diagnostics, None) else {
-        return finish(sources, diagnostics, None);
+        let mut report = finish(sources, diagnostics, None);
+        report.unread.push(path.to_path_buf());
+        return report;
     };
     let base = path.parent().unwrap_or_else(|| Path::new("."));
     check_source_cached(sources, source, base, diagnostics, cache)
@@ -165,19 +170,24 @@ fn check_source_cached(
     }
 
     let mut checked = None;
+    let mut unread = Vec::new();
     if let (Some(catalog), Some(tenants)) = (catalog_setting, tenants_setting) {
-        let read = |setting: &ast::PolicySetting,
-                    sources: &mut SourceMap,
-                    diagnostics: &mut Vec<Diagnostic>| {
+        let mut read = |setting: &ast::PolicySetting,
+                        sources: &mut SourceMap,
+                        diagnostics: &mut Vec<Diagnostic>| {
             let path = base.join(&setting.path.value);
             let shown = path.display().to_string();
-            data::read_source(
+            let read = data::read_source(
                 &path,
                 &shown,
                 sources,
                 diagnostics,
                 Some((source, setting.path.span)),
-            )
+            );
+            if read.is_none() {
+                unread.push(path);
+            }
+            read
         };
         let catalog_source = read(catalog, &mut sources, &mut diagnostics);
         let tenants_source = read(tenants, &mut sources, &mut diagnostics);
@@ -259,7 +269,9 @@ fn check_source_cached(
         }),
         _ => None,
     };
-    finish(sources, diagnostics, policy)
+    let mut report = finish(sources, diagnostics, policy);
+    report.unread = unread;
+    report
 }
 
 /// Parses and checks policy text against data already loaded, ignoring the
@@ -303,5 +315,6 @@ fn finish(
         sources,
         diagnostics: all,
         policy,
+        unread: Vec::new(),
     }
 }

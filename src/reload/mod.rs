@@ -108,7 +108,8 @@ impl Reloader {
             files: Mutex::new(Vec::new()),
             data: DataCache::default(),
         };
-        reloader.remember_files(sources);
+        let files = reloader.files_of(sources, &[]);
+        *lock(&reloader.files) = files;
         Arc::new(reloader)
     }
 
@@ -117,15 +118,34 @@ impl Reloader {
         lock(&self.files).clone()
     }
 
-    fn remember_files(&self, sources: &SourceMap) {
+    /// The policy, the files a check read and those it looked for in vain.
+    fn files_of(&self, sources: &SourceMap, unread: &[PathBuf]) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = (0..)
             .map_while(|index| sources.file_at(index))
             .map(|file| PathBuf::from(&file.name))
+            .chain(unread.iter().cloned())
             .collect();
         if !files.contains(&self.policy) {
             files.insert(0, self.policy.clone());
         }
-        *lock(&self.files) = files;
+        files
+    }
+
+    /// Remembers the files to watch after a reload. One that failed keeps
+    /// the files watched before as well: a failure must not narrow the
+    /// watch (a policy too broken to name its data files still has them,
+    /// and they may be what gets fixed).
+    fn remember_files(&self, files: Vec<PathBuf>, succeeded: bool) {
+        let mut remembered = lock(&self.files);
+        if succeeded {
+            *remembered = files;
+        } else {
+            for file in files {
+                if !remembered.contains(&file) {
+                    remembered.push(file);
+                }
+            }
+        }
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, ReloadStatus> {
@@ -137,13 +157,25 @@ impl Reloader {
     pub fn reload(&self) -> Outcome {
         let started = Instant::now();
         let report = check_file_cached(&self.policy, Some(&self.data));
-        self.remember_files(&report.sources);
+        let files = self.files_of(&report.sources, &report.unread);
         match compile_report(report, self.secrets.as_ref()) {
             Ok((snapshot, _)) => {
+                self.remember_files(files, true);
                 let live = self.proxy.snapshot();
                 if snapshot.version == live.version {
-                    let mut status = self.status();
-                    status.last_failure = None;
+                    // Back to what is served (a bad edit undone): no
+                    // failure stands any more.
+                    let failed = self.status().last_failure.is_some();
+                    if failed {
+                        // The gauge first: whoever sees the status clear
+                        // sees the gauge clear too.
+                        self.proxy.metrics.set("switchyard_reload_failed", &[], 0.0);
+                        self.status().last_failure = None;
+                        tracing::info!(
+                            version = %snapshot.version,
+                            "the policy's files match the policy being served again"
+                        );
+                    }
                     return Outcome::Unchanged;
                 }
                 let version = snapshot.version.clone();
@@ -165,6 +197,7 @@ impl Reloader {
                 Outcome::Reloaded(version)
             }
             Err(report) => {
+                self.remember_files(files, false);
                 let first_error = report
                     .diagnostics
                     .iter()
