@@ -2204,6 +2204,14 @@ async fn metrics_count_requests() -> TestResult {
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
+    // Model ids the catalog does not know are counted together: a client
+    // cannot add series by making ids up.
+    let made_up = format!("made-up-{}", "x".repeat(1000));
+    for id in [made_up.as_str(), "made-up-too"] {
+        let mut body = chat_body(false);
+        body["model"] = json!(id);
+        assert_ne!(gateway.api.chat(&body).await.status, 200);
+    }
 
     // The count is taken when the request's task ends, just after the
     // answer went out.
@@ -2212,13 +2220,22 @@ async fn metrics_count_requests() -> TestResult {
     loop {
         let metrics = Reply::of(gateway.api.client.get(&metrics_url)).await;
         assert_eq!(metrics.status, 200);
-        let counted = metrics.text.lines().any(|line| {
+        let counted = |model: &str, count: &str| {
+            metrics.text.lines().any(|line| {
+                line.starts_with("switchyard_requests_total{")
+                    && line.contains(&format!("model=\"{model}\""))
+                    && line.ends_with(count)
+            })
+        };
+        assert!(!metrics.text.contains("made-up"), "{}", metrics.text);
+        let served = metrics.text.lines().any(|line| {
             line.starts_with("switchyard_requests_total{")
                 && line.contains("provider=\"a\"")
+                && line.contains("model=\"m\"")
                 && line.contains("status=\"200\"")
                 && line.ends_with(" 1")
         });
-        if counted {
+        if served && counted("(other)", " 2") {
             break;
         }
         assert!(

@@ -560,6 +560,7 @@ async fn complete(
                 &request_id,
                 endpoint,
                 None,
+                "",
                 (401, "unauthorized"),
                 "unauthorized",
             );
@@ -618,6 +619,7 @@ async fn complete(
                 &request_id,
                 endpoint,
                 Some((tenant_id(&snapshot, caller), "")),
+                "",
                 (status, code),
                 outcome,
             );
@@ -832,13 +834,13 @@ fn prepare(
     let decision = evaluate(snapshot, &context, &view);
     proxy.metrics.decision(deciding.elapsed().as_secs_f64());
     let tenant = tenant_id(snapshot, caller).to_string();
-    let requested_model = body
+    let requested = body
         .as_ref()
         .ok()
         .and_then(|b| b.get("model"))
         .and_then(Json::as_str)
-        .unwrap_or("")
-        .to_string();
+        .unwrap_or("");
+    let requested_model = logged_model(requested);
     let plan = match decision.result {
         Ok(plan) => plan,
         Err(refusal) => {
@@ -847,6 +849,7 @@ fn prepare(
                 request_id,
                 endpoint,
                 Some((&tenant, &requested_model)),
+                model_label(snapshot, requested, None),
                 (refusal.error.status, &refusal.error.code),
                 "refused",
             );
@@ -882,6 +885,7 @@ fn prepare(
     let _ = write!(decision, " (at most {})", plan.attempts);
     let log = RequestLog {
         tenant,
+        model_label: model_label(snapshot, requested, Some(&plan)).to_string(),
         model: requested_model,
         decision,
         started: arrived.started,
@@ -899,18 +903,56 @@ fn prepare(
     ))
 }
 
+/// The `model` label of a request's metrics for a client's requested id:
+/// the id when the catalog names it (a model or an alias), else the model
+/// of the plan's first candidate (a pin's), else [`OTHER_MODEL`]. Labels
+/// come from the catalog, so made-up ids cannot add series without end.
+fn model_label<'a>(
+    snapshot: &'a Snapshot,
+    requested: &'a str,
+    plan: Option<&crate::evaluate::Plan>,
+) -> &'a str {
+    if snapshot.model_named(requested).is_some() {
+        return requested;
+    }
+    plan.and_then(|plan| plan.candidates.first())
+        .and_then(|candidate| candidate.model)
+        .and_then(|model| snapshot.data.catalog.models.get(model))
+        .map_or(OTHER_MODEL, |model| model.id.as_str())
+}
+
+/// The `model` label of requests for ids the catalog does not know.
+pub const OTHER_MODEL: &str = "(other)";
+
+/// Longest requested model id a log line quotes in full.
+const LOGGED_MODEL_BYTES: usize = 256;
+
+/// The requested model id as the log line shows it: cut short (at a
+/// character boundary, marked with `…`) when a client sends a long one.
+fn logged_model(requested: &str) -> String {
+    if requested.len() <= LOGGED_MODEL_BYTES {
+        return requested.to_string();
+    }
+    let mut end = LOGGED_MODEL_BYTES;
+    while !requested.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", requested.get(..end).unwrap_or_default())
+}
+
 /// A request that ended before any exchange: its log line and its count in
-/// `switchyard_requests_total` (under `outcome`, with its model if known).
+/// `switchyard_requests_total` (under `outcome`, with its model label).
 fn record_refusal(
     proxy: &Proxy,
     request_id: &str,
     endpoint: Endpoint,
     who: Option<(&str, &str)>,
+    model_label: &str,
     (status, code): (u16, &str),
     outcome: &str,
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
-    proxy.metrics.request("", model, outcome, status);
+    proxy.metrics.request("", model_label, outcome, status);
     proxy.access_log.write(RequestLine {
         at: SystemTime::now(),
         request_id: request_id.to_string(),
@@ -927,7 +969,10 @@ fn record_refusal(
 /// request in flight while it lives.
 struct RequestLog {
     tenant: String,
+    /// As the log line shows it.
     model: String,
+    /// As the metrics count it.
+    model_label: String,
     /// The plan: its providers in order and how many attempts it allows.
     decision: String,
     started: Instant,
@@ -939,7 +984,7 @@ impl RequestLog {
     fn write(self, proxy: &Proxy, request_id: String, endpoint: Endpoint, report: Report) {
         proxy.metrics.request(
             report.served_provider.as_deref().unwrap_or(""),
-            &self.model,
+            &self.model_label,
             report.outcome,
             report.status,
         );
