@@ -898,7 +898,7 @@ impl Exchange {
                     }
                     kind => {
                         first_byte = Some(begun.elapsed());
-                        usage = reported.or(usage);
+                        usage = wire::accumulated_usage(usage, reported);
                         finished |= kind == EventKind::Finished;
                         held.push(event.raw);
                         if kind == EventKind::Sentinel {
@@ -954,7 +954,7 @@ impl Exchange {
                     }
                     _ => {}
                 }
-                usage = reported.or(usage);
+                usage = wire::accumulated_usage(usage, reported);
                 finished |= kind == EventKind::Finished;
                 if kind == EventKind::Sentinel {
                     self.record_served(index, begun, first_byte, usage, true);

@@ -236,6 +236,22 @@ pub fn usage_of(body: &Json) -> Option<(u64, u64)> {
     usage_figures(body.get("usage")?)
 }
 
+/// A stream's usage so far after an event that `reported` some: the larger
+/// of each figure. Both formats count cumulatively, but an event may give
+/// only one figure: Anthropic's `message_start` gives the input tokens and
+/// `message_delta` the output so far, which must not zero the input.
+pub fn accumulated_usage(
+    so_far: Option<(u64, u64)>,
+    reported: Option<(u64, u64)>,
+) -> Option<(u64, u64)> {
+    match (so_far, reported) {
+        (Some((input, output)), Some((more_input, more_output))) => {
+            Some((input.max(more_input), output.max(more_output)))
+        }
+        (so_far, reported) => reported.or(so_far),
+    }
+}
+
 /// The figures of a `usage` value.
 fn usage_figures(usage: &Json) -> Option<(u64, u64)> {
     let field = |names: [&str; 2]| {
@@ -412,6 +428,28 @@ mod tests {
             });
             proptest::prop_assert_eq!(event_end(&buffer, from), plain);
         }
+    }
+
+    #[test]
+    fn a_stream_keeps_each_usage_figure_an_event_gave() {
+        let messages = Endpoint::Messages;
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":",
+            "{\"usage\":{\"input_tokens\":11,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",",
+            "\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",",
+            "\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":22}}\n\n",
+        );
+        let mut reader = EventReader::default();
+        let usage = reader
+            .push(stream.as_bytes())
+            .unwrap()
+            .iter()
+            .fold(None, |so_far, event| {
+                accumulated_usage(so_far, event.meaning(messages).1)
+            });
+        assert_eq!(usage, Some((11, 22)));
     }
 
     #[test]
