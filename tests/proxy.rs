@@ -20,7 +20,7 @@ use reqwest::RequestBuilder;
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard::proxy::{Limits, Options};
+use switchyard::proxy::Options;
 use switchyard::sim::RecordedRequest;
 use switchyard::state::{Clock, ManualClock, SystemClock};
 
@@ -186,10 +186,12 @@ impl Setup {
     }
 
     fn max_body_bytes(mut self, bytes: usize) -> Setup {
-        self.options.limits = Limits {
-            max_body_bytes: bytes,
-            ..Limits::default()
-        };
+        self.options.limits.max_body_bytes = bytes;
+        self
+    }
+
+    fn body_idle_timeout(mut self, timeout: Duration) -> Setup {
+        self.options.limits.body_idle_timeout = timeout;
         self
     }
 
@@ -2048,6 +2050,38 @@ async fn send_raw_chat(api: &Api, rest: &str) -> std::io::Result<tokio::net::Tcp
     );
     socket.write_all(head.as_bytes()).await?;
     Ok(socket)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_gets_408() -> TestResult {
+    use tokio::io::AsyncReadExt;
+    let gateway = simple_setup()
+        .body_idle_timeout(Duration::from_millis(300))
+        .start("providers:\n  a: {}\n")
+        .await;
+    // A valid key, a promised 100 bytes, one sent.
+    let mut socket = send_raw_chat(&gateway.api, "Content-Length: 100\r\n\r\n{").await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer)).await??;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("\"request_timeout\""), "{answer}");
+    wait_for_unrouted_request(&gateway.api, "refused", 408).await;
+    // And it no longer counts in flight.
+    let metrics_url = format!("{}/metrics", gateway.api.url);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Reply::of(gateway.api.client.get(&metrics_url))
+        .await
+        .text
+        .lines()
+        .any(|line| line == "switchyard_in_flight 0")
+    {
+        assert!(Instant::now() < deadline, "still in flight");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
 }
 
 /// Waits until `switchyard_requests_total` counts a request that reached

@@ -56,6 +56,10 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// The most of a request's line and headers hyper buffers.
     pub max_header_bytes: usize,
+    /// The longest a request's body may go without a byte arriving: a
+    /// client that stops sending would otherwise hold its connection and
+    /// its place in flight for ever.
+    pub body_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -63,6 +67,7 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 16 * 1024 * 1024,
             max_header_bytes: 64 * 1024,
+            body_idle_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -580,7 +585,7 @@ async fn complete(
     let read = if declared_too_large {
         Err(BodyProblem::TooLarge)
     } else {
-        read_limited(&mut incoming, limit).await
+        read_limited(&mut incoming, limit, proxy.limits.body_idle_timeout).await
     };
     let bytes: Bytes = match read {
         Ok(bytes) => bytes,
@@ -603,6 +608,12 @@ async fn complete(
                     400,
                     "invalid_request_body",
                     "the request body could not be read",
+                    "refused",
+                ),
+                BodyProblem::Stalled => (
+                    408,
+                    "request_timeout",
+                    "the request body stopped arriving",
                     "refused",
                 ),
                 // Nobody reads this answer; the status is nginx's "client
@@ -678,11 +689,22 @@ fn client_left(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Reads a client's body up to `limit` bytes.
-async fn read_limited(incoming: &mut Incoming, limit: usize) -> Result<Bytes, BodyProblem> {
+/// Reads a client's body up to `limit` bytes, waiting at most `idle` for
+/// each next part of it.
+async fn read_limited(
+    incoming: &mut Incoming,
+    limit: usize,
+    idle: Duration,
+) -> Result<Bytes, BodyProblem> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
-    while let Some(frame) = incoming.frame().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(idle, incoming.frame()).await else {
+            return Err(BodyProblem::Stalled);
+        };
+        let Some(frame) = next else {
+            break;
+        };
         let frame = frame.map_err(|error| {
             if client_left(&error) {
                 BodyProblem::ClientGone
@@ -769,6 +791,8 @@ enum BodyProblem {
     ClientGone,
     /// Anything else: the body's framing was wrong, or reading it failed.
     Unreadable,
+    /// No byte of it arrived for the idle limit.
+    Stalled,
 }
 
 /// A request read in full, before its decision.
