@@ -59,6 +59,10 @@ impl YamlError {
             Some(at) => plain.get(..at).unwrap_or(&plain),
             None => plain.as_str(),
         };
+        // Advice to the library's own callers, not to someone writing YAML.
+        let message = message
+            .split_once(", set DuplicateKeyPolicy")
+            .map_or(message, |(before, _)| before);
         YamlError {
             unknown_field: UnknownField::of(message),
             message: lowercase_first(message),
