@@ -61,3 +61,26 @@ fn sim_on_a_busy_address_says_what_to_do() {
         &["sim", "--scenario", "scenarios/healthy.yaml"],
     );
 }
+
+#[test]
+fn with_json_logs_the_refusal_is_a_json_line_too() {
+    let (code, stderr) = run_on_a_busy_address(&[
+        "serve",
+        "--policy",
+        "policies/noirdoc.policy",
+        "--log-format",
+        "json",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    let message = last["fields"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the proxy cannot listen on 127.0.0.1:"),
+        "{message}"
+    );
+}

@@ -59,26 +59,53 @@ pub fn init_logging(format: LogFormat) -> Logging {
         Arc::new(TracingAccessLog)
     };
     if installed.is_ok() {
-        let _ = LOG_WRITER.set(installed_writer);
+        let _ = LOG_WRITER.set(StatusWriter {
+            writer: installed_writer,
+            json: format == LogFormat::Json,
+        });
     }
     Logging { flush, access_log }
 }
 
-/// The log's writer once `init_logging` installed it.
-static LOG_WRITER: OnceLock<Batched<Stderr>> = OnceLock::new();
+/// The log's writer once `init_logging` installed it, and its format.
+static LOG_WRITER: OnceLock<StatusWriter> = OnceLock::new();
 
-/// Writes a status line (starting, stopping, a fatal error) to standard
-/// error at once, after the log lines still waiting to be written.
+struct StatusWriter {
+    writer: Batched<Stderr>,
+    json: bool,
+}
+
+/// Writes a status line (starting, stopping) to standard error at once,
+/// after the log lines still waiting to be written.
 pub fn status(message: fmt::Arguments<'_>) {
+    status_at("INFO", message);
+}
+
+/// A status line at `level`: plain text, or with `--log-format json` a
+/// JSON object like every other line, so collectors can read them all.
+fn status_at(level: &str, message: fmt::Arguments<'_>) {
     match LOG_WRITER.get() {
-        Some(writer) => writer.write_now(format!("{message}\n").as_bytes()),
+        Some(StatusWriter { writer, json: true }) => {
+            let mut line = String::from("{\"timestamp\":\"");
+            let _ = write_timestamp(&mut line, std::time::SystemTime::now());
+            let _ = write!(line, "\",\"level\":\"{level}\",\"fields\":{{\"message\":");
+            let _ = write_json_string(&mut line, &message.to_string());
+            line.push_str("},\"target\":\"switchyard\"}\n");
+            writer.write_now(line.as_bytes());
+        }
+        Some(StatusWriter {
+            writer,
+            json: false,
+        }) => {
+            writer.write_now(format!("{message}\n").as_bytes());
+        }
         None => eprintln!("{message}"),
     }
 }
 
 /// A fatal error in the command's use or set-up: a status line, exit 2.
 pub fn fail(message: impl fmt::Display) -> ExitCode {
-    status(format_args!("error: {message}"));
+    status_at("ERROR", format_args!("error: {message}"));
     ExitCode::from(exit::USAGE)
 }
 
