@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The most of a provider's error answer that is read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -530,7 +530,7 @@ impl Exchange {
                 let status = answer.as_ref().map_or(502, |a| a.status);
                 let facts = answer
                     .as_ref()
-                    .map(|a| outcome_facts(a.status, &HeaderMap::new(), &a.body))
+                    .map(|a| outcome_facts(a.status, &HeaderMap::new(), &a.body, SystemTime::now()))
                     .unwrap_or_default();
                 let error = ErrorResponse {
                     status,
@@ -721,7 +721,7 @@ impl Exchange {
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),
-                    facts: outcome_facts(status, &headers, &body),
+                    facts: outcome_facts(status, &headers, &body, SystemTime::now()),
                 },
                 passthrough: Some(Passthrough {
                     status,

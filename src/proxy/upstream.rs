@@ -228,19 +228,37 @@ impl hyper::body::Body for AttemptBody {
     }
 }
 
-/// What a provider's non-success answer says: `Retry-After` (seconds, or
-/// OpenAI's `retry-after-ms`) and the error object in either wire format.
-pub fn outcome_facts(status: u16, headers: &HeaderMap, body: &[u8]) -> OutcomeFacts {
+/// What a provider's non-success answer says: `Retry-After` (seconds or an
+/// HTTP date, counted from `now`; or OpenAI's `retry-after-ms`) and the
+/// error object in either wire format.
+pub fn outcome_facts(
+    status: u16,
+    headers: &HeaderMap,
+    body: &[u8],
+    now: std::time::SystemTime,
+) -> OutcomeFacts {
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let seconds = |text: &str| {
+        text.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|secs| secs.is_finite() && *secs >= 0.0)
+            .map(|secs| (secs * 1000.0) as u64)
+    };
+    // A date already past asks for no wait.
+    let date = |text: &str| {
+        httpdate::parse_http_date(text.trim()).ok().map(|date| {
+            date.duration_since(now).map_or(0, |wait| {
+                u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
+            })
+        })
+    };
     let retry_after_ms = header_text("retry-after-ms")
         .and_then(|text| text.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0)
         .map(|ms| ms as u64)
         .or_else(|| {
-            header_text("retry-after")
-                .and_then(|text| text.trim().parse::<f64>().ok())
-                .filter(|secs| secs.is_finite() && *secs >= 0.0)
-                .map(|secs| (secs * 1000.0) as u64)
+            header_text("retry-after").and_then(|text| seconds(text).or_else(|| date(text)))
         });
     let json: Option<Json> = serde_json::from_slice(body).ok();
     let error = json.as_ref().and_then(|j| j.get("error"));
@@ -269,12 +287,15 @@ mod tests {
 
     #[test]
     fn facts_from_either_wire_format() {
+        // 20 s before the date below.
+        let now = httpdate::parse_http_date("Tue, 01 Dec 2026 23:32:02 GMT").unwrap();
         let mut headers = HeaderMap::new();
         headers.insert("retry-after", HeaderValue::from_static("7"));
         let openai = outcome_facts(
             429,
             &headers,
             br#"{"error":{"message":"quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+            now,
         );
         assert_eq!(openai.retry_after_ms, Some(7_000));
         assert_eq!(openai.error_code.as_deref(), Some("insufficient_quota"));
@@ -285,15 +306,32 @@ mod tests {
             529,
             &headers,
             br#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+            now,
         );
         assert_eq!(anthropic.retry_after_ms, Some(1_500));
         assert_eq!(anthropic.error_type.as_deref(), Some("overloaded_error"));
         assert_eq!(anthropic.error_code, None);
 
-        let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>");
+        let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>", now);
         assert_eq!(garbage.status, Some(502));
         assert_eq!(garbage.error_message, None);
         assert_eq!(garbage.retry_after_ms, None);
+
+        // RFC 9110's other form: an HTTP date, counted from now.
+        let mut dated = HeaderMap::new();
+        dated.insert(
+            "retry-after",
+            HeaderValue::from_static("Tue, 01 Dec 2026 23:32:22 GMT"),
+        );
+        assert_eq!(
+            outcome_facts(429, &dated, b"", now).retry_after_ms,
+            Some(20_000)
+        );
+        let later = now + std::time::Duration::from_secs(60);
+        assert_eq!(
+            outcome_facts(429, &dated, b"", later).retry_after_ms,
+            Some(0)
+        );
     }
 
     #[test]
