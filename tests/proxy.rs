@@ -1079,6 +1079,14 @@ async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult
         reply.text
     );
     assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
+    // The abandoned stream is counted as cancelled, under the provider
+    // that had begun to answer it.
+    wait_for_metric(
+        &gateway.api,
+        r#"switchyard_requests_total{provider="a",model="m",outcome="cancelled",status="499"}"#,
+        1,
+    )
+    .await;
     gateway.stop().await;
     Ok(())
 }
@@ -2360,6 +2368,34 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
 }
 
 // ---------------------------------------------------- 11. graceful shutdown
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_when_the_drain_time_ends_is_counted_as_shutdown() -> TestResult {
+    // The provider takes far longer than the stack's 5 s drain.
+    let Gateway { stack, api } = simple_setup()
+        .start("providers:\n  a: {latency: 60s}\n")
+        .await;
+    let slow = api.chat_request(&chat_body(false)).send();
+    let slow = tokio::spawn(slow);
+    until("the sim holds the request", || {
+        stack.sim.requests().len() == 1
+    })
+    .await;
+    stack.running.shutdown().await;
+    // Counted once its exchange is dropped with the connection.
+    until("the cut request is counted", || {
+        stack.proxy.metrics.render().contains(
+            r#"switchyard_requests_total{provider="",model="m",outcome="shutdown",status="503"} 1"#,
+        )
+    })
+    .await;
+    let metrics = stack.proxy.metrics.render();
+    assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
+    slow.abort();
+    stack.sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&stack.dir);
+    Ok(())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> TestResult {

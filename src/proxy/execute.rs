@@ -156,6 +156,11 @@ pub struct Exchange {
     /// The attempt under way (candidate, start), which a client that goes
     /// away ends as `cancelled`.
     attempting: Option<(usize, Instant)>,
+    /// The candidate whose answer began to reach the client, if one did:
+    /// it answered, even if the client leaves before the end.
+    committed: Option<usize>,
+    /// Whether the exchange waits for a candidate with room.
+    waiting_for_capacity: bool,
 }
 
 impl Exchange {
@@ -191,6 +196,8 @@ impl Exchange {
             progress: Progress::default(),
             log: Some(log),
             attempting: None,
+            committed: None,
+            waiting_for_capacity: false,
         }
     }
 
@@ -405,10 +412,15 @@ impl Exchange {
                     if let Some(ms) = self.soonest_available_ms() {
                         wake = wake.min(now.saturating_add(ms.max(1)));
                     }
-                    if !self.wait_until(wake, link, state.changed()).await {
+                    // A client that leaves meanwhile drops this future:
+                    // `cancel` counts the wait so far.
+                    self.waiting_for_capacity = true;
+                    let woke = self.wait_until(wake, link, state.changed()).await;
+                    self.waiting_for_capacity = false;
+                    self.report.waited_ms = self.elapsed_ms();
+                    if !woke {
                         return self.cancel();
                     }
-                    self.report.waited_ms = self.elapsed_ms();
                 }
                 NextCandidate::Done => break,
             }
@@ -443,27 +455,43 @@ impl Exchange {
         }
     }
 
-    /// The client went away: nobody gets an answer, the log says why.
+    /// The client went away, or the proxy cut the request when its drain
+    /// time ran out: nobody gets the rest of an answer, the log says why,
+    /// and who had begun to answer if one had.
     fn cancel(&mut self) {
-        self.report.outcome = "cancelled";
-        self.report.status = 499;
+        (self.report.outcome, self.report.status) = if self.proxy.drain_over() {
+            ("shutdown", 503)
+        } else {
+            ("cancelled", 499)
+        };
+        if let Some(index) = self.committed {
+            self.answered_by(index);
+        }
+        if self.waiting_for_capacity {
+            self.report.waited_ms = self.elapsed_ms();
+        }
     }
 
-    fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
-        let provider = self.provider_id(index);
-        if let Some(first_byte) = first_byte {
-            self.proxy
-                .metrics
-                .first_byte(&provider, first_byte.as_secs_f64());
-        }
-        self.report.outcome = "served";
-        self.report.status = self.report.status.max(200);
-        self.report.served_provider = Some(provider);
+    /// The log's and the metrics' provider and upstream model: the
+    /// candidate that answered last.
+    fn answered_by(&mut self, index: usize) {
+        self.report.served_provider = Some(self.provider_id(index));
         self.report.served_model = self
             .plan
             .candidates
             .get(index)
             .map(|c| c.upstream_model.to_string());
+    }
+
+    fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
+        if let Some(first_byte) = first_byte {
+            self.proxy
+                .metrics
+                .first_byte(&self.provider_id(index), first_byte.as_secs_f64());
+        }
+        self.report.outcome = "served";
+        self.report.status = self.report.status.max(200);
+        self.answered_by(index);
         self.report.usage = usage;
     }
 
@@ -501,7 +529,7 @@ impl Exchange {
         let headers = self
             .plan
             .headers(&self.snapshot, Some(served), self.progress_now(), false);
-        self.report.served_provider = Some(self.provider_id(served));
+        self.answered_by(served);
         match (ending, passthrough) {
             (Ending::Passthrough, Some(answer)) if !link.is_open() => {
                 self.report.status = answer.status;
@@ -1046,6 +1074,7 @@ impl Exchange {
     async fn commit(&mut self, index: usize, held: Vec<Bytes>, link: &mut Link) -> bool {
         // Committed: no attempt follows this one.
         self.outgoing.release();
+        self.committed = Some(index);
         if self.head_sent {
             if let Some(comment) = self.plan.late_comment(&self.snapshot, index) {
                 let line: String = comment.replace(['\r', '\n'], " ");
@@ -1073,10 +1102,10 @@ impl Drop for Exchange {
         if self.log.is_none() {
             return;
         }
-        if let Some((index, begun)) = self.attempting.take() {
-            self.record_attempt(index, begun, String::from("cancelled"));
-        }
         self.cancel();
+        if let Some((index, begun)) = self.attempting.take() {
+            self.record_attempt(index, begun, self.report.outcome.to_string());
+        }
         self.write_log();
     }
 }

@@ -40,7 +40,7 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -98,6 +98,9 @@ pub struct Proxy {
     /// Advances per request, for `round_robin` balancing.
     rotation: AtomicU64,
     access_log: Arc<dyn AccessLog>,
+    /// Set when a shutdown's drain time ran out: requests cut from then on
+    /// were cut by the proxy, not by their clients.
+    drain_over: AtomicBool,
 }
 
 impl Proxy {
@@ -124,7 +127,13 @@ impl Proxy {
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
             access_log,
+            drain_over: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a shutdown's drain time ran out.
+    pub fn drain_over(&self) -> bool {
+        self.drain_over.load(Ordering::Relaxed)
     }
 
     /// The snapshot requests starting now use.
@@ -261,6 +270,7 @@ pub fn serve(
         })
         .await;
         if drained.is_err() {
+            proxy.drain_over.store(true, Ordering::Relaxed);
             tracing::warn!(
                 connections = connections.len(),
                 "drain time over; closing the remaining connections"
