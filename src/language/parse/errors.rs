@@ -143,7 +143,7 @@ fn join_expected(expected: &BTreeSet<String>) -> String {
         expected.iter().partition(|item| item.ends_with(" more"));
     let items: Vec<&String> = named.into_iter().chain(more).collect();
     match items.as_slice() {
-        [] => String::from("something else"),
+        [] => String::new(),
         [only] => (*only).clone(),
         [init @ .., last] => {
             let head: Vec<&str> = init.iter().map(|s| s.as_str()).collect();
@@ -226,6 +226,9 @@ pub fn syntax_error(
         )
         .help("choose another name; docs/language.md lists the reserved words");
     }
+    if let Some(diagnostic) = malformed_literal(source, offset, text, position) {
+        return diagnostic;
+    }
     if expected.len() > MAX_EXPECTED {
         let more = expected.len() - MAX_EXPECTED;
         let keep: BTreeSet<String> = expected.iter().take(MAX_EXPECTED).cloned().collect();
@@ -234,12 +237,90 @@ pub fn syntax_error(
     }
     let (found, length) = found_at(text, position);
     let span = Span::new(offset + position, offset + position + length);
-    Diagnostic::new(
-        codes::SYNTAX,
-        format!("expected {}, found {found}", join_expected(&expected)),
-    )
-    .at(source, span, "unexpected here")
-    .help("see docs/language.md for the form of each statement")
+    // A word where a keyword or punctuation belongs: most often a keyword
+    // misspelt.
+    let word = text.get(position..position + length).unwrap_or("");
+    let is_keyword = keywords().iter().any(|keyword| keyword == word);
+    let help = match crate::diagnostics::suggest(word, keywords().iter().map(String::as_str)) {
+        Some(close)
+            if !is_keyword && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+        {
+            format!("did you mean `{close}`? see docs/language.md for the form of each statement")
+        }
+        _ => String::from("see docs/language.md for the form of each statement"),
+    };
+    let message = if expected.is_empty() {
+        format!("unexpected {found}")
+    } else {
+        format!("expected {}, found {found}", join_expected(&expected))
+    };
+    Diagnostic::new(codes::SYNTAX, message)
+        .at(source, span, "unexpected here")
+        .help(help)
+}
+
+/// The language's keywords: the grammar's `kw_` rules.
+fn keywords() -> &'static [String] {
+    static KEYWORDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    KEYWORDS.get_or_init(|| {
+        Rule::all_rules()
+            .iter()
+            .filter_map(|rule| format!("{rule:?}").strip_prefix("kw_").map(String::from))
+            .collect()
+    })
+}
+
+/// A number, duration or status pattern the parser stopped inside: the
+/// literal's own diagnostic (`E0105`, `E0104`) says more than the
+/// parser's "expected …". `position` may be inside the word or at its end.
+fn malformed_literal(
+    source: SourceId,
+    offset: usize,
+    text: &str,
+    position: usize,
+) -> Option<Diagnostic> {
+    let word_char = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '_';
+    let before = text.get(..position)?;
+    let start = before.rfind(|c: char| !word_char(c)).map_or(0, |at| at + 1);
+    let after = text.get(position..)?;
+    let end = position + after.find(|c: char| !word_char(c)).unwrap_or(after.len());
+    let word = text.get(start..end)?;
+    if !word.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    let span = Span::new(offset + start, offset + end);
+    let line_start = before.rfind('\n').map_or(0, |at| at + 1);
+    let statement = text.get(line_start..start)?.trim_start();
+    // Between `on` and the word, only outcomes and commas: not a `when`.
+    let in_outcomes = statement.strip_prefix("on ").is_some_and(|outcomes| {
+        outcomes
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .all(|item| item.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            && !outcomes.split_whitespace().any(|item| item == "when")
+    }) && word.chars().all(|c| c.is_ascii_digit() || c == 'x');
+    if in_outcomes {
+        return Some(
+            Diagnostic::new(
+                codes::BAD_STATUS_PATTERN,
+                format!("`{word}` is not an HTTP status or status class"),
+            )
+            .at(source, span, "not a status")
+            .help(
+                "write a status from 100 to 599 such as `429`, or a class such as `5xx` or `40x`",
+            ),
+        );
+    }
+    if word.contains(|c: char| c.is_ascii_alphabetic()) {
+        return Some(
+            Diagnostic::new(
+                codes::BAD_LITERAL,
+                format!("`{word}` is not a number or a duration"),
+            )
+            .at(source, span, "malformed")
+            .help("a duration is a number and a unit: `ms`, `s`, `m`, `h` or `d`, such as `250ms` or `10s`"),
+        );
+    }
+    None
 }
 
 #[cfg(test)]
