@@ -37,7 +37,7 @@ codes! {
     LITERAL_SECRET = "E0203", Error, "a credential is written into a data file instead of referenced from the environment";
     DUPLICATE_ID = "E0204", Error, "two entries of a data file have the same id";
     UNKNOWN_REFERENCE = "E0205", Error, "a data file names a provider, model, tenant or workspace that does not exist";
-    UNDECLARED_ATTRIBUTE = "E0206", Error, "a data entry sets an attribute its schema does not declare";
+    UNDECLARED_ATTRIBUTE = "E0206", Error, "a data entry sets an attribute its schema does not declare, or leaves out one it requires";
     ATTRIBUTE_TYPE = "E0207", Error, "an attribute value does not have its declared type";
     BAD_SCHEMA_TYPE = "E0208", Error, "a schema declares a type that does not exist";
     BAD_KEY_HASH = "E0209", Error, "an API key hash is not a SHA-256 hex digest";
