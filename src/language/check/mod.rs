@@ -195,7 +195,7 @@ impl<'a> Checker<'a> {
             checker.item(item, file);
         }
         checker.error_declarations(incomplete);
-        checker.structure(file);
+        checker.structure(file, incomplete);
         if !incomplete {
             checker.unused(file);
         }
@@ -712,8 +712,12 @@ impl<'a> Checker<'a> {
 
     // ------------------------------------------------------------------ structure
 
-    fn structure(&mut self, file: &'a PolicyFile) {
-        let has = |keyword: &str| file.items.iter().any(|item| item.keyword() == keyword);
+    /// Sections and statements the policy needs. With `incomplete`, the
+    /// part that did not parse may be the one that seems missing: only the
+    /// syntax error is reported for it.
+    fn structure(&mut self, file: &'a PolicyFile, incomplete: bool) {
+        let has =
+            |keyword: &str| incomplete || file.items.iter().any(|item| item.keyword() == keyword);
         let end = Span::new(0, 0);
         if !has("models") {
             self.error_at(
@@ -743,12 +747,23 @@ impl<'a> Checker<'a> {
             }),
             _ => false,
         });
-        if penalizes && self.program.penalty.is_none() {
+        if penalizes && self.program.penalty.is_none() && !incomplete {
+            // The first `penalize`.
             let span = file
                 .items
                 .iter()
-                .find_map(|item| match item {
-                    Item::Failover(block) => Some(block.keyword),
+                .filter_map(|item| match item {
+                    Item::Failover(block) => Some(block),
+                    _ => None,
+                })
+                .flat_map(|block| &block.statements)
+                .filter_map(|statement| match statement {
+                    FailoverStmt::On(rule) => Some(&rule.consequences),
+                    _ => None,
+                })
+                .flatten()
+                .find_map(|consequence| match consequence {
+                    Consequence::Penalize { span, .. } => Some(*span),
                     _ => None,
                 })
                 .unwrap_or(end);

@@ -285,6 +285,9 @@ fn malformed_literal(
     let after = text.get(position..)?;
     let end = position + after.find(|c: char| !word_char(c)).unwrap_or(after.len());
     let word = text.get(start..end)?;
+    let is_whole = |rule: Rule| {
+        super::PolicyParser::parse(rule, word).is_ok_and(|pairs| pairs.as_str().len() == word.len())
+    };
     if !word.starts_with(|c: char| c.is_ascii_digit()) {
         return None;
     }
@@ -298,7 +301,11 @@ fn malformed_literal(
             .all(|item| item.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
             && !outcomes.split_whitespace().any(|item| item == "when")
     }) && word.chars().all(|c| c.is_ascii_digit() || c == 'x');
+    // A well-formed literal in the wrong place is the parser's to explain.
     if in_outcomes {
+        if is_whole(Rule::status_pattern) {
+            return None;
+        }
         return Some(
             Diagnostic::new(
                 codes::BAD_STATUS_PATTERN,
@@ -310,7 +317,10 @@ fn malformed_literal(
             ),
         );
     }
-    if word.contains(|c: char| c.is_ascii_alphabetic()) {
+    let well_formed = [Rule::number, Rule::duration, Rule::percent]
+        .into_iter()
+        .any(is_whole);
+    if !well_formed && word.contains(|c: char| c.is_ascii_alphabetic()) {
         return Some(
             Diagnostic::new(
                 codes::BAD_LITERAL,
