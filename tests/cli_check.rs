@@ -341,6 +341,28 @@ fn explain_and_serve_given_no_policy_file_are_usage_errors() {
 }
 
 #[test]
+fn explain_in_json_on_a_policy_that_does_not_check_prints_its_diagnostics() {
+    let output = Command::new(BIN)
+        .args([
+            "explain",
+            "--policy",
+            "tests/diagnostics/E0508-bad-attempts.policy",
+            "--request",
+            "docs/examples/request.json",
+            "--key",
+            "k",
+            "--format",
+            "json",
+        ])
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .expect("the switchyard binary runs");
+    assert_eq!(code(&output), 1, "{}", stderr(&output));
+    let diagnostics: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(diagnostics[0]["code"], "E0508", "{diagnostics}");
+}
+
+#[test]
 fn a_policy_that_is_not_text_is_a_problem_in_it() {
     let dir = TempDir::new("not-text");
     let policy = dir.path().join("binary.policy");

@@ -47,7 +47,9 @@ pub enum ExplainFormat {
     /// The candidates as a table, each kept or removed and why, then the
     /// plan or the error: for a person.
     Human,
-    /// One JSON object (`candidates`, `result`): for tools.
+    /// One JSON object (`candidates`, `result`): for tools. A policy that
+    /// does not check prints its diagnostics instead, as `check --format
+    /// json` does.
     Json,
 }
 
@@ -67,6 +69,12 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         Ok(compiled) => compiled,
         Err(report) => {
             print_report(&report);
+            if args.format == ExplainFormat::Json {
+                println!(
+                    "{}",
+                    crate::diagnostics::render::json(report.diagnostics.iter(), &report.sources)
+                );
+            }
             eprintln!("error: the policy does not check; fix it first");
             return ExitCode::from(exit::PROBLEMS);
         }
