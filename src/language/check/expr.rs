@@ -137,13 +137,15 @@ pub fn constant_number(expr: &Expr) -> Option<f64> {
         ExprKind::Unary(UnaryOp::Negate, inner) => -constant_number(inner)?,
         ExprKind::Binary(op, lhs, rhs) => {
             let (a, b) = (constant_number(lhs)?, constant_number(rhs)?);
-            match op {
+            let exact = match op {
                 BinaryOp::Add => a + b,
                 BinaryOp::Sub => a - b,
                 BinaryOp::Mul => a * b,
                 BinaryOp::Div if b != 0.0 => a / b,
                 _ => return None,
-            }
+            };
+            // As the evaluator keeps arithmetic: to nine decimal places.
+            (exact * 1e9).round() / 1e9
         }
         _ => return None,
     };
@@ -162,6 +164,26 @@ pub fn constant_duration(expr: &Expr) -> Option<u64> {
 pub fn constant_bool(expr: &Expr) -> Option<bool> {
     match &expr.kind {
         ExprKind::Literal(Literal::Bool(b)) => Some(*b),
+        ExprKind::Binary(
+            op @ (BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge),
+            lhs,
+            rhs,
+        ) => {
+            let (a, b) = (constant_number(lhs)?, constant_number(rhs)?);
+            Some(match op {
+                BinaryOp::Eq => a == b,
+                BinaryOp::Ne => a != b,
+                BinaryOp::Lt => a < b,
+                BinaryOp::Le => a <= b,
+                BinaryOp::Gt => a > b,
+                _ => a >= b,
+            })
+        }
         ExprKind::Unary(UnaryOp::Not, inner) => constant_bool(inner).map(|b| !b),
         ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
             let (l, r) = (constant_bool(lhs), constant_bool(rhs));
