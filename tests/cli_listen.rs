@@ -1,6 +1,7 @@
-//! `switchyard serve` and `switchyard sim` on an address another process
-//! holds: a usage error that says so and what to do, not a panic or an
-//! operating system's bare message.
+//! `switchyard serve` and `switchyard sim` failing to start: on an address
+//! another process holds, a usage error that says so and what to do, not a
+//! panic or an operating system's bare message; with `--log-format json`,
+//! every line of it JSON.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,5 +83,40 @@ fn with_json_logs_the_refusal_is_a_json_line_too() {
     assert!(
         message.contains("the proxy cannot listen on 127.0.0.1:"),
         "{message}"
+    );
+}
+
+#[test]
+fn with_json_logs_a_policy_that_does_not_check_is_reported_in_json() {
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--policy",
+            "tests/diagnostics/E0508-bad-attempts.policy",
+            "--log-format",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .map(|line| line["fields"]["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.starts_with("error[E0508]")),
+        "{stderr}"
+    );
+    assert!(
+        messages.last().unwrap().contains("does not check"),
+        "{stderr}"
     );
 }

@@ -81,6 +81,12 @@ pub fn status(message: fmt::Arguments<'_>) {
     status_at("INFO", message);
 }
 
+/// Writes a problem that stops the command (a policy's diagnostic at
+/// start) as [`status`] does, at the error level.
+pub fn problem(message: fmt::Arguments<'_>) {
+    status_at("ERROR", message);
+}
+
 /// A status line at `level`: plain text, or with `--log-format json` a
 /// JSON object like every other line, so collectors can read them all.
 fn status_at(level: &str, message: fmt::Arguments<'_>) {
@@ -89,7 +95,7 @@ fn status_at(level: &str, message: fmt::Arguments<'_>) {
             let mut line = String::from("{\"timestamp\":\"");
             let _ = write_timestamp(&mut line, std::time::SystemTime::now());
             let _ = write!(line, "\",\"level\":\"{level}\",\"fields\":{{\"message\":");
-            let _ = write_json_string(&mut line, &message.to_string());
+            let _ = write_json_string(&mut line, message.to_string().trim_end());
             line.push_str("},\"target\":\"switchyard\"}\n");
             writer.write_now(line.as_bytes());
         }

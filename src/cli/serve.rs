@@ -1,13 +1,14 @@
 //! `switchyard serve`: the proxy that enforces a policy, following changes
 //! to its files.
 
-use super::common::{CHOOSE_ANOTHER, listen_failure, print_report};
+use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::daemon::{
-    LogFormat, duration_arg, fail, init_logging, raise_open_file_limit, runtime, status,
+    LogFormat, duration_arg, fail, init_logging, problem, raise_open_file_limit, runtime, status,
     stop_signal,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::diagnostics::render::{self, Style};
 use crate::language::check_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
 use crate::reload::Reloader;
@@ -51,11 +52,18 @@ pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, Sour
     match compile_report(check_file(policy), secrets) {
         Ok(compiled) => Ok(compiled),
         Err(report) => {
-            print_report(&report);
-            eprintln!(
+            // Through the log's writer: with `--log-format json`, each
+            // diagnostic is a JSON line too.
+            for diagnostic in report.diagnostics.iter() {
+                problem(format_args!(
+                    "{}\n",
+                    render::human(diagnostic, &report.sources, Style::Plain)
+                ));
+            }
+            problem(format_args!(
                 "error: {} does not check; the proxy serves only a policy that does",
                 policy.display()
-            );
+            ));
             Err(ExitCode::from(exit::PROBLEMS))
         }
     }
