@@ -721,7 +721,7 @@ impl<'a> Checker<'a> {
                 }
             }
         }
-        if attempts_seen.is_none() {
+        if attempts_seen.is_none() && !self.incomplete {
             self.error_at(
                 codes::MISSING_SECTION,
                 block.keyword,

@@ -92,6 +92,8 @@ pub struct Checker<'a> {
     selectable_sorts: HashSet<String>,
     usage: Usage,
     diagnostics: Vec<Diagnostic>,
+    /// Some statements did not parse: what seems missing may be in them.
+    incomplete: bool,
     program: Parts,
 }
 
@@ -183,6 +185,7 @@ impl<'a> Checker<'a> {
             selectable_sorts: HashSet::new(),
             usage: Usage::default(),
             diagnostics: Vec::new(),
+            incomplete,
             program: Parts::default(),
         };
         checker.sections(file);
@@ -786,6 +789,7 @@ impl<'a> Checker<'a> {
             .map(|provider| provider.at);
         if let Some(at) = limited
             && self.program.capacity_error.is_none()
+            && !incomplete
         {
             self.diagnostics.push(
                 Diagnostic::new(

@@ -259,13 +259,19 @@ pub fn syntax_error(
         .help(help)
 }
 
-/// The language's keywords: the grammar's `kw_` rules.
+/// The words operators and literals are spelt with; the grammar's
+/// `op_`, `boolean` and `null` rules, whose names are not the words.
+const OPERATOR_WORDS: [&str; 8] = ["and", "or", "not", "in", "implies", "true", "false", "null"];
+
+/// The language's keywords: the grammar's `kw_` rules, and the words of its
+/// operators and literals.
 fn keywords() -> &'static [String] {
     static KEYWORDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     KEYWORDS.get_or_init(|| {
         Rule::all_rules()
             .iter()
             .filter_map(|rule| format!("{rule:?}").strip_prefix("kw_").map(String::from))
+            .chain(OPERATOR_WORDS.iter().map(|word| word.to_string()))
             .collect()
     })
 }
@@ -285,6 +291,18 @@ fn malformed_literal(
     let after = text.get(position..)?;
     let end = position + after.find(|c: char| !word_char(c)).unwrap_or(after.len());
     let word = text.get(start..end)?;
+    let line_start = before.rfind('\n').map_or(0, |at| at + 1);
+    // Inside a string (an odd number of quotes before it on its line), a
+    // word is the string's text, not a literal.
+    let quotes = text
+        .get(line_start..start)?
+        .replace("\\\\", "")
+        .replace("\\\"", "")
+        .matches('"')
+        .count();
+    if quotes % 2 == 1 {
+        return None;
+    }
     let is_whole = |rule: Rule| {
         super::PolicyParser::parse(rule, word).is_ok_and(|pairs| pairs.as_str().len() == word.len())
     };
@@ -292,15 +310,28 @@ fn malformed_literal(
         return None;
     }
     let span = Span::new(offset + start, offset + end);
-    let line_start = before.rfind('\n').map_or(0, |at| at + 1);
-    let statement = text.get(line_start..start)?.trim_start();
-    // Between `on` and the word, only outcomes and commas: not a `when`.
-    let in_outcomes = statement.strip_prefix("on ").is_some_and(|outcomes| {
-        outcomes
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .all(|item| item.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-            && !outcomes.split_whitespace().any(|item| item == "when")
-    }) && word.chars().all(|c| c.is_ascii_digit() || c == 'x');
+    // In an `on` rule's outcomes: between the last `on` and the word only
+    // outcomes, commas and line breaks (a list may wrap), not a `when`.
+    let before_word = text.get(..start)?;
+    let outcome_text = before_word.trim_end_matches(|c: char| {
+        c.is_ascii_alphanumeric() || c == '_' || c == ',' || c.is_whitespace()
+    });
+    let list = before_word.get(outcome_text.len()..)?;
+    let words: Vec<&str> = list
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|item| !item.is_empty())
+        .collect();
+    let in_outcomes = words
+        .iter()
+        .rposition(|item| *item == "on")
+        .is_some_and(|at| {
+            words
+                .get(at..)
+                .is_some_and(|after| !after.contains(&"when"))
+        })
+        && word
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == 'x' || c == 'X');
     // A well-formed literal in the wrong place is the parser's to explain.
     if in_outcomes {
         if is_whole(Rule::status_pattern) {
