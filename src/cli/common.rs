@@ -166,13 +166,14 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
 /// Why a policy path given on the command line names no file: a misuse of
 /// the command (exit 2), not a problem in a policy.
 pub fn not_a_policy_file(path: &std::path::Path) -> Option<String> {
-    if path.is_file() {
-        None
-    } else if path.is_dir() {
+    if path.is_dir() {
         Some(format!(
             "`{}` is a directory; give the policy file",
             path.display()
         ))
+    } else if path.exists() {
+        // A file, or something read like one (a pipe, `/dev/fd/N`).
+        None
     } else {
         Some(format!("`{}` does not exist", path.display()))
     }

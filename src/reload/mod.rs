@@ -91,6 +91,9 @@ pub struct Reloader {
     files: Mutex<Vec<PathBuf>>,
     /// The last clean data files, reused while they do not change.
     data: DataCache,
+    /// Held through a reload: one from the watch and one from SIGHUP must
+    /// not interleave their status and gauge updates.
+    reloading: Mutex<()>,
 }
 
 impl Reloader {
@@ -107,6 +110,7 @@ impl Reloader {
             secrets,
             files: Mutex::new(Vec::new()),
             data: DataCache::default(),
+            reloading: Mutex::new(()),
         };
         let files = reloader.files_of(sources, &[]);
         *lock(&reloader.files) = files;
@@ -155,6 +159,7 @@ impl Reloader {
     /// Checks and compiles the files now and, if they check, makes them live.
     /// Blocking: run it off the async workers.
     pub fn reload(&self) -> Outcome {
+        let _one_at_a_time = lock(&self.reloading);
         let started = Instant::now();
         let report = check_file_cached(&self.policy, Some(&self.data));
         let files = self.files_of(&report.sources, &report.unread);
@@ -223,6 +228,13 @@ impl Reloader {
                     version = %self.proxy.snapshot().version,
                     "reload failed; the previous policy keeps serving"
                 );
+                // The gauge first, as where a failure clears: whoever sees
+                // the status sees the gauge agree.
+                self.proxy.metrics.set("switchyard_reload_failed", &[], 1.0);
+                self.proxy.metrics.count(
+                    "switchyard_reloads_total",
+                    &[("result", String::from("failed"))],
+                );
                 let mut status = self.status();
                 status.failures += 1;
                 status.last_failure = Some(FailedReload {
@@ -231,11 +243,6 @@ impl Reloader {
                     diagnostics,
                 });
                 drop(status);
-                self.proxy.metrics.count(
-                    "switchyard_reloads_total",
-                    &[("result", String::from("failed"))],
-                );
-                self.proxy.metrics.set("switchyard_reload_failed", &[], 1.0);
                 Outcome::Failed
             }
         }
