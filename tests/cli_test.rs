@@ -149,3 +149,26 @@ fn a_policy_given_for_its_cases_is_a_usage_error() {
     assert!(stderr.contains("`noirdoc.tests.yaml`"), "{stderr}");
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[test]
+fn a_reader_that_stops_early_does_not_make_it_panic() {
+    use std::io::{BufRead, BufReader};
+    // More output than a pipe holds, so the writes go on after it closes.
+    let mut child = Command::new(BIN)
+        .args(["test", "policies/", "policies/", "policies/", "policies/"])
+        .current_dir(PACKAGE_ROOT)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the switchyard binary runs");
+    // One line, then the pipe closes, as under `| head -1`.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("ok "), "{first}");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+}

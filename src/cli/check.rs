@@ -51,7 +51,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     items.extend(values);
                 }
             }
-            println!(
+            say!(
                 "{}",
                 serde_json::to_string_pretty(&items).unwrap_or_else(|_| String::from("[]"))
             );

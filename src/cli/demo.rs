@@ -209,19 +209,21 @@ fn print_welcome(
     } else {
         String::new()
     };
-    println!(
+    say!(
         "Switchyard demo: the proxy on {url}, simulated providers ({}) on http://{SIM_ADDR}.
 Serving {}{origin}; edit it and the proxy reloads it (a broken edit keeps the last good one).",
         providers.join(", "),
         policy.display(),
     );
     for suggestion in &tour.requests {
-        println!(
+        say!(
             "\n{}\n  curl -s {url}/v1/chat/completions -H 'Authorization: Bearer {}' \\\n    -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'",
-            suggestion.say, suggestion.key, suggestion.model
+            suggestion.say,
+            suggestion.key,
+            suggestion.model
         );
     }
-    println!(
+    say!(
         "\nAdd -i to see the {} header. Stop with Ctrl-C.",
         tour.provider_header
     );

@@ -70,7 +70,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         Err(report) => {
             print_report(&report);
             if args.format == ExplainFormat::Json {
-                println!(
+                say!(
                     "{}",
                     crate::diagnostics::render::json(report.diagnostics.iter(), &report.sources)
                 );
@@ -158,8 +158,15 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     };
     let decision = evaluate_traced(&snapshot, &context, &health);
     match args.format {
-        ExplainFormat::Human => print!("{}", human(&snapshot, &sources, &decision)),
-        ExplainFormat::Json => println!(
+        ExplainFormat::Human => {
+            use std::io::Write as _;
+            let _ = write!(
+                std::io::stdout().lock(),
+                "{}",
+                human(&snapshot, &sources, &decision)
+            );
+        }
+        ExplainFormat::Json => say!(
             "{}",
             serde_json::to_string_pretty(&as_json(&snapshot, &sources, &decision))
                 .unwrap_or_default()

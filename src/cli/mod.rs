@@ -1,5 +1,16 @@
 //! The command-line interface: one module per subcommand.
 
+/// `println!` for a command's output on standard output. A reader that
+/// stops reading (`| head`, a `jq` that fails) closes the pipe; that ends
+/// the output, not the command with a panic, and the exit code stays the
+/// command's own.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 pub mod check;
 mod common;
 #[cfg(feature = "server")]

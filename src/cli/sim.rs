@@ -60,7 +60,7 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
             ));
         }
     };
-    println!(
+    say!(
         "switchyard sim: listening on http://{} for {}",
         handle.addr(),
         handle.providers().join(", ")

@@ -600,7 +600,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let text = match std::fs::read_to_string(file) {
             Ok(text) => text,
             Err(error) => {
-                println!("FAIL  {shown}: cannot read it: {error}");
+                say!("FAIL  {shown}: cannot read it: {error}");
                 failed += 1;
                 continue;
             }
@@ -608,7 +608,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let tests: TestFile = match serde_saphyr::from_str(&text) {
             Ok(tests) => tests,
             Err(error) => {
-                println!("FAIL  {shown}: {}", error.without_snippet());
+                say!("FAIL  {shown}: {}", error.without_snippet());
                 failed += 1;
                 continue;
             }
@@ -622,7 +622,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
             (Some(policy), _) => policy.clone(),
             (None, Some(stem)) => format!("{stem}.policy"),
             (None, None) => {
-                println!(
+                say!(
                     "FAIL  {shown}: name its policy with `policy:`; only a file named \
                      NAME.tests.yaml finds NAME.policy by itself"
                 );
@@ -635,7 +635,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
             Ok((snapshot, _)) => snapshot,
             Err(report) => {
                 print_report(&report);
-                println!("FAIL  {shown}: `{}` does not check", policy.display());
+                say!("FAIL  {shown}: `{}` does not check", policy.display());
                 failed += tests.cases.len().max(1);
                 continue;
             }
@@ -657,18 +657,18 @@ pub fn run(args: &TestArgs) -> ExitCode {
             match outcome {
                 Ok(problems) if problems.is_empty() => {
                     passed += 1;
-                    println!("ok    {shown}: {}", case.name);
+                    say!("ok    {shown}: {}", case.name);
                 }
                 Ok(problems) => {
                     failed += 1;
-                    println!("FAIL  {shown}: {}", case.name);
+                    say!("FAIL  {shown}: {}", case.name);
                     for problem in problems {
-                        println!("        {problem}");
+                        say!("        {problem}");
                     }
                 }
                 Err(message) => {
                     failed += 1;
-                    println!("FAIL  {shown}: {}: {message}", case.name);
+                    say!("FAIL  {shown}: {}: {message}", case.name);
                 }
             }
         }
@@ -680,10 +680,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
             .filter(|name| !expected_errors.contains(*name))
             .collect();
         if !untested.is_empty() {
-            println!("note  {shown}: no case expects {}", untested.join(", "));
+            say!("note  {shown}: no case expects {}", untested.join(", "));
         }
     }
-    println!("{passed} passed, {failed} failed");
+    say!("{passed} passed, {failed} failed");
     if failed > 0 {
         ExitCode::from(exit::PROBLEMS)
     } else {
