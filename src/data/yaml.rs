@@ -59,15 +59,43 @@ impl YamlError {
             Some(at) => plain.get(..at).unwrap_or(&plain),
             None => plain.as_str(),
         };
-        // Advice to the library's own callers, not to someone writing YAML.
-        let message = message
-            .split_once(", set DuplicateKeyPolicy")
-            .map_or(message, |(before, _)| before);
         YamlError {
             unknown_field: UnknownField::of(message),
-            message: lowercase_first(message),
+            message: for_writers(message),
         }
     }
+}
+
+/// The YAML library's message as someone writing the file needs it: what
+/// was expected in their terms, without the advice the library gives to
+/// the Rust code calling it ("use Option<String>", "set
+/// DuplicateKeyPolicy in Options").
+fn for_writers(message: &str) -> String {
+    let message = [", set DuplicateKeyPolicy", "; use "]
+        .iter()
+        .fold(message, |message, advice| {
+            message
+                .split_once(advice)
+                .map_or(message, |(before, _)| before)
+        });
+    let plain = match message {
+        "expected mapping start" => "expected a mapping (`name: value` entries)",
+        "expected sequence start" => "expected a list (`[a, b]`, or `- a` lines)",
+        "multiple YAML documents detected" => {
+            "the file holds more than one YAML document; remove the `---` that starts the next"
+        }
+        "cannot deserialize null into string" => "expected a string, found nothing",
+        message if message.starts_with("invalid boolean") => "expected `true` or `false`",
+        message
+            if message
+                .strip_prefix("invalid u")
+                .is_some_and(|bits| bits.parse::<u8>().is_ok()) =>
+        {
+            "expected a whole number, 0 or more"
+        }
+        message => message,
+    };
+    lowercase_first(plain)
 }
 
 impl UnknownField {
@@ -413,4 +441,32 @@ pub struct RawKey {
     pub settings: AttrValues,
     #[serde(default)]
     pub model_settings: SpannedMap<AttrValues>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::for_writers;
+
+    #[test]
+    fn library_messages_read_as_what_the_writer_must_fix() {
+        for (library, writer) in [
+            (
+                "cannot deserialize null into string; use Option<String>",
+                "expected a string, found nothing",
+            ),
+            (
+                "duplicate mapping key: tenants, set DuplicateKeyPolicy in Options if acceptable",
+                "duplicate mapping key: tenants",
+            ),
+            ("invalid u32", "expected a whole number, 0 or more"),
+            ("invalid u64", "expected a whole number, 0 or more"),
+            (
+                "invalid boolean (strict mode expects true/false)",
+                "expected `true` or `false`",
+            ),
+            ("Missing field `output`", "missing field `output`"),
+        ] {
+            assert_eq!(for_writers(library), writer);
+        }
+    }
 }
