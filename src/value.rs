@@ -162,6 +162,10 @@ impl fmt::Display for Value {
             Value::Number(n) => {
                 if n.fract() == 0.0 && n.abs() < 1e15 {
                     write!(f, "{}", *n as i64)
+                } else if n.abs() >= 1e21 {
+                    // As JSON writers show it, not as 31 digits of which
+                    // all but 17 are noise.
+                    write!(f, "{n:e}")
                 } else {
                     write!(f, "{n}")
                 }
@@ -235,6 +239,8 @@ mod tests {
     fn numbers_print_without_needless_decimals() {
         assert_eq!(Value::Number(3.0).to_string(), "3");
         assert_eq!(Value::Number(0.5).to_string(), "0.5");
+        assert_eq!(Value::Number(1e15 * 1e15).to_string(), "1e30");
+        assert_eq!(Value::Number(-2.5e21).to_string(), "-2.5e21");
         assert_eq!(Value::Duration(10_000).to_string(), "10s");
     }
 }
