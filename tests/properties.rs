@@ -1354,7 +1354,8 @@ struct TracedMerges {
 
 fn traced_merges(decision: &Decision) -> TracedMerges {
     let mut merges = TracedMerges::default();
-    for (name, text) in &decision.trace.merges {
+    for (name, value) in &decision.trace.merges {
+        let text = value.to_string();
         let text = text.as_str();
         let present = text != "null";
         match name.as_str() {

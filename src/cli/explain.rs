@@ -8,6 +8,7 @@ use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
 use crate::source::SourceMap;
+use crate::value::Value;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -277,7 +278,8 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
             let keys = if candidate.keys.is_empty() {
                 String::new()
             } else {
-                format!("  keys [{}]", candidate.keys.join(", "))
+                let keys: Vec<String> = candidate.keys.iter().map(|key| key.to_string()).collect();
+                format!("  keys [{}]", keys.join(", "))
             };
             let health = health_note(&candidate.health);
             line(format!(
@@ -364,7 +366,7 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
                 "upstream_model": c.candidate.upstream_model.as_ref(),
                 "position": c.position,
                 "removed_by_step": c.removed_by.map(|s| s + 1),
-                "keys": c.keys,
+                "keys": c.keys.iter().map(Value::to_json).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -389,8 +391,8 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
         "policy": snapshot.name,
         "version": snapshot.version,
         "model": trace.model,
-        "inputs": trace.inputs.iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>(),
-        "merges": trace.merges.iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>(),
+        "inputs": trace.inputs.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
+        "merges": trace.merges.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
         "steps": steps,
         "candidates": candidates,
         "result": result,

@@ -341,8 +341,8 @@ pub struct Decision {
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     pub model: String,
-    pub inputs: Vec<(String, String)>,
-    pub merges: Vec<(String, String)>,
+    pub inputs: Vec<(String, Value)>,
+    pub merges: Vec<(String, Value)>,
     pub candidates: Vec<CandidateTrace>,
     pub steps: Vec<StepTrace>,
     /// The sort keys applied, in order.
@@ -368,7 +368,7 @@ pub struct CandidateTrace {
     /// The step that removed it, as an index into `Trace::steps`.
     pub removed_by: Option<usize>,
     /// Its sort key values.
-    pub keys: Vec<String>,
+    pub keys: Vec<Value>,
     /// Its position in the plan.
     pub position: Option<usize>,
     pub health: CandidateHealth,
@@ -464,7 +464,7 @@ fn decide(
         match inputs::parse_input(snapshot, spec, raw, &mut expand) {
             Ok(value) => {
                 if tracing && !value.is_null() {
-                    trace.inputs.push((spec.name.clone(), value.to_string()));
+                    trace.inputs.push((spec.name.clone(), value.clone()));
                 }
                 request.inputs.push(value);
             }
@@ -510,7 +510,7 @@ fn decide(
                 }
             }
             if tracing {
-                trace.merges.push((spec.name.clone(), value.to_string()));
+                trace.merges.push((spec.name.clone(), value.clone()));
             }
             merges.push(value);
         }
@@ -659,7 +659,7 @@ fn decide(
             order::sort_by_keys_traced(&mut machine, &mut remaining, &keys)
         {
             if let Some(entry) = trace.candidates.get_mut(candidate) {
-                entry.keys = key_values.iter().map(Value::to_string).collect();
+                entry.keys = key_values;
             }
         }
     }

@@ -367,10 +367,11 @@ pub fn sort_by_keys_traced<K: SortKey>(
     candidates: &mut [usize],
     keys: &[K],
 ) -> Vec<(usize, Vec<Value>)> {
-    if keys.is_empty() || candidates.len() < 2 {
+    if keys.is_empty() {
         return Vec::new();
     }
-    // Terms are pure: the values the sort compares are these.
+    // Terms are pure: the values the sort compares are these. A lone
+    // candidate has its values shown too, though nothing compares them.
     let values = candidates
         .iter()
         .map(|candidate| {
