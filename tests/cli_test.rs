@@ -55,7 +55,7 @@ cases:
     key: acme-default
     body: {{model: qwen3.8-27b}}
     outcome: {{attempt: 1, result: "500"}}
-    expect: {{action: next, plan: [nobody]}}
+    expect: {{action: next, plan: [aki-io]}}
   - name: key and tenant
     key: acme-default
     tenant: acme
@@ -91,6 +91,14 @@ cases:
     key: acme-default
     body: {{model: qwen3.8-27b}}
     expect: {{}}
+  - name: an error the policy does not declare
+    key: acme-default
+    body: {{model: nothing-of-the-sort}}
+    expect: {{error: model_not_availabel}}
+  - name: a provider the catalog does not have
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [akiio, scaleway]}}
 "#,
         policy = noirdoc()
     );
@@ -115,6 +123,14 @@ cases:
         ("a misspelt scope", "`provder` is not a scope"),
         ("an outcome's fields without an outcome", "`action`"),
         ("nothing to compare", "nothing to compare"),
+        (
+            "an error the policy does not declare",
+            "did you mean `model_not_available`?",
+        ),
+        (
+            "a provider the catalog does not have",
+            "did you mean `aki-io`?",
+        ),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -122,7 +138,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 10 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 12 failed\n"), "{stdout}");
     assert_eq!(output.status.code(), Some(1));
 }
 

@@ -256,11 +256,45 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
     problems
 }
 
+/// Errors a case may expect beyond the policy's own: the proxy's when the
+/// policy names none for a body that is not JSON or for full capacity, and
+/// an outcome's ending with the provider's own answer.
+const BUILT_IN_ERRORS: [&str; 3] = ["invalid_request_body", "capacity_exhausted", "passthrough"];
+
 /// What is wrong with a case as written, before it runs: fields that would
 /// not be compared, or that contradict each other, make a case that passes
 /// whatever the policy does.
 fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     let expect = &case.expect;
+    // Names that can never match make a mismatch whose reason is a typo.
+    if let Some(error) = &expect.error {
+        let declared = snapshot.program.errors.iter().map(|e| e.name.as_str());
+        let known: Vec<&str> = declared.chain(BUILT_IN_ERRORS).collect();
+        if !known.contains(&error.as_str()) {
+            let hint = crate::diagnostics::suggest(error, known.iter().copied())
+                .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
+            return Some(format!(
+                "`expect.error` names `{error}`, which the policy does not declare{hint}"
+            ));
+        }
+    }
+    let providers: Vec<&str> = snapshot
+        .data
+        .catalog
+        .providers
+        .iter()
+        .map(|p| p.id.as_str())
+        .collect();
+    if let Some(unknown) = expect.plan.iter().flatten().find_map(|entry| {
+        let provider = entry.split(['/', '@']).next().unwrap_or_default();
+        (!providers.contains(&provider)).then_some(provider)
+    }) {
+        let hint = crate::diagnostics::suggest(unknown, providers.iter().copied())
+            .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
+        return Some(format!(
+            "`expect.plan` names `{unknown}`, which is no provider of the catalog{hint}"
+        ));
+    }
     if let Some(missing) = case.missing_secrets.iter().find(|name| {
         !snapshot
             .data
@@ -328,7 +362,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     let ignored = given(&for_outcomes);
     if !ignored.is_empty() {
         return Some(format!(
-            "{} describe how an attempt's outcome is handled: give the case an `outcome`",
+            "{}: only for a case with an `outcome`, which says how an attempt ended",
             fields(&ignored)
         ));
     }
