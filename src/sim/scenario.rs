@@ -343,6 +343,54 @@ fn yaml_options() -> serde_saphyr::Options {
 
 // ------------------------------------------------------------- validation
 
+/// How many characters into a scalar's `source` its value's character
+/// `offset` is written: past an opening quote, and counting each escape
+/// (`\"`, `\\`, `\u00e9`; `''` in single quotes) as written. `None` for a
+/// block scalar or a character past the scalar's first line, which this
+/// walk does not follow.
+fn columns_to(source: &str, offset: usize) -> Option<u64> {
+    let mut chars = source.chars();
+    let quote = match source.chars().next()? {
+        '|' | '>' => return None,
+        quote @ ('"' | '\'') => {
+            chars.next();
+            Some(quote)
+        }
+        _ => None,
+    };
+    let mut columns = u64::from(quote.is_some());
+    for _ in 0..offset {
+        let written = chars.next()?;
+        if written == '\n' || written == '\r' {
+            return None;
+        }
+        // The characters of the source that write this one of the value.
+        columns += match (quote, written) {
+            (Some('"'), '\\') => {
+                let digits = match chars.next()? {
+                    'x' => 2,
+                    'u' => 4,
+                    'U' => 8,
+                    _ => 0,
+                };
+                for _ in 0..digits {
+                    chars.next()?;
+                }
+                2 + digits
+            }
+            (Some('\''), '\'') => {
+                chars.next()?;
+                2
+            }
+            _ => 1,
+        };
+    }
+    match chars.next() {
+        Some('\n' | '\r') => None,
+        _ => Some(columns),
+    }
+}
+
 /// The text being parsed, to turn YAML locations into `file:line:col`.
 struct Place<'a> {
     file: &'a str,
@@ -359,16 +407,17 @@ impl Place<'_> {
         )
     }
 
-    /// An error at a character offset inside a string value: the value's
-    /// column, past its opening quote, plus the offset.
+    /// An error at a character offset inside a string value: where that
+    /// character is written, or the value's start where the value does not
+    /// stay on its first line.
     fn error_inside(&self, location: &Location, offset: usize, message: &str) -> String {
-        let quoted = location
+        let written = location
             .span()
             .byte_offset()
             .and_then(|at| usize::try_from(at).ok())
             .and_then(|at| self.text.get(at..))
-            .is_some_and(|rest| rest.starts_with(['"', '\'']));
-        let column = location.column() + u64::from(quoted) + offset as u64;
+            .and_then(|source| columns_to(source, offset));
+        let column = location.column() + written.unwrap_or(0);
         format!("{}:{}:{column}: {message}", self.file, location.line())
     }
 
@@ -621,5 +670,21 @@ mod tests {
             "s.yaml: a scenario needs at least one provider under `providers`"
         );
         assert!(error("providers:\n  a: {}\n  a: {}\n").starts_with("s.yaml:3:"));
+        // Escapes in the step are counted as written.
+        assert_eq!(
+            error("providers:\n  a:\n    sequence: [\"503 message=\\\"down\\\" retry_afte=2s\"]\n"),
+            "s.yaml:3:38: `retry_afte` is not a step word; did you mean `retry_after`?"
+        );
+        assert_eq!(
+            error("providers:\n  a:\n    sequence: ['503 message=''x'' retry_afte=2s']\n"),
+            "s.yaml:3:35: `retry_afte` is not a step word; did you mean `retry_after`?"
+        );
+        // A step folded over lines is placed at its start.
+        assert!(
+            error(
+                "providers:\n  a:\n    sequence:\n      - >-\n        503\n        retry_afte=2s\n"
+            )
+            .starts_with("s.yaml:5:9: "),
+        );
     }
 }
