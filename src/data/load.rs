@@ -121,6 +121,20 @@ fn parse_data<T: serde::de::DeserializeOwned>(
     reading: Reading,
 ) -> Option<Parsed<T>> {
     let text = sources.file(source).map_or("", |file| file.text.as_str());
+    // Nothing but comments and blank lines: every declaration the policy
+    // reads would be reported missing, one by one, instead.
+    let empty = text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---"
+    });
+    if empty {
+        diagnostics.push(
+            Diagnostic::new(codes::DATA_SCHEMA, "this data file is empty")
+                .at(source, Span::new(0, 0), "nothing here")
+                .help("see docs/data.md for what a catalog and a tenants file hold"),
+        );
+        return None;
+    }
     if text.len() > MAX_DATA_BYTES {
         diagnostics.push(
             Diagnostic::new(codes::DATA_SCHEMA, "this data file is larger than 64 MiB")
