@@ -1060,6 +1060,53 @@ async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResul
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_out_a_route_pause_holds_back_no_other_model() -> TestResult {
+    // `a` serves two models and has no capacity limits. `m1`'s route is
+    // paused after its 429; a request for `m1` then waits (up to 30 s) for
+    // the pause to end. `m2` on the same provider must not wait behind it.
+    let policy = r#"
+capacity {
+  wait 30s
+  error busy
+}
+failover {
+  attempts 1
+  on 429 => stop, pause route for 60s, error busy
+  on any => stop, error upstream_failed
+}
+"#;
+    let gateway = Setup::new(
+        policy,
+        CAPACITY_ERRORS,
+        catalog(
+            &[provider("a", "openai", "")],
+            &[model("m1", &["a"]), model("m2", &["a"])],
+        ),
+    )
+    .start("providers:\n  a:\n    models:\n      m1: {sequence: [\"429\"]}\n      m2: {}\n")
+    .await;
+    let body = |model: &str| {
+        let mut body = chat_body(false);
+        body["model"] = json!(model);
+        body
+    };
+    assert_eq!(gateway.api.chat(&body("m1")).await.status, 503);
+    let waiting = {
+        let api = gateway.api.clone();
+        let body = body("m1");
+        tokio::spawn(async move { api.chat(&body).await })
+    };
+    wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
+    let other = tokio::time::timeout(Duration::from_secs(10), gateway.api.chat(&body("m2")))
+        .await
+        .map_err(|_| "m2 waited behind the request waiting out m1's pause")?;
+    assert_eq!(other.status, 200, "{}", other.text);
+    waiting.abort();
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult {
     // A stream of 50 chunks 100 ms apart holds the only slot for 5 s.
     let gateway = Setup::new(&capacity_policy("1s"), CAPACITY_ERRORS, one_slot_catalog())

@@ -258,9 +258,21 @@ impl Exchange {
         let Some(keys) = self.keys(candidate) else {
             return false;
         };
-        let state = &self.proxy.state;
-        let health = state.candidate_health(&keys, None, self.snapshot.health.stats_window_ms);
-        !health.paused() && state.has_room(keys.provider.provider(), self.limits(candidate), ticket)
+        !self.paused(candidate)
+            && self
+                .proxy
+                .state
+                .has_room(keys.provider.provider(), self.limits(candidate), ticket)
+    }
+
+    /// Whether the candidate's route, provider or credential is paused.
+    fn paused(&self, candidate: usize) -> bool {
+        self.keys(candidate).is_none_or(|keys| {
+            self.proxy
+                .state
+                .candidate_health(&keys, None, self.snapshot.health.stats_window_ms)
+                .paused()
+        })
     }
 
     /// Milliseconds until some candidate may become available, if known.
@@ -374,11 +386,13 @@ impl Exchange {
                                             *rule_retries.entry(rule).or_insert(0) += 1;
                                         }
                                         let wake = ended_ms.saturating_add(after_ms);
-                                        let woke = self
-                                            .wait_until(wake, link, std::future::pending())
-                                            .await;
-                                        if !woke {
-                                            return self.cancel();
+                                        self.wait_until(wake, link, std::future::pending()).await;
+                                        // Paused meanwhile by another request:
+                                        // a paused candidate is skipped. A
+                                        // rule that pauses and retries says
+                                        // to retry despite its own pause.
+                                        if reaction.pauses.is_empty() && self.paused(index) {
+                                            break;
                                         }
                                         match self.proxy.state.try_acquire(
                                             provider.provider(),
@@ -401,12 +415,27 @@ impl Exchange {
                         return self.exhausted(link).await;
                     }
                     if ticket.is_none() {
+                        // Only the providers it waits for room at: one whose
+                        // candidate here is paused (a route, a credential)
+                        // is not held back from requests that can use it.
                         let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
+                            .filter(|i| !tried.contains(i) && !self.paused(*i))
                             .filter_map(|i| self.keys(i))
                             .map(|keys| Arc::from(keys.provider.provider()))
                             .collect();
                         ticket = Some(self.proxy.state.enqueue(providers));
                         self.proxy.metrics.capacity_wait();
+                    }
+                    // Listening before looking again: room freed after the
+                    // look above and before the wait began would otherwise
+                    // wake nobody.
+                    let changed = state.changed();
+                    let ticket_ref = ticket.as_ref();
+                    let room_now = self.plan.next_candidate(&self.snapshot, &tried, &|index| {
+                        self.available(index, ticket_ref)
+                    });
+                    if matches!(room_now, NextCandidate::Try(_)) {
+                        continue;
                     }
                     let mut wake = wait_until;
                     if let Some(ms) = self.soonest_available_ms() {
@@ -415,12 +444,9 @@ impl Exchange {
                     // A client that leaves meanwhile drops this future:
                     // `cancel` counts the wait so far.
                     self.waiting_for_capacity = true;
-                    let woke = self.wait_until(wake, link, state.changed()).await;
+                    self.wait_until(wake, link, changed).await;
                     self.waiting_for_capacity = false;
                     self.report.waited_ms = self.elapsed_ms();
-                    if !woke {
-                        return self.cancel();
-                    }
                 }
                 NextCandidate::Done => break,
             }
@@ -432,14 +458,14 @@ impl Exchange {
     }
 
     /// Waits until `wake` on the proxy's clock, or until `also` finishes,
-    /// sending held stream headers when their time comes. False when the
-    /// client went away first.
+    /// sending held stream headers when their time comes. A client that
+    /// goes away meanwhile drops the whole exchange (see its `Drop`).
     async fn wait_until(
         &mut self,
         wake: u64,
         link: &mut Link,
         also: impl std::future::Future<Output = ()>,
-    ) -> bool {
+    ) {
         let state = self.proxy.state.clone();
         let clock = state.clock();
         let mut also = std::pin::pin!(also);
@@ -449,8 +475,8 @@ impl Exchange {
                 () = clock.sleep_until(self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                 }
-                () = &mut also => return true,
-                () = clock.sleep_until(wake) => return true,
+                () = &mut also => return,
+                () = clock.sleep_until(wake) => return,
             }
         }
     }
@@ -638,7 +664,11 @@ impl Exchange {
         // A served attempt recorded its measurements before its last bytes
         // went out (`record_served`).
         if let (Attempted::Failed { .. }, Some(keys)) = (&attempted, self.keys(index)) {
-            self.proxy.state.record(&keys.route, Sample::default());
+            self.proxy.state.record(
+                &keys.route,
+                Sample::default(),
+                self.snapshot.health.stats_window_ms,
+            );
         }
         self.record_attempt(index, begun, outcome);
         (attempted, ended_ms)
@@ -811,6 +841,7 @@ impl Exchange {
                 latency_ms: Some(as_ms(latency)),
                 throughput,
             },
+            self.snapshot.health.stats_window_ms,
         );
     }
 

@@ -2,8 +2,9 @@
 
 use super::ScopeKey;
 use crate::evaluate::health::{CandidateHealth, PenaltySchedule, Stats};
-// Keyed by catalog ids, never by what a client sends: a fast hash is
-// enough, and these maps are looked up several times per request.
+// Keyed by catalog ids, and by ids a client sends only where a policy's
+// `unknown serve` tier routes them: those entries are swept (below), and a
+// fast hash is enough for maps looked up several times per request.
 use foldhash::HashMap;
 use std::collections::VecDeque;
 
@@ -22,7 +23,33 @@ struct Penalty {
     strikes: u32,
     until_ms: u64,
     last_failure_ms: u64,
+    /// Until when the strikes count: `reset` after the last failure.
+    strikes_until_ms: u64,
 }
+
+impl Penalty {
+    fn strikes_at(&self, now_ms: u64) -> u32 {
+        if self.strikes_until_ms > now_ms {
+            self.strikes
+        } else {
+            0
+        }
+    }
+
+    /// Whether it says nothing any more: not penalizing, no strikes.
+    fn spent(&self, now_ms: u64) -> bool {
+        self.until_ms <= now_ms && self.strikes_at(now_ms) == 0
+    }
+}
+
+/// Every this many measurements, entries that say nothing any more are
+/// dropped, and the routes measured are cut to [`MAX_MEASURED_ROUTES`].
+const SWEEP_EVERY: u32 = 4096;
+
+/// Routes with measurements kept at most. A route of an `unknown serve`
+/// tier is keyed by the id a client sent; without a bound, made-up ids
+/// would grow memory for as long as the stats window.
+const MAX_MEASURED_ROUTES: usize = 65_536;
 
 /// Measurements kept per route: enough for the statistics, bounded so a
 /// busy route cannot grow memory without limit.
@@ -127,6 +154,8 @@ pub(super) struct HealthTables {
     paused_until: HashMap<ScopeKey, u64>,
     penalties: HashMap<ScopeKey, Penalty>,
     measurements: HashMap<ScopeKey, Measurements>,
+    /// Measurements recorded since the last sweep.
+    recorded: u32,
 }
 
 impl HealthTables {
@@ -144,19 +173,32 @@ impl HealthTables {
             _ => 1,
         };
         let exponent = i32::try_from(strikes.saturating_sub(1)).unwrap_or(i32::MAX);
-        let length = (schedule.base_ms as f64 * schedule.factor.max(1.0).powi(exponent))
-            .min(schedule.max_ms as f64);
+        let grown = schedule.base_ms as f64 * schedule.factor.max(1.0).powi(exponent);
+        // A zero base times an overflowed factor is NaN, not the maximum.
+        let length = if grown.is_nan() {
+            0.0
+        } else {
+            grown.min(schedule.max_ms as f64)
+        };
         self.penalties.insert(
             scope.clone(),
             Penalty {
                 strikes,
                 until_ms: now_ms.saturating_add(length as u64),
                 last_failure_ms: now_ms,
+                strikes_until_ms: now_ms.saturating_add(schedule.reset_ms),
             },
         );
     }
 
-    pub fn record(&mut self, route: &ScopeKey, now_ms: u64, sample: Sample) {
+    /// Records a route's measurements; `stats_window_ms` is how far back
+    /// statistics reach, beyond which a sweep drops them.
+    pub fn record(&mut self, route: &ScopeKey, now_ms: u64, sample: Sample, stats_window_ms: u64) {
+        self.recorded += 1;
+        if self.recorded >= SWEEP_EVERY {
+            self.recorded = 0;
+            self.sweep(now_ms, stats_window_ms);
+        }
         let measurements = self.measurements.entry(route.clone()).or_default();
         if measurements.samples.len() >= MAX_SAMPLES
             && let Some((_, oldest)) = measurements.samples.pop_front()
@@ -188,7 +230,8 @@ impl HealthTables {
                 if penalty.until_ms > now_ms {
                     health.penalized = true;
                 }
-                health.strikes = health.strikes.max(penalty.strikes);
+                // "The count resets when `reset` passes without a failure."
+                health.strikes = health.strikes.max(penalty.strikes_at(now_ms));
             }
         }
         if let Some(measurements) = self.measurements.get_mut(route) {
@@ -201,6 +244,32 @@ impl HealthTables {
             health.stats = measurements.totals.stats();
         }
         health
+    }
+
+    /// Drops what says nothing any more: pauses and penalties that ended,
+    /// measurements all older than the stats window; then, past
+    /// [`MAX_MEASURED_ROUTES`], the routes measured least recently.
+    fn sweep(&mut self, now_ms: u64, stats_window_ms: u64) {
+        self.paused_until.retain(|_, until| *until > now_ms);
+        self.penalties.retain(|_, penalty| !penalty.spent(now_ms));
+        let newest =
+            |measurements: &Measurements| measurements.samples.back().map_or(0, |(at, _)| *at);
+        self.measurements.retain(|_, measurements| {
+            newest(measurements).saturating_add(stats_window_ms) >= now_ms
+        });
+        if self.measurements.len() > MAX_MEASURED_ROUTES {
+            let mut ages: Vec<u64> = self.measurements.values().map(newest).collect();
+            let excess = self.measurements.len() - MAX_MEASURED_ROUTES;
+            let (_, cut, _) = ages.select_nth_unstable(excess);
+            let cut = *cut;
+            self.measurements
+                .retain(|_, measurements| newest(measurements) > cut);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn measured_routes(&self) -> usize {
+        self.measurements.len()
     }
 
     pub fn retain(&mut self, keep: impl Fn(&ScopeKey) -> bool) {

@@ -23,8 +23,10 @@ use crate::language::ast::HealthScope;
 use crate::sync::lock;
 use crate::value::Value;
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 
 /// What a pause or penalty applies to, by ids that stay the same when the
 /// policy or catalog is reloaded.
@@ -161,10 +163,17 @@ impl InProcess {
         self.health().penalize(scope, failed_ms, schedule);
     }
 
-    /// Records an attempt's measurements for the route.
-    pub fn record(&self, route: &ScopeKey, sample: Sample) {
+    /// How many routes have measurements kept.
+    #[cfg(test)]
+    pub fn measured_routes(&self) -> usize {
+        self.health().measured_routes()
+    }
+
+    /// Records an attempt's measurements for the route; statistics reach
+    /// `stats_window_ms` back.
+    pub fn record(&self, route: &ScopeKey, sample: Sample, stats_window_ms: u64) {
         let now = self.clock.now_ms();
-        self.health().record(route, now, sample);
+        self.health().record(route, now, sample, stats_window_ms);
     }
 
     /// One candidate's health now, under the provider's limits.
@@ -222,9 +231,12 @@ impl InProcess {
         Ticket::new(self.clone(), number)
     }
 
-    /// Resolves when room may have appeared.
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// Resolves when room may appear from now on: listening already, so
+    /// that a caller who looks for room after making it misses none.
+    pub fn changed(&self) -> Pin<Box<Notified<'_>>> {
+        let mut notified = Box::pin(self.changed.notified());
+        notified.as_mut().enable();
+        notified
     }
 
     fn release(&self, provider: &str) {

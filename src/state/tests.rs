@@ -99,10 +99,56 @@ fn penalties_grow_by_the_factor_up_to_the_max_and_reset() {
     clock.advance(1);
     assert!(!state.candidate_health(&candidate, None, DAY).penalized);
 
-    // After `reset` without a failure the count starts again.
-    clock.advance(60_000);
+    // After `reset` without a failure the count starts again, and reads
+    // so before the next failure too (the last was 5 s ago).
+    clock.advance(54_999);
+    assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 3);
+    clock.advance(1);
+    assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 0);
     state.penalize(&candidate.provider, clock.now_ms(), &schedule);
     assert_eq!(state.candidate_health(&candidate, None, DAY).strikes, 1);
+}
+
+#[test]
+fn a_zero_base_never_penalizes_however_many_strikes() {
+    let (clock, state) = state();
+    let candidate = keys("p");
+    let schedule = PenaltySchedule {
+        base_ms: 0,
+        factor: 2.0,
+        max_ms: 300_000,
+        reset_ms: 60_000,
+    };
+    // Past 2^1024 the factor overflows to infinity; 0 × ∞ is not the max.
+    for _ in 0..1_100 {
+        state.penalize(&candidate.provider, clock.now_ms(), &schedule);
+    }
+    clock.advance(1);
+    assert!(!state.candidate_health(&candidate, None, DAY).penalized);
+}
+
+#[test]
+fn routes_measured_long_ago_or_beyond_the_bound_are_swept() {
+    let (clock, state) = state();
+    // Routes of made-up model ids, as an `unknown serve` tier keys them.
+    let routes: Vec<ScopeKey> = (0..70_000).map(|n| keys(&format!("p{n}")).route).collect();
+    for route in &routes {
+        clock.advance(1);
+        state.record(route, Sample::default(), DAY);
+    }
+    let measured = state.measured_routes();
+    assert!(
+        measured <= 65_536 + 4_096,
+        "{measured} routes kept after the sweeps"
+    );
+    // The most recent are kept; a window that ended drops them all.
+    let last = keys("p69999");
+    assert_eq!(state.candidate_health(&last, None, DAY).stats.samples, 1);
+    clock.advance(DAY + 1);
+    for _ in 0..4_096 {
+        state.record(&last.route, Sample::default(), DAY);
+    }
+    assert_eq!(state.measured_routes(), 1);
 }
 
 #[test]
@@ -115,9 +161,9 @@ fn stats_cover_the_window_only() {
         latency_ms: Some(400),
         throughput: Some(50.0),
     };
-    state.record(&candidate.route, ok);
+    state.record(&candidate.route, ok, 60_000);
     clock.advance(10_000);
-    state.record(&candidate.route, Sample::default());
+    state.record(&candidate.route, Sample::default(), 60_000);
     state.record(
         &candidate.route,
         Sample {
@@ -126,6 +172,7 @@ fn stats_cover_the_window_only() {
             throughput: Some(70.0),
             ..ok
         },
+        60_000,
     );
     let stats = state.candidate_health(&candidate, None, 60_000).stats;
     assert_eq!(stats.samples, 3);
@@ -278,7 +325,7 @@ proptest::proptest! {
         let mut kept: std::collections::VecDeque<(u64, Sample)> = Default::default();
         for (wait, sample) in steps {
             clock.advance(wait);
-            state.record(&candidate.route, sample);
+            state.record(&candidate.route, sample, window);
             kept.push_back((clock.now_ms(), sample));
             if kept.len() > 1024 {
                 kept.pop_front();
