@@ -195,6 +195,11 @@ impl Setup {
         self
     }
 
+    fn body_timeout(mut self, timeout: Duration) -> Setup {
+        self.options.limits.body_timeout = timeout;
+        self
+    }
+
     /// Writes the files, checks and compiles the policy (the test fails
     /// with its diagnostics if it does not check) and serves it on a free
     /// port, in front of simulated providers that behave as `scenario`
@@ -2135,6 +2140,47 @@ async fn a_body_that_stops_arriving_gets_408() -> TestResult {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_past_the_body_timeout_gets_408() -> TestResult {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gateway = simple_setup()
+        .body_idle_timeout(Duration::from_secs(5))
+        .body_timeout(Duration::from_millis(500))
+        .start("providers:\n  a: {}\n")
+        .await;
+    // A byte every 100 ms: never idle for long, 10 s for the whole body.
+    let socket = send_raw_chat(&gateway.api, "Content-Length: 100\r\n\r\n").await?;
+    let (mut reading, mut writing) = socket.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            if writing.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // Read until the refusal is in: the connection stays open a while
+    // longer, reading what the client still sends.
+    let mut answer = Vec::new();
+    let read_refusal = async {
+        let mut buffer = [0u8; 4096];
+        while !String::from_utf8_lossy(&answer).contains("request_timeout") {
+            let read = reading.read(&mut buffer).await?;
+            if read == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buffer[..read]);
+        }
+        std::io::Result::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(20), read_refusal).await??;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    trickle.abort();
     gateway.stop().await;
     Ok(())
 }

@@ -154,19 +154,19 @@ fn validate_key(
     let k = &raw.value;
     let Some(sha256) = parse_sha256(&k.sha256.value) else {
         let span = v.span(source, &k.sha256);
-        v.report(
+        // What is there instead of a hash may be the key itself: say where,
+        // never quote it.
+        let mut diagnostic = Diagnostic::new(
             codes::BAD_KEY_HASH,
-            source,
-            span,
             format!(
                 "the hash of key `{}` is not a SHA-256 hex digest",
                 k.id.value
             ),
-            "expected 64 hexadecimal characters",
-            Some(String::from(
-                "store the key's hash, never the key: `printf %s \"$KEY\" | sha256sum`",
-            )),
-        );
+        )
+        .at(source, span, "expected 64 hexadecimal characters")
+        .help("store the key's hash, never the key: `printf %s \"$KEY\" | sha256sum`");
+        diagnostic.quote_source = false;
+        v.diagnostics.push(diagnostic);
         return None;
     };
     let workspace = match &k.workspace {

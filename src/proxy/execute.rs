@@ -502,11 +502,12 @@ impl Exchange {
     /// candidate that answered last.
     fn answered_by(&mut self, index: usize) {
         self.report.served_provider = Some(self.provider_id(index));
+        // An `unknown serve` tier's upstream model is the client's id.
         self.report.served_model = self
             .plan
             .candidates
             .get(index)
-            .map(|c| c.upstream_model.to_string());
+            .map(|c| super::logged_model(&c.upstream_model));
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {
@@ -534,7 +535,9 @@ impl Exchange {
             self.proxy.metrics.pause(scope_name(&key));
             tracing::info!(
                 request_id = %self.request_id,
-                scope = %key,
+                // A route's model may be an id a client sent: escaped, so
+                // it cannot break the line or reach a terminal raw.
+                scope = %key.to_string().escape_debug(),
                 for_ms = ms,
                 "paused"
             );
@@ -776,6 +779,15 @@ impl Exchange {
                 deadline: attempt_deadline,
             };
             let body = read_body(response, limits, clock).await.unwrap_or_default();
+            let body = match self
+                .plan
+                .candidates
+                .get(index)
+                .and_then(|c| self.snapshot.secret(c.provider, c.credential))
+            {
+                Some(secret) => super::upstream::without_secret(body, secret.expose()),
+                None => body,
+            };
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),

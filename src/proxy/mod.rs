@@ -60,6 +60,8 @@ pub struct Limits {
     /// client that stops sending would otherwise hold its connection and
     /// its place in flight for ever.
     pub body_idle_timeout: Duration,
+    /// The longest a whole body may take to arrive, a trickle included.
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -68,6 +70,7 @@ impl Default for Limits {
             max_body_bytes: 16 * 1024 * 1024,
             max_header_bytes: 64 * 1024,
             body_idle_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -595,16 +598,18 @@ async fn complete(
     let read = if declared_too_large {
         Err(BodyProblem::TooLarge)
     } else {
-        read_limited(&mut incoming, limit, proxy.limits.body_idle_timeout).await
+        read_limited(&mut incoming, limit, &proxy.limits).await
     };
     let bytes: Bytes = match read {
         Ok(bytes) => bytes,
         Err(problem) => {
-            // A client still sending the rest of a body too large reads the
-            // refusal only if the rest is read; one that waits for `100
-            // Continue` before sending was never told to send it.
+            // A client still sending the rest of a body too large (or a
+            // trickle past the body timeout) reads the refusal only if the
+            // rest is read; one that waits for `100 Continue` before
+            // sending was never told to send it.
             let client_is_sending = !(waits_to_send && declared_too_large);
-            if matches!(problem, BodyProblem::TooLarge) && client_is_sending {
+            if matches!(problem, BodyProblem::TooLarge | BodyProblem::TooSlow) && client_is_sending
+            {
                 drain(incoming, DRAIN_MAX_BYTES);
             }
             let (status, code, message, outcome) = match problem {
@@ -624,6 +629,12 @@ async fn complete(
                     408,
                     "request_timeout",
                     "the request body stopped arriving",
+                    "refused",
+                ),
+                BodyProblem::TooSlow => (
+                    408,
+                    "request_timeout",
+                    "the request body took longer to arrive than this gateway waits",
                     "refused",
                 ),
                 // Nobody reads this answer; the status is nginx's "client
@@ -699,18 +710,26 @@ fn client_left(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Reads a client's body up to `limit` bytes, waiting at most `idle` for
-/// each next part of it.
+/// Reads a client's body up to `limit` bytes, waiting at most the idle
+/// timeout for each next part of it and the body timeout for all of it.
 async fn read_limited(
     incoming: &mut Incoming,
     limit: usize,
-    idle: Duration,
+    limits: &Limits,
 ) -> Result<Bytes, BodyProblem> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0usize;
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
     loop {
-        let Ok(next) = tokio::time::timeout(idle, incoming.frame()).await else {
-            return Err(BodyProblem::Stalled);
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let idle_first = limits.body_idle_timeout <= left;
+        let wait = limits.body_idle_timeout.min(left);
+        let Ok(next) = tokio::time::timeout(wait, incoming.frame()).await else {
+            return Err(if idle_first {
+                BodyProblem::Stalled
+            } else {
+                BodyProblem::TooSlow
+            });
         };
         let Some(frame) = next else {
             break;
@@ -803,6 +822,8 @@ enum BodyProblem {
     Unreadable,
     /// No byte of it arrived for the idle limit.
     Stalled,
+    /// Still arriving when the body timeout passed.
+    TooSlow,
 }
 
 /// A request read in full, before its decision.
@@ -958,11 +979,11 @@ fn model_label<'a>(
 /// The `model` label of requests for ids the catalog does not know.
 pub const OTHER_MODEL: &str = "(other)";
 
-/// Longest requested model id a log line quotes in full.
+/// Longest model id a log line quotes in full.
 const LOGGED_MODEL_BYTES: usize = 256;
 
-/// The requested model id as the log line shows it: cut short (at a
-/// character boundary, marked with `…`) when a client sends a long one.
+/// A model id as the log line shows it: cut short (at a character
+/// boundary, marked with `…`) when a client sent a long one.
 fn logged_model(requested: &str) -> String {
     if requested.len() <= LOGGED_MODEL_BYTES {
         return requested.to_string();

@@ -228,6 +228,27 @@ impl hyper::body::Body for AttemptBody {
     }
 }
 
+/// A provider's error body without the credential the attempt used: some
+/// OpenAI-compatible servers echo the key they were sent, and the body may
+/// reach the client (`error passthrough`) or an error's message. Values
+/// shorter than any real key are left alone, not to mangle ordinary words.
+pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
+    const SHORTEST_KEY: usize = 12;
+    if secret.len() < SHORTEST_KEY || memchr::memmem::find(&body, secret.as_bytes()).is_none() {
+        return body;
+    }
+    let mut cleaned = Vec::with_capacity(body.len());
+    let mut rest: &[u8] = &body;
+    while let Some(at) = memchr::memmem::find(rest, secret.as_bytes()) {
+        let (before, after) = rest.split_at(at);
+        cleaned.extend_from_slice(before);
+        cleaned.extend_from_slice(b"[redacted]");
+        rest = after.get(secret.len()..).unwrap_or_default();
+    }
+    cleaned.extend_from_slice(rest);
+    Bytes::from(cleaned)
+}
+
 /// What a provider's non-success answer says: `Retry-After` (seconds or an
 /// HTTP date, counted from `now`; or OpenAI's `retry-after-ms`) and the
 /// error object in either wire format.
@@ -284,6 +305,21 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use serde_json::Map;
+
+    #[test]
+    fn an_echoed_credential_is_cut_from_an_error_body() {
+        let secret = "sk-upstream-0123456789";
+        let body = Bytes::from(format!(
+            r#"{{"error":{{"message":"bad key {secret}; header was x-api-key: {secret}"}}}}"#
+        ));
+        let cleaned = without_secret(body, secret);
+        assert_eq!(
+            cleaned,
+            r#"{"error":{"message":"bad key [redacted]; header was x-api-key: [redacted]"}}"#
+        );
+        let short = Bytes::from_static(b"upload failed");
+        assert_eq!(without_secret(short.clone(), "load"), short);
+    }
 
     #[test]
     fn facts_from_either_wire_format() {
