@@ -1112,6 +1112,65 @@ failover {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_route_is_paused_while_it_waits_lets_its_provider_go() -> TestResult {
+    // `a` has one slot and serves two models. A first `m1` request holds
+    // the slot for 300 ms, then its 429 pauses `m1`'s route; a second `m1`
+    // request waiting for the slot meanwhile now waits out the pause, and
+    // must stop holding `a` back from `m2`.
+    let policy = r#"
+capacity {
+  wait 30s
+  error busy
+}
+failover {
+  attempts 1
+  on 429 => stop, pause route for 60s, error busy
+  on any => stop, error upstream_failed
+}
+"#;
+    let gateway = Setup::new(
+        policy,
+        CAPACITY_ERRORS,
+        catalog(
+            &[provider("a", "openai", "capacity: {concurrent: 1}")],
+            &[model("m1", &["a"]), model("m2", &["a"])],
+        ),
+    )
+    .start(
+        "providers:\n  a:\n    models:\n      m1: {sequence: [\"429 slow_headers=300ms\"]}\n      m2: {}\n",
+    )
+    .await;
+    let body = |model: &str| {
+        let mut body = chat_body(false);
+        body["model"] = json!(model);
+        body
+    };
+    let first = {
+        let api = gateway.api.clone();
+        let body = body("m1");
+        tokio::spawn(async move { api.chat(&body).await })
+    };
+    until("the sim holds the first request", || {
+        gateway.sim.requests().len() == 1
+    })
+    .await;
+    let waiting = {
+        let api = gateway.api.clone();
+        let body = body("m1");
+        tokio::spawn(async move { api.chat(&body).await })
+    };
+    wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
+    assert_eq!(first.await?.status, 503, "the 429 ends the first request");
+    let other = tokio::time::timeout(Duration::from_secs(10), gateway.api.chat(&body("m2")))
+        .await
+        .map_err(|_| "m2 waited behind a request whose own route was paused")?;
+    assert_eq!(other.status, 200, "{}", other.text);
+    waiting.abort();
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult {
     // A stream of 50 chunks 100 ms apart holds the only slot for 5 s.
     let gateway = Setup::new(&capacity_policy("1s"), CAPACITY_ERRORS, one_slot_catalog())
@@ -2126,6 +2185,7 @@ async fn a_body_that_stops_arriving_gets_408() -> TestResult {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
     assert!(answer.contains("\"request_timeout\""), "{answer}");
+    assert!(answer.contains("stopped arriving"), "{answer}");
     wait_for_unrouted_request(&gateway.api, "refused", 408).await;
     // And it no longer counts in flight.
     let metrics_url = format!("{}/metrics", gateway.api.url);
@@ -2180,6 +2240,7 @@ async fn a_body_that_trickles_past_the_body_timeout_gets_408() -> TestResult {
     tokio::time::timeout(Duration::from_secs(20), read_refusal).await??;
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("took longer to arrive"), "{answer}");
     trickle.abort();
     gateway.stop().await;
     Ok(())

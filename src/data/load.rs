@@ -121,20 +121,6 @@ fn parse_data<T: serde::de::DeserializeOwned>(
     reading: Reading,
 ) -> Option<Parsed<T>> {
     let text = sources.file(source).map_or("", |file| file.text.as_str());
-    // Nothing but comments and blank lines: every declaration the policy
-    // reads would be reported missing, one by one, instead.
-    let empty = text.lines().all(|line| {
-        let line = line.trim();
-        line.is_empty() || line.starts_with('#') || line == "---"
-    });
-    if empty {
-        diagnostics.push(
-            Diagnostic::new(codes::DATA_SCHEMA, "this data file is empty")
-                .at(source, Span::new(0, 0), "nothing here")
-                .help("see docs/data.md for what a catalog and a tenants file hold"),
-        );
-        return None;
-    }
     if text.len() > MAX_DATA_BYTES {
         diagnostics.push(
             Diagnostic::new(codes::DATA_SCHEMA, "this data file is larger than 64 MiB")
@@ -801,6 +787,24 @@ pub fn load_reading(
     reading: Reading,
 ) -> (Option<Data>, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
+    // A catalog of nothing but comments and blank lines: every declaration
+    // the policy reads would be reported missing, one by one, instead. (An
+    // empty tenants file is a deployment with no tenants.)
+    let catalog_text = sources
+        .file(catalog_source)
+        .map_or("", |file| file.text.as_str());
+    let empty = catalog_text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#') || line == "---"
+    });
+    if empty {
+        diagnostics.push(
+            Diagnostic::new(codes::DATA_SCHEMA, "the catalog is empty")
+                .at(catalog_source, Span::new(0, 0), "nothing here")
+                .help("a catalog lists `providers` and `models`; see docs/data.md"),
+        );
+        return (None, diagnostics);
+    }
     let catalog: Option<Parsed<RawCatalog>> =
         parse_data(sources, catalog_source, &mut diagnostics, reading);
     let tenants: Option<Parsed<RawTenants>> =

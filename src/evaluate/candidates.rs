@@ -286,14 +286,14 @@ fn route_choice(
     }
 }
 
-/// The `unknown serve` tiers: the first provider of the first tier whose
-/// condition holds serves the id as its upstream model name.
 /// The longest id an `unknown serve` tier passes on. Model ids are short;
 /// the proxy keeps health state per route, and an unknown id's route is
 /// keyed by the id as sent, so a longer one is not served: it gets the
 /// unknown error.
 pub const MAX_UNKNOWN_ID_BYTES: usize = 256;
 
+/// The `unknown serve` tiers: the first provider of the first tier whose
+/// condition holds serves the id as its upstream model name.
 fn resolve_unknown(
     snapshot: &Snapshot,
     request: &RequestState,

@@ -265,6 +265,15 @@ impl Exchange {
                 .has_room(keys.provider.provider(), self.limits(candidate), ticket)
     }
 
+    /// Whether the candidate's own route or credential is paused, which
+    /// other candidates of its provider are not.
+    fn own_scope_paused(&self, candidate: usize) -> bool {
+        self.keys(candidate).is_some_and(|keys| {
+            let state = &self.proxy.state;
+            state.scope_paused(&keys.route) || state.scope_paused(&keys.credential)
+        })
+    }
+
     /// Whether the candidate's route, provider or credential is paused.
     fn paused(&self, candidate: usize) -> bool {
         self.keys(candidate).is_none_or(|keys| {
@@ -377,6 +386,9 @@ impl Exchange {
                                     &|rule| rule_retries.get(&rule).copied().unwrap_or(0),
                                 );
                                 self.apply_health(index, &reaction, ended_ms);
+                                // A pause that begins while a retry waits is
+                                // another request's.
+                                let paused_at_failure = self.paused(index);
                                 last = Some((reaction.ending, index, passthrough));
                                 match reaction.action {
                                     Action::Stop => return self.end(last, link).await,
@@ -388,10 +400,10 @@ impl Exchange {
                                         let wake = ended_ms.saturating_add(after_ms);
                                         self.wait_until(wake, link, std::future::pending()).await;
                                         // Paused meanwhile by another request:
-                                        // a paused candidate is skipped. A
-                                        // rule that pauses and retries says
-                                        // to retry despite its own pause.
-                                        if reaction.pauses.is_empty() && self.paused(index) {
+                                        // a paused candidate is skipped. One
+                                        // paused already (a rule that pauses
+                                        // and retries) is retried as it says.
+                                        if !paused_at_failure && self.paused(index) {
                                             break;
                                         }
                                         match self.proxy.state.try_acquire(
@@ -414,17 +426,22 @@ impl Exchange {
                     if now >= wait_until {
                         return self.exhausted(link).await;
                     }
-                    if ticket.is_none() {
-                        // Only the providers it waits for room at: one whose
-                        // candidate here is paused (a route, a credential)
-                        // is not held back from requests that can use it.
-                        let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
-                            .filter(|i| !tried.contains(i) && !self.paused(*i))
-                            .filter_map(|i| self.keys(i))
-                            .map(|keys| Arc::from(keys.provider.provider()))
-                            .collect();
-                        ticket = Some(self.proxy.state.enqueue(providers));
-                        self.proxy.metrics.capacity_wait();
+                    // Only the providers it waits for room at, looked at
+                    // again on every pass: one whose candidate here has its
+                    // own route or credential paused is not held back from
+                    // requests that can use it. (A paused provider is paused
+                    // for everyone: holding it costs nobody anything.)
+                    let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
+                        .filter(|i| !tried.contains(i) && !self.own_scope_paused(*i))
+                        .filter_map(|i| self.keys(i))
+                        .map(|keys| Arc::from(keys.provider.provider()))
+                        .collect();
+                    match &ticket {
+                        Some(waiting) => self.proxy.state.wait_for(waiting, providers),
+                        None => {
+                            ticket = Some(self.proxy.state.enqueue(providers));
+                            self.proxy.metrics.capacity_wait();
+                        }
                     }
                     // Listening before looking again: room freed after the
                     // look above and before the wait began would otherwise

@@ -234,18 +234,34 @@ impl hyper::body::Body for AttemptBody {
 /// shorter than any real key are left alone, not to mangle ordinary words.
 pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
     const SHORTEST_KEY: usize = 12;
-    if secret.len() < SHORTEST_KEY || memchr::memmem::find(&body, secret.as_bytes()).is_none() {
+    let secret = secret.as_bytes();
+    // A body cut short (error bodies are read up to a limit) may end in
+    // the key's first part.
+    let cut_in_key = (SHORTEST_KEY / 2..secret.len()).rev().find(|length| {
+        secret
+            .get(..*length)
+            .is_some_and(|start| body.ends_with(start))
+    });
+    if secret.len() < SHORTEST_KEY
+        || (memchr::memmem::find(&body, secret).is_none() && cut_in_key.is_none())
+    {
         return body;
     }
     let mut cleaned = Vec::with_capacity(body.len());
     let mut rest: &[u8] = &body;
-    while let Some(at) = memchr::memmem::find(rest, secret.as_bytes()) {
+    while let Some(at) = memchr::memmem::find(rest, secret) {
         let (before, after) = rest.split_at(at);
         cleaned.extend_from_slice(before);
         cleaned.extend_from_slice(b"[redacted]");
         rest = after.get(secret.len()..).unwrap_or_default();
     }
-    cleaned.extend_from_slice(rest);
+    match cut_in_key {
+        Some(length) if rest.ends_with(secret.get(..length).unwrap_or_default()) => {
+            cleaned.extend_from_slice(rest.get(..rest.len() - length).unwrap_or_default());
+            cleaned.extend_from_slice(b"[redacted]");
+        }
+        _ => cleaned.extend_from_slice(rest),
+    }
     Bytes::from(cleaned)
 }
 
@@ -319,6 +335,9 @@ mod tests {
         );
         let short = Bytes::from_static(b"upload failed");
         assert_eq!(without_secret(short.clone(), "load"), short);
+        // Cut off inside the key, as a body read up to its limit can be.
+        let cut = Bytes::from(format!("x-api-key: {}", &secret[..10]));
+        assert_eq!(without_secret(cut, secret), "x-api-key: [redacted]");
     }
 
     #[test]

@@ -120,6 +120,17 @@ impl CapacityTables {
         self.next_ticket
     }
 
+    /// Sets the providers the waiter `number` waits for; whether it let go
+    /// of any.
+    pub fn wait_for(&mut self, number: u64, providers: HashSet<Arc<str>>) -> bool {
+        let Some((_, waited)) = self.queue.iter_mut().find(|(queued, _)| *queued == number) else {
+            return false;
+        };
+        let let_go = waited.iter().any(|provider| !providers.contains(provider));
+        *waited = providers;
+        let_go
+    }
+
     pub fn dequeue(&mut self, number: u64) {
         self.queue.retain(|(queued, _)| *queued != number);
     }

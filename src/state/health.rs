@@ -191,6 +191,12 @@ impl HealthTables {
         );
     }
 
+    pub fn paused(&self, scope: &ScopeKey, now_ms: u64) -> bool {
+        self.paused_until
+            .get(scope)
+            .is_some_and(|until| *until > now_ms)
+    }
+
     /// Records a route's measurements; `stats_window_ms` is how far back
     /// statistics reach, beyond which a sweep drops them.
     pub fn record(&mut self, route: &ScopeKey, now_ms: u64, sample: Sample, stats_window_ms: u64) {
@@ -258,9 +264,11 @@ impl HealthTables {
             newest(measurements).saturating_add(stats_window_ms) >= now_ms
         });
         if self.measurements.len() > MAX_MEASURED_ROUTES {
+            // The `excess` least recently measured go (and any measured in
+            // the same millisecond as the last of them).
             let mut ages: Vec<u64> = self.measurements.values().map(newest).collect();
             let excess = self.measurements.len() - MAX_MEASURED_ROUTES;
-            let (_, cut, _) = ages.select_nth_unstable(excess);
+            let (_, cut, _) = ages.select_nth_unstable(excess - 1);
             let cut = *cut;
             self.measurements
                 .retain(|_, measurements| newest(measurements) > cut);

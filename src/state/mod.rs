@@ -225,6 +225,20 @@ impl InProcess {
             .available
     }
 
+    /// Whether this one scope is paused now.
+    pub fn scope_paused(&self, scope: &ScopeKey) -> bool {
+        let now = self.clock.now_ms();
+        self.health().paused(scope, now)
+    }
+
+    /// Changes which providers a waiting request waits for room at. One it
+    /// no longer waits for may have room for those behind it: they look.
+    pub fn wait_for(&self, ticket: &Ticket, providers: HashSet<Arc<str>>) {
+        if self.capacity().wait_for(ticket.number(), providers) {
+            self.changed.notify_waiters();
+        }
+    }
+
     /// Joins the queue of requests waiting for room at these providers.
     pub fn enqueue(self: &Arc<Self>, providers: HashSet<Arc<str>>) -> Ticket {
         let number = self.capacity().enqueue(providers);
