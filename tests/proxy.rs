@@ -848,6 +848,10 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_pending_retry() -> TestResult {
+    // On a manual clock: the retry's time comes only once the test moves
+    // it, after the proxy has dropped the request, however slow the
+    // machine is to notice the client leaving.
+    let clock = Arc::new(ManualClock::default());
     let gateway = Setup::new(
         r#"
 failover {
@@ -859,6 +863,7 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
+    .clock(clock.clone())
     .start("providers:\n  a: {sequence: [\"503\", \"200\"]}\n")
     .await;
     let sim = &gateway.sim;
@@ -866,13 +871,25 @@ failover {
     // The client gives up while the proxy waits to retry.
     let api = gateway.api.clone();
     let client = tokio::spawn(async move { api.chat(&chat_body(false)).await });
-    until("the sim sees the first attempt", || {
-        sim.requests().len() == 1
+    until("the proxy waits to retry", || {
+        sim.requests().len() == 1 && clock.sleeping_until().contains(&600)
     })
     .await;
     client.abort();
     assert!(client.await.is_err_and(|error| error.is_cancelled()));
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    let metrics_url = format!("{}/metrics", gateway.api.url);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Reply::of(gateway.api.client.get(&metrics_url))
+        .await
+        .text
+        .lines()
+        .any(|line| line == "switchyard_in_flight 0")
+    {
+        assert!(Instant::now() < deadline, "the request stayed in flight");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    clock.advance(600);
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         providers_seen(&sim.requests()),
         ["a"],
@@ -1499,11 +1516,13 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_headers_go_out_after_hold_headers_and_the_late_comment_precedes_the_events()
 -> TestResult {
-    // `a` sends headers at once but its first event only after 5 s.
+    // `a` sends headers at once but its first event only after 10 s.
+    // Wide margins: a busy machine must not make the held headers look
+    // as if they waited for an event.
     let gateway = Setup::new(
         r#"
 timeouts {
-  first_token if provider.id == "a" then 1s else 10s
+  first_token if provider.id == "a" then 3s else 10s
 }
 stream {
   hold_headers 100ms
@@ -1518,7 +1537,7 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         a_then_b(),
     )
-    .start("providers:\n  a: {sequence: [\"first_token=5s\"]}\n  b: {}\n")
+    .start("providers:\n  a: {sequence: [\"first_token=10s\"]}\n  b: {}\n")
     .await;
     let sim = &gateway.sim;
 
@@ -1532,10 +1551,10 @@ failover {
         headers_after >= Duration::from_millis(100),
         "the headers were held only {headers_after:?}"
     );
-    // No event can exist before `a`'s first-token timeout (1 s): the
+    // No event can exist before `a`'s first-token timeout (3 s): the
     // headers did not wait for one.
     assert!(
-        headers_after < Duration::from_secs(1),
+        headers_after < Duration::from_secs(3),
         "the headers waited {headers_after:?}, for the first event"
     );
     let events = sse_events(&text);
@@ -1550,7 +1569,7 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_headers_go_out_after_hold_headers_even_before_the_provider_answers() -> TestResult {
-    // `a` sends nothing, not even headers, for 1 s.
+    // `a` sends nothing, not even headers, for 3 s.
     let gateway = Setup::new(
         r#"
 timeouts {
@@ -1568,7 +1587,7 @@ failover {
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
-    .start("providers:\n  a: {sequence: [\"slow_headers=1s\"]}\n")
+    .start("providers:\n  a: {sequence: [\"slow_headers=3s\"]}\n")
     .await;
 
     let started = Instant::now();
@@ -1576,7 +1595,7 @@ failover {
     let headers_after = started.elapsed();
     let text = response.text().await?;
     assert!(
-        headers_after < Duration::from_secs(1),
+        headers_after < Duration::from_secs(3),
         "the headers waited {headers_after:?}, for the provider's headers"
     );
     assert_eq!(sse_events(&text).first(), Some(&": provider=a"), "{text}");
