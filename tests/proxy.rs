@@ -1189,9 +1189,11 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_frees_its_capacity() -> TestResult {
-    // A stream of 50 chunks 100 ms apart holds the only slot for 5 s.
-    let gateway = Setup::new(&capacity_policy("1s"), CAPACITY_ERRORS, one_slot_catalog())
-        .start("providers:\n  a: {chunks: 50, chunk_interval: 100ms}\n")
+    // A stream of 200 chunks 100 ms apart holds the only slot for 20 s; the
+    // next request may wait 5 s, time for a busy machine to notice the
+    // disconnect, far short of the stream's end.
+    let gateway = Setup::new(&capacity_policy("5s"), CAPACITY_ERRORS, one_slot_catalog())
+        .start("providers:\n  a: {chunks: 200, chunk_interval: 100ms}\n")
         .await;
     let sim = &gateway.sim;
 
