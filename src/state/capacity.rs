@@ -6,7 +6,7 @@ use crate::data::CapacityLimits;
 // Keyed by catalog ids, never by what a client sends: a fast hash is
 // enough, and these maps are looked up several times per request.
 use foldhash::HashMap;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 
 #[derive(Default)]
@@ -29,8 +29,14 @@ pub(super) struct Room {
 #[derive(Default)]
 pub(super) struct CapacityTables {
     providers: HashMap<Arc<str>, ProviderLoad>,
-    /// Waiting requests in arrival order, with the providers each can use.
-    queue: VecDeque<(u64, HashSet<Arc<str>>)>,
+    /// Waiting requests by ticket (tickets are numbered in arrival order),
+    /// with the providers each waits for room at.
+    waiting: HashMap<u64, HashSet<Arc<str>>>,
+    /// Per provider, the tickets waiting for it. Its first is the only one
+    /// a room check needs: every waiter wakes on each release, so a check
+    /// that walked the whole queue made a release cost the queue's length
+    /// squared.
+    waiters: HashMap<Arc<str>, BTreeSet<u64>>,
     next_ticket: u64,
 }
 
@@ -44,11 +50,12 @@ impl CapacityTables {
         now_ms: u64,
         ticket: Option<u64>,
     ) -> Room {
+        // An earlier waiter wants it: for one not waiting, any waiter.
         let waiter_ahead = self
-            .queue
-            .iter()
-            .take_while(|(number, _)| Some(*number) != ticket)
-            .any(|(_, providers)| providers.contains(provider));
+            .waiters
+            .get(provider)
+            .and_then(BTreeSet::first)
+            .is_some_and(|first| ticket.is_none_or(|own| *first < own));
         let Some(load) = self.providers.get_mut(provider) else {
             return Room {
                 available: !waiter_ahead,
@@ -116,23 +123,42 @@ impl CapacityTables {
 
     pub fn enqueue(&mut self, providers: HashSet<Arc<str>>) -> u64 {
         self.next_ticket += 1;
-        self.queue.push_back((self.next_ticket, providers));
-        self.next_ticket
+        let number = self.next_ticket;
+        self.wait_for(number, providers);
+        number
     }
 
     /// Sets the providers the waiter `number` waits for; whether it let go
     /// of any.
     pub fn wait_for(&mut self, number: u64, providers: HashSet<Arc<str>>) -> bool {
-        let Some((_, waited)) = self.queue.iter_mut().find(|(queued, _)| *queued == number) else {
-            return false;
-        };
-        let let_go = waited.iter().any(|provider| !providers.contains(provider));
-        *waited = providers;
+        let before = self.waiting.remove(&number).unwrap_or_default();
+        let let_go = before.iter().any(|provider| !providers.contains(provider));
+        for provider in &before {
+            self.forget_waiter(provider, number);
+        }
+        for provider in &providers {
+            self.waiters
+                .entry(provider.clone())
+                .or_default()
+                .insert(number);
+        }
+        self.waiting.insert(number, providers);
         let_go
     }
 
     pub fn dequeue(&mut self, number: u64) {
-        self.queue.retain(|(queued, _)| *queued != number);
+        for provider in self.waiting.remove(&number).unwrap_or_default() {
+            self.forget_waiter(&provider, number);
+        }
+    }
+
+    fn forget_waiter(&mut self, provider: &Arc<str>, number: u64) {
+        if let Some(tickets) = self.waiters.get_mut(provider) {
+            tickets.remove(&number);
+            if tickets.is_empty() {
+                self.waiters.remove(provider);
+            }
+        }
     }
 
     pub fn retain(&mut self, providers: &HashSet<&str>) {

@@ -255,6 +255,31 @@ fn waiters_only_hold_back_the_providers_they_wait_for() {
 }
 
 #[test]
+fn only_earlier_waiters_for_the_same_provider_come_first() {
+    let (_clock, state) = state();
+    let set = |names: &[&str]| names.iter().map(|n| Arc::from(*n)).collect::<HashSet<_>>();
+    let first = state.enqueue(set(&["p"]));
+    let second = state.enqueue(set(&["p", "q"]));
+    let third = state.enqueue(set(&["q"]));
+    // The first waiter has `p` to itself; the second waits behind it for
+    // `p` but is first for `q`; the third is behind the second for `q`.
+    assert!(state.has_room("p", None, Some(&first)));
+    assert!(!state.has_room("p", None, Some(&second)));
+    assert!(state.has_room("q", None, Some(&second)));
+    assert!(!state.has_room("q", None, Some(&third)));
+    // The second lets `q` go: the third is first for it now.
+    state.wait_for(&second, set(&["p"]));
+    assert!(state.has_room("q", None, Some(&third)));
+    // The first leaves: the second is first for `p`.
+    drop(first);
+    assert!(state.has_room("p", None, Some(&second)));
+    assert!(!state.has_room("p", None, None), "newcomers queue behind");
+    drop(second);
+    drop(third);
+    assert!(state.has_room("p", None, None) && state.has_room("q", None, None));
+}
+
+#[test]
 fn removed_providers_lose_their_state() {
     let (clock, state) = state();
     state.pause(&keys("gone").provider, clock.now_ms(), 60_000);
