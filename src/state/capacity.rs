@@ -50,12 +50,14 @@ impl CapacityTables {
         now_ms: u64,
         ticket: Option<u64>,
     ) -> Room {
-        // An earlier waiter wants it: for one not waiting, any waiter.
-        let waiter_ahead = self
-            .waiters
-            .get(provider)
-            .and_then(BTreeSet::first)
-            .is_some_and(|first| ticket.is_none_or(|own| *first < own));
+        // An earlier waiter wants it: for one not waiting, any waiter. (No
+        // lookup at all while nobody waits, the usual case.)
+        let waiter_ahead = !self.waiters.is_empty()
+            && self
+                .waiters
+                .get(provider)
+                .and_then(BTreeSet::first)
+                .is_some_and(|first| ticket.is_none_or(|own| *first < own));
         let Some(load) = self.providers.get_mut(provider) else {
             return Room {
                 available: !waiter_ahead,
