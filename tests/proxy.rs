@@ -1081,11 +1081,10 @@ async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResul
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_waiting_out_a_route_pause_holds_back_no_other_model() -> TestResult {
-    // `a` serves two models and has no capacity limits. `m1`'s route is
-    // paused after its 429; a request for `m1` then waits (up to 30 s) for
-    // the pause to end. `m2` on the same provider must not wait behind it.
+/// `a` serving `m1` and `m2` (`limits` in its catalog entry) under a
+/// policy that pauses a route on 429 and waits up to 30 s for room; the sim
+/// answers `m1` with `m1_step`, `m2` with 200.
+async fn two_models_pausing_routes(limits: &str, m1_step: &str) -> Gateway {
     let policy = r#"
 capacity {
   wait 30s
@@ -1097,32 +1096,61 @@ failover {
   on any => stop, error upstream_failed
 }
 "#;
-    let gateway = Setup::new(
+    Setup::new(
         policy,
         CAPACITY_ERRORS,
         catalog(
-            &[provider("a", "openai", "")],
+            &[provider("a", "openai", limits)],
             &[model("m1", &["a"]), model("m2", &["a"])],
         ),
     )
-    .start("providers:\n  a:\n    models:\n      m1: {sequence: [\"429\"]}\n      m2: {}\n")
-    .await;
-    let body = |model: &str| {
-        let mut body = chat_body(false);
-        body["model"] = json!(model);
-        body
-    };
-    assert_eq!(gateway.api.chat(&body("m1")).await.status, 503);
-    let waiting = {
-        let api = gateway.api.clone();
-        let body = body("m1");
-        tokio::spawn(async move { api.chat(&body).await })
-    };
+    .start(&format!(
+        "providers:\n  a:\n    models:\n      m1: {{sequence: [\"{m1_step}\"]}}\n      m2: {{}}\n"
+    ))
+    .await
+}
+
+/// A chat body for `model`.
+fn chat_body_for(model: &str) -> Json {
+    let mut body = chat_body(false);
+    body["model"] = json!(model);
+    body
+}
+
+/// A chat request for `model` in the background.
+fn chat_in_background(api: &Api, model: &str) -> tokio::task::JoinHandle<Reply> {
+    let api = api.clone();
+    let body = chat_body_for(model);
+    tokio::spawn(async move { api.chat(&body).await })
+}
+
+/// Once a request for `m1` waits for room: `m2` is served at once, not held
+/// back behind it.
+async fn m2_is_not_held_back(gateway: &Gateway, why: &'static str) -> TestResult {
     wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
-    let other = tokio::time::timeout(Duration::from_secs(10), gateway.api.chat(&body("m2")))
-        .await
-        .map_err(|_| "m2 waited behind the request waiting out m1's pause")?;
+    let other = tokio::time::timeout(
+        Duration::from_secs(10),
+        gateway.api.chat(&chat_body_for("m2")),
+    )
+    .await
+    .map_err(|_| why)?;
     assert_eq!(other.status, 200, "{}", other.text);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_out_a_route_pause_holds_back_no_other_model() -> TestResult {
+    // `a` has no capacity limits. `m1`'s route is paused after its 429; a
+    // request for `m1` then waits (up to 30 s) for the pause to end. `m2`
+    // on the same provider must not wait behind it.
+    let gateway = two_models_pausing_routes("", "429").await;
+    assert_eq!(gateway.api.chat(&chat_body_for("m1")).await.status, 503);
+    let waiting = chat_in_background(&gateway.api, "m1");
+    m2_is_not_held_back(
+        &gateway,
+        "m2 waited behind the request waiting out m1's pause",
+    )
+    .await?;
     waiting.abort();
     gateway.stop().await;
     Ok(())
@@ -1130,58 +1158,25 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_route_is_paused_while_it_waits_lets_its_provider_go() -> TestResult {
-    // `a` has one slot and serves two models. A first `m1` request holds
-    // the slot for 300 ms, then its 429 pauses `m1`'s route; a second `m1`
-    // request waiting for the slot meanwhile now waits out the pause, and
-    // must stop holding `a` back from `m2`.
-    let policy = r#"
-capacity {
-  wait 30s
-  error busy
-}
-failover {
-  attempts 1
-  on 429 => stop, pause route for 60s, error busy
-  on any => stop, error upstream_failed
-}
-"#;
-    let gateway = Setup::new(
-        policy,
-        CAPACITY_ERRORS,
-        catalog(
-            &[provider("a", "openai", "capacity: {concurrent: 1}")],
-            &[model("m1", &["a"]), model("m2", &["a"])],
-        ),
-    )
-    .start(
-        "providers:\n  a:\n    models:\n      m1: {sequence: [\"429 slow_headers=300ms\"]}\n      m2: {}\n",
-    )
-    .await;
-    let body = |model: &str| {
-        let mut body = chat_body(false);
-        body["model"] = json!(model);
-        body
-    };
-    let first = {
-        let api = gateway.api.clone();
-        let body = body("m1");
-        tokio::spawn(async move { api.chat(&body).await })
-    };
+    // `a` has one slot. A first `m1` request holds it for 300 ms, then its
+    // 429 pauses `m1`'s route; a second `m1` request waiting for the slot
+    // meanwhile now waits out the pause, and must stop holding `a` back
+    // from `m2`.
+    let gateway =
+        two_models_pausing_routes("capacity: {concurrent: 1}", "429 slow_headers=300ms").await;
+    let first = chat_in_background(&gateway.api, "m1");
     until("the sim holds the first request", || {
         gateway.sim.requests().len() == 1
     })
     .await;
-    let waiting = {
-        let api = gateway.api.clone();
-        let body = body("m1");
-        tokio::spawn(async move { api.chat(&body).await })
-    };
+    let waiting = chat_in_background(&gateway.api, "m1");
     wait_for_metric(&gateway.api, "switchyard_capacity_waits_total", 1).await;
     assert_eq!(first.await?.status, 503, "the 429 ends the first request");
-    let other = tokio::time::timeout(Duration::from_secs(10), gateway.api.chat(&body("m2")))
-        .await
-        .map_err(|_| "m2 waited behind a request whose own route was paused")?;
-    assert_eq!(other.status, 200, "{}", other.text);
+    m2_is_not_held_back(
+        &gateway,
+        "m2 waited behind a request whose own route was paused",
+    )
+    .await?;
     waiting.abort();
     gateway.stop().await;
     Ok(())
@@ -2425,9 +2420,7 @@ async fn metrics_count_requests() -> TestResult {
     // cannot add series by making ids up.
     let made_up = format!("made-up-{}", "x".repeat(1000));
     for id in [made_up.as_str(), "made-up-too"] {
-        let mut body = chat_body(false);
-        body["model"] = json!(id);
-        assert_ne!(gateway.api.chat(&body).await.status, 200);
+        assert_ne!(gateway.api.chat(&chat_body_for(id)).await.status, 200);
     }
 
     // The count is taken when the request's task ends, just after the

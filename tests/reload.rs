@@ -440,6 +440,33 @@ async fn a_replaced_directory_above_the_policy_takes_effect() {
     .await;
 }
 
+/// Switches `stack` to the policy at `policy` (a reload), watches its
+/// files, and waits until it serves `generation`.
+async fn serving_from(
+    stack: Stack,
+    secrets: FixedSecrets,
+    policy: std::path::PathBuf,
+    generation: &str,
+) -> Setup {
+    let reloader = Reloader::new(
+        stack.proxy.clone(),
+        policy,
+        &stack.sources,
+        Arc::new(secrets),
+    );
+    let first = reloader.clone();
+    let outcome = tokio::task::spawn_blocking(move || first.reload())
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
+    let setup = Setup {
+        _watch: reloader.watch().unwrap(),
+        stack,
+    };
+    setup.until_serving(generation).await;
+    setup
+}
+
 /// Serves a policy whose files `deploy` puts in the directory `within` the
 /// test's own (given it, the version's number and the files), then deploys
 /// two more versions and waits for each to serve. The third deploy finds
@@ -462,22 +489,7 @@ async fn deployed_updates_take_effect(
     };
     let directory = stack.dir.join(within);
     deploy(&directory, 1, &version("first"));
-    let reloader = Reloader::new(
-        stack.proxy.clone(),
-        directory.join(&policy_name),
-        &stack.sources,
-        Arc::new(secrets),
-    );
-    let first = reloader.clone();
-    let outcome = tokio::task::spawn_blocking(move || first.reload())
-        .await
-        .unwrap();
-    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
-    let setup = Setup {
-        _watch: reloader.watch().unwrap(),
-        stack,
-    };
-    setup.until_serving("first").await;
+    let setup = serving_from(stack, secrets, directory.join(&policy_name), "first").await;
 
     // Whether each deployment takes effect at all; how fast a change does
     // is `a_valid_edit_takes_effect_and_shows_its_version`'s.
@@ -552,22 +564,7 @@ async fn a_data_directory_replaced_with_a_gap_takes_effect() {
             .replace("\"tenants.yaml\"", "\"data/tenants.yaml\""),
     )
     .unwrap();
-    let reloader = Reloader::new(
-        stack.proxy.clone(),
-        policy,
-        &stack.sources,
-        Arc::new(secrets),
-    );
-    let first = reloader.clone();
-    let outcome = tokio::task::spawn_blocking(move || first.reload())
-        .await
-        .unwrap();
-    assert!(matches!(outcome, Outcome::Reloaded(_)), "{outcome:?}");
-    let setup = Setup {
-        _watch: reloader.watch().unwrap(),
-        stack,
-    };
-    setup.until_serving("split").await;
+    let setup = serving_from(stack, secrets, policy, "split").await;
     let answering = || async {
         setup.sim.clear();
         assert_eq!(setup.ask().await.0, 200);

@@ -256,6 +256,12 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
     problems
 }
 
+/// "; did you mean `x`?" for the name closest to `wrong`, if one is close.
+fn closest(wrong: &str, names: &[&str]) -> String {
+    crate::diagnostics::suggest(wrong, names.iter().copied())
+        .map_or_else(String::new, |close| format!("; did you mean `{close}`?"))
+}
+
 /// Errors a case may expect beyond the policy's own: the proxy's when the
 /// policy names none for a body that is not JSON or for full capacity, and
 /// an outcome's ending with the provider's own answer.
@@ -271,8 +277,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
         let declared = snapshot.program.errors.iter().map(|e| e.name.as_str());
         let known: Vec<&str> = declared.chain(BUILT_IN_ERRORS).collect();
         if !known.contains(&error.as_str()) {
-            let hint = crate::diagnostics::suggest(error, known.iter().copied())
-                .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
+            let hint = closest(error, &known);
             return Some(format!(
                 "`expect.error` names `{error}`, which the policy does not declare{hint}"
             ));
@@ -289,8 +294,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
         let provider = entry.split(['/', '@']).next().unwrap_or_default();
         (!providers.contains(&provider)).then_some(provider)
     }) {
-        let hint = crate::diagnostics::suggest(unknown, providers.iter().copied())
-            .map_or_else(String::new, |close| format!("; did you mean `{close}`?"));
+        let hint = closest(unknown, &providers);
         return Some(format!(
             "`expect.plan` names `{unknown}`, which is no provider of the catalog{hint}"
         ));
