@@ -180,19 +180,6 @@ async fn ask(client: &reqwest::Client, url: &str) -> (u16, Option<String>) {
 
 const HEALTHY: &str = "providers:\n  alpha: {}\n  beta: {}\n";
 
-/// Held through each test: the tests here run one at a time. Their watches
-/// share the temporary directory's parent and the machine's two cores; run
-/// side by side, `a_replaced_directory_above_the_policy_takes_effect` missed
-/// its third deployment in about one suite run of three once
-/// `a_data_directory_replaced_with_a_gap_takes_effect` joined them, though
-/// neither fails alone, nor the two together, nor the suite run serially.
-/// Whether a loaded machine can make a real deployment miss its reload is
-/// not yet known.
-async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    ONE.lock().await
-}
-
 /// Replaces a file the way editors that save atomically do.
 fn rename_over(path: &Path, text: &str) {
     let temporary = path.with_extension("policy.swp");
@@ -202,7 +189,6 @@ fn rename_over(path: &Path, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start("garbage", HEALTHY).await;
     assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
     let version = healthz(&setup).await["version"].clone();
@@ -271,7 +257,6 @@ async fn metrics(stack: &Stack) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_edit_takes_effect_and_shows_its_version() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start("valid", HEALTHY).await;
     let old_version = healthz(&setup).await["version"].clone();
     std::fs::write(&setup.policy, policy_text("g1")).unwrap();
@@ -321,7 +306,6 @@ async fn a_valid_edit_takes_effect_and_shows_its_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_by_rename_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start("rename", HEALTHY).await;
     rename_over(&setup.policy, &policy_text("renamed"));
     let took = setup.until_serving("renamed").await;
@@ -359,7 +343,6 @@ fn update_configmap(mount: &Path, version: &str, files: &[(&str, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_style_update_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     deployed_updates_take_effect("configmap", "deployed", |mount, version, files| {
         update_configmap(mount, &format!("v{version}"), files);
     })
@@ -406,7 +389,6 @@ enum Keep {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_directory_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     deployed_updates_take_effect("replaced", "deployed", |config, _, files| {
         replace_directory(config, files, Duration::ZERO, Keep::Nothing);
     })
@@ -415,7 +397,6 @@ async fn a_replaced_directory_takes_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_replaced_with_a_gap_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     // Long enough for the watch to see the directory missing; the old one
     // kept, as for a rollback, so that its deletion is no event either.
     deployed_updates_take_effect("replaced-with-gap", "deployed", |config, version, files| {
@@ -426,7 +407,6 @@ async fn a_directory_replaced_with_a_gap_takes_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_directory_above_the_policy_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     // The policy in `app/config/`, and `app` replaced with a gap: while it
     // is missing the watch is on the test's own directory, two levels up.
     deployed_updates_take_effect("replaced-above", "app/config", |config, version, files| {
@@ -502,7 +482,6 @@ async fn deployed_updates_take_effect(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_file_change_reloads_too() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start("data", HEALTHY).await;
     // Beta first: the route order is the catalog's.
     let catalog = CATALOG
@@ -530,7 +509,6 @@ async fn a_data_file_change_reloads_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_directory_replaced_with_a_gap_takes_effect() {
-    let _one_at_a_time = one_at_a_time().await;
     // The policy stays; its data files live in `data/`, which a deploy
     // replaces with a gap. The reload in the gap fails (the files are
     // missing), and must not forget the directory it waits for.
@@ -596,7 +574,6 @@ async fn a_data_directory_replaced_with_a_gap_takes_effect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_finish_on_the_policy_they_started_on() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start(
         "in-flight",
         "providers:\n  alpha:\n    latency: 600ms\n  beta: {}\n",
@@ -618,7 +595,6 @@ async fn requests_in_flight_finish_on_the_policy_they_started_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pauses_survive_a_reload() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Setup::start(
         "state",
         "providers:\n  alpha:\n    sequence: [\"429\", \"200\"]\n  beta: {}\n",
@@ -651,7 +627,6 @@ async fn pauses_survive_a_reload() {
 /// write, in turn) under continuous load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_storm_drops_nothing_and_never_serves_a_bad_policy() {
-    let _one_at_a_time = one_at_a_time().await;
     let setup = Arc::new(Setup::start("storm", HEALTHY).await);
     let valid: Arc<Mutex<HashSet<String>>> =
         Arc::new(Mutex::new(HashSet::from([String::from("g0")])));

@@ -303,6 +303,10 @@ impl Reloader {
         })?;
         let directories = Arc::new(Mutex::new(WatchedDirectories::new(debouncer)));
         lock(&directories).cover(&self.files())?;
+        // The files may have changed between the check that made the live
+        // policy and the watch's start: one reload looks (and finds nothing
+        // to do if they did not).
+        let _ = events.send(());
         let more_reloads = events.clone();
         let reloader = self.clone();
         let task_directories = directories.clone();
@@ -371,29 +375,57 @@ impl WatchedDirectories {
     ///
     /// Only the files' own directories must be watched; a parent that
     /// cannot be (not readable) is left out.
+    ///
+    /// The directories can change while they are being watched (a deploy
+    /// right after the reload that asked for this cover): a watch placed on
+    /// a path that no longer leads where it led would miss every later
+    /// change. So the directories are looked at again once watched, and
+    /// covered again until they hold still; a cover that had to go round
+    /// again is `Anew`, since what changed meanwhile may not have been seen.
     fn cover(&mut self, files: &[PathBuf]) -> notify::Result<Covered> {
-        let mut needed: HashMap<PathBuf, (Option<DirectoryId>, bool)> = HashMap::new();
-        for path in paths_to_watch(files) {
-            let directory = directory_of(&path);
-            let Some((existing, id)) = directory
-                .ancestors()
-                .find_map(|ancestor| Some((ancestor, directory_id(ancestor)?)))
-            else {
-                continue;
-            };
-            if let Some(parent) = existing.parent() {
-                needed
-                    .entry(parent.to_path_buf())
-                    .or_insert((directory_id(parent), false));
+        self.cover_observed(files, || {})
+    }
+
+    /// [`cover`](Self::cover), calling `meanwhile` after each round's
+    /// watches are placed, where a change from outside would land.
+    fn cover_observed(
+        &mut self,
+        files: &[PathBuf],
+        mut meanwhile: impl FnMut(),
+    ) -> notify::Result<Covered> {
+        let before = self.watched.clone();
+        let mut needed = needed_directories(files);
+        let mut moved = false;
+        for _ in 0..COVER_ROUNDS {
+            let placed = self.watch_exactly(&needed);
+            meanwhile();
+            let now = needed_directories(files);
+            if now == needed {
+                placed?;
+                return Ok(if moved || self.watched != before {
+                    Covered::Anew
+                } else {
+                    Covered::AsBefore
+                });
             }
-            let own = existing == directory;
-            let entry = needed
-                .entry(existing.to_path_buf())
-                .or_insert((Some(id), own));
-            entry.1 |= own;
+            moved = true;
+            needed = now;
         }
+        // Still changing: the watches follow the latest look, and the reload
+        // that `Anew` asks for reads whatever is there by then.
+        Ok(Covered::Anew)
+    }
+
+    /// Watches the `needed` directories and no others. New watches go in
+    /// before old ones come out, so that no moment watches neither; only a
+    /// path that now leads to another directory loses its old watch first,
+    /// since the watcher keeps one watch per path.
+    fn watch_exactly(&mut self, needed: &Needed) -> notify::Result<()> {
         for (directory, id) in &self.watched {
-            if needed.get(directory).map(|(needed_id, _)| needed_id) != Some(id) {
+            if needed
+                .get(directory)
+                .is_some_and(|(needed_id, _)| needed_id != id)
+            {
                 // A deleted directory's watch is gone already; nothing to
                 // undo.
                 let _ = self.debouncer.unwatch(directory);
@@ -402,26 +434,56 @@ impl WatchedDirectories {
         let before = std::mem::take(&mut self.watched);
         let mut first_error = None;
         for (directory, (id, own)) in needed {
-            match self
-                .debouncer
-                .watch(&directory, RecursiveMode::NonRecursive)
-            {
+            match self.debouncer.watch(directory, RecursiveMode::NonRecursive) {
                 Ok(()) => {
-                    self.watched.insert(directory, id);
+                    self.watched.insert(directory.clone(), *id);
                 }
-                Err(error) if own => first_error = first_error.or(Some(error)),
+                Err(error) if *own => first_error = first_error.or(Some(error)),
                 Err(_) => {}
             }
         }
-        if let Some(error) = first_error {
-            return Err(error);
+        for directory in before.keys() {
+            if !needed.contains_key(directory) {
+                let _ = self.debouncer.unwatch(directory);
+            }
         }
-        Ok(if self.watched == before {
-            Covered::AsBefore
-        } else {
-            Covered::Anew
-        })
+        first_error.map_or(Ok(()), Err)
     }
+}
+
+/// How many times a cover looks again while the directories keep changing
+/// under it.
+const COVER_ROUNDS: usize = 8;
+
+/// Each directory to watch, with the directory it is now and whether the
+/// policy's files are in it itself (not only below a parent watched for a
+/// replacement).
+type Needed = HashMap<PathBuf, (Option<DirectoryId>, bool)>;
+
+/// The directories where a change to `files` can show: each file's own (or
+/// the nearest that exists while it is missing) and that one's parent.
+fn needed_directories(files: &[PathBuf]) -> Needed {
+    let mut needed = Needed::new();
+    for path in paths_to_watch(files) {
+        let directory = directory_of(&path);
+        let Some((existing, id)) = directory
+            .ancestors()
+            .find_map(|ancestor| Some((ancestor, directory_id(ancestor)?)))
+        else {
+            continue;
+        };
+        if let Some(parent) = existing.parent() {
+            needed
+                .entry(parent.to_path_buf())
+                .or_insert((directory_id(parent), false));
+        }
+        let own = existing == directory;
+        let entry = needed
+            .entry(existing.to_path_buf())
+            .or_insert((Some(id), own));
+        entry.1 |= own;
+    }
+    needed
 }
 
 /// Whether [`WatchedDirectories::cover`] watches what it watched before.
@@ -713,6 +775,51 @@ mod tests {
         let second = directories.watched.get(&config).copied().flatten();
         assert!(second.is_some());
         assert_ne!(first, second);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_directory_replaced_while_being_watched_is_watched_anew() {
+        let dir = fresh_dir("replaced-meanwhile");
+        let config = dir.join("config");
+        std::fs::create_dir(&config).unwrap();
+        let debouncer = new_debouncer(DEBOUNCE, None, |_: DebounceEventResult| {}).unwrap();
+        let mut directories = WatchedDirectories::new(debouncer);
+        let files = [config.join("p.policy")];
+        directories.cover(&files).unwrap();
+        let first = directories.watched.get(&config).copied().flatten();
+
+        // Replaced between the look that chose the watches and their
+        // placing: the watch went on the old directory, so the cover goes
+        // round again, watches the new one and says so.
+        let mut replaced = false;
+        let covered = directories.cover_observed(&files, || {
+            if !replaced {
+                std::fs::rename(&config, dir.join("config.old")).unwrap();
+                std::fs::create_dir(&config).unwrap();
+                replaced = true;
+            }
+        });
+        assert_eq!(covered.unwrap(), Covered::Anew);
+        let now = directories.watched.get(&config).copied().flatten();
+        assert_eq!(now, directory_id(&config));
+        assert_ne!(now, first);
+
+        // Removed meanwhile: the parent, where a replacement will show, is
+        // what the cover ends on.
+        let mut removed = false;
+        let covered = directories.cover_observed(&files, || {
+            if !removed {
+                std::fs::remove_dir(&config).unwrap();
+                removed = true;
+            }
+        });
+        assert_eq!(covered.unwrap(), Covered::Anew);
+        assert!(!directories.watched.contains_key(&config));
+        assert!(directories.watched.contains_key(&dir));
+
+        // Nothing changing: as before.
+        assert_eq!(directories.cover(&files).unwrap(), Covered::AsBefore);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
