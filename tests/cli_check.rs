@@ -10,7 +10,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
 const PACKAGE_ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -38,35 +39,6 @@ fn code(output: &Output) -> i32 {
     output.status.code().expect("exited, not killed")
 }
 
-/// A fresh directory under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "switchyard-cli-{name}-{}-{}-{nanos}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
@@ -87,13 +59,13 @@ fn noirdoc_text() -> String {
 
 /// A temp dir holding `noirdoc.policy` with the given text, next to a copy of
 /// its data directory `noirdoc/`. Returns the dir and the policy's path.
-fn noirdoc_copy(name: &str, text: &str) -> (TempDir, PathBuf) {
-    let dir = TempDir::new(name);
+fn noirdoc_copy(name: &str, text: &str) -> (common::ScratchDir, PathBuf) {
+    let dir = common::unique_dir(name);
     copy_dir(
         &Path::new(PACKAGE_ROOT).join("policies/noirdoc"),
-        &dir.path().join("noirdoc"),
+        &dir.join("noirdoc"),
     );
-    let policy = dir.path().join("noirdoc.policy");
+    let policy = dir.join("noirdoc.policy");
     std::fs::write(&policy, text).unwrap();
     (dir, policy)
 }
@@ -364,8 +336,8 @@ fn explain_in_json_on_a_policy_that_does_not_check_prints_its_diagnostics() {
 
 #[test]
 fn a_policy_that_is_not_text_is_a_problem_in_it() {
-    let dir = TempDir::new("not-text");
-    let policy = dir.path().join("binary.policy");
+    let dir = common::unique_dir("not-text");
+    let policy = dir.join("binary.policy");
     std::fs::write(&policy, b"\xff\xfe policy").unwrap();
     let output = check(&[policy.to_str().unwrap()]);
     let err = stderr(&output);

@@ -1350,7 +1350,6 @@ async fn n25_n40_an_unreachable_provider_is_502_provider_unreachable() {
     // The third provider (ionos) was the last one tried.
     assert_eq!(provider_header(&reply), Some("ionos"));
     stack.running.shutdown().await;
-    let _ = std::fs::remove_dir_all(&stack.dir);
 }
 
 // ---------------------------------------------------------------------

@@ -2561,7 +2561,6 @@ async fn a_request_cut_when_the_drain_time_ends_is_counted_as_shutdown() -> Test
     assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
     slow.abort();
     stack.sim.shutdown().await;
-    let _ = std::fs::remove_dir_all(&stack.dir);
     Ok(())
 }
 
@@ -2616,6 +2615,5 @@ async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> T
         Err(error) => assert!(error.is_connect(), "{error}"),
     }
     stack.sim.shutdown().await;
-    let _ = std::fs::remove_dir_all(&stack.dir);
     Ok(())
 }

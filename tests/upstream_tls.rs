@@ -256,5 +256,4 @@ async fn requests_to_one_provider_never_queue_behind_its_stream_limit() {
         );
     }
     drop(served);
-    let _ = std::fs::remove_dir_all(&dir);
 }

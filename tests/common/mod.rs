@@ -36,8 +36,10 @@ pub fn one_key_tenants(key: &str) -> String {
     )
 }
 
-/// A fresh, empty directory under the system's temporary directory.
-pub fn unique_dir(name: &str) -> PathBuf {
+/// A fresh, empty directory under the system's temporary directory,
+/// removed with everything in it when dropped, so that a test that fails
+/// or never stops its stack leaves nothing behind.
+pub fn unique_dir(name: &str) -> ScratchDir {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
         "switchyard-test-{name}-{}-{}",
@@ -46,7 +48,31 @@ pub fn unique_dir(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    ScratchDir(dir)
+}
+
+/// See [`unique_dir`].
+#[derive(Debug)]
+pub struct ScratchDir(PathBuf);
+
+impl std::ops::Deref for ScratchDir {
+    type Target = PathBuf;
+
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A policy and its data, as text. In the catalog, `{sim}` stands for the
@@ -73,7 +99,7 @@ impl Files<'_> {
 
 /// Simulated providers and the proxy in front of them.
 pub struct Stack {
-    pub dir: PathBuf,
+    pub dir: ScratchDir,
     pub policy: PathBuf,
     pub sim: SimHandle,
     pub proxy: Arc<Proxy>,
@@ -137,7 +163,7 @@ impl Stack {
     }
 
     async fn serve(
-        dir: PathBuf,
+        dir: ScratchDir,
         policy: PathBuf,
         sim: SimHandle,
         (snapshot, sources): (Snapshot, SourceMap),
@@ -220,7 +246,6 @@ impl Stack {
     pub async fn stop(self) {
         self.running.shutdown().await;
         self.sim.shutdown().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
