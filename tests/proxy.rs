@@ -2538,28 +2538,66 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
 // ---------------------------------------------------- 11. graceful shutdown
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_cut_when_the_drain_time_ends_is_counted_as_shutdown() -> TestResult {
-    // The provider takes far longer than the stack's 5 s drain.
-    let Gateway { stack, api } = simple_setup()
-        .start("providers:\n  a: {latency: 60s}\n")
-        .await;
-    let slow = api.chat_request(&chat_body(false)).send();
-    let slow = tokio::spawn(slow);
-    until("the sim holds the request", || {
-        stack.sim.requests().len() == 1
+async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() -> TestResult {
+    // Both outlast the stack's 5 s drain: a whole answer after a minute,
+    // and a stream of a chunk a second, committed at its first.
+    let Gateway { stack, api } = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(
+            &[provider("a", "openai", ""), provider("b", "openai", "")],
+            &[model("m", &["a"]), model("streamed", &["b"])],
+        ),
+    )
+    .start("providers:\n  a: {latency: 60s}\n  b: {chunks: 100, chunk_interval: 1s}\n")
+    .await;
+    let whole = {
+        let api = api.clone();
+        tokio::spawn(async move { api.chat(&chat_body(false)).await })
+    };
+    let stream = {
+        let api = api.clone();
+        let mut body = chat_body(true);
+        body["model"] = json!("streamed");
+        tokio::spawn(async move { api.chat(&body).await })
+    };
+    until("the sim holds both requests", || {
+        stack.sim.requests().len() == 2
     })
     .await;
     stack.running.shutdown().await;
-    // Counted once its exchange is dropped with the connection.
-    until("the cut request is counted", || {
-        stack.proxy.metrics.render().contains(
-            r#"switchyard_requests_total{provider="",model="m",outcome="shutdown",status="503"} 1"#,
-        )
-    })
-    .await;
+
+    // Not a closed connection: the error, in the caller's wire format.
+    let reply = whole.await?;
+    reply.openai_error(503, "shutting_down", "api_error");
+    // The stream's headers went out with its first chunk: it ends with an
+    // error event, and no `[DONE]`.
+    let reply = stream.await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let streamed = reply.streamed_text();
+    assert!(!streamed.is_empty(), "{}", reply.text);
+    assert!("hello from b".starts_with(&streamed), "{}", reply.text);
+    let events = sse_events(&reply.text);
+    let last = events.last().copied().unwrap_or_default();
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["error"]["code"], "shutting_down", "{}", reply.text);
+    assert!(!reply.text.contains("[DONE]"), "{}", reply.text);
+
+    // Counted under who had begun to answer: nobody for the whole answer.
     let metrics = stack.proxy.metrics.render();
+    assert!(
+        metrics.contains(
+            r#"switchyard_requests_total{provider="",model="m",outcome="shutdown",status="503"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"switchyard_requests_total{provider="b",model="streamed",outcome="shutdown",status="503"} 1"#
+        ),
+        "{metrics}"
+    );
     assert!(!metrics.contains("outcome=\"cancelled\""), "{metrics}");
-    slow.abort();
     stack.sim.shutdown().await;
     Ok(())
 }

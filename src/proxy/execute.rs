@@ -8,7 +8,7 @@ use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::respond;
 use super::upstream::{Outgoing, outcome_facts};
 use super::wire::{self, EventKind, EventReader};
-use super::{Proxy, RequestLog};
+use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::evaluate::{
@@ -304,10 +304,50 @@ impl Exchange {
     /// twice in its future (the argument, and the local it is moved to):
     /// 544 bytes more for every request in flight.
     #[allow(clippy::manual_async_fn)]
-    pub fn run(mut self, mut link: Link) -> impl Future<Output = ()> + Send {
+    pub fn run(
+        mut self,
+        mut link: Link,
+        cut: Arc<ConnectionCut>,
+    ) -> impl Future<Output = ()> + Send {
         async move {
-            self.execute(&mut link).await;
+            let was_cut = {
+                let mut executing = std::pin::pin!(self.execute(&mut link));
+                std::future::poll_fn(|cx| {
+                    if executing.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(false);
+                    }
+                    cut.poll_cut(cx).map(|()| true)
+                })
+                .await
+            };
+            if was_cut {
+                self.shut_out(&mut link).await;
+            }
             self.write_log();
+        }
+    }
+
+    /// The drain time ran out with the request still running: it ends with
+    /// a 503 in its wire format, or, once a stream's headers went out, an
+    /// error event (and no completion sentinel), so that its client reads
+    /// why rather than a closed connection.
+    async fn shut_out(&mut self, link: &mut Link) {
+        self.cancel();
+        if let Some((index, begun)) = self.attempting.take() {
+            self.record_attempt(index, begun, self.report.outcome.to_string());
+        }
+        let error = ErrorResponse {
+            status: 503,
+            code: String::from("shutting_down"),
+            message: String::from("the gateway is shutting down; retry the request"),
+            error_type: crate::evaluate::default_type(503).to_string(),
+            retry_after_secs: None,
+        };
+        if link.is_open() {
+            link.send(wire::error_event(self.wire(), &error)).await;
+            *link = Link::Closed;
+        } else {
+            link.respond(respond::error(self.wire(), &self.request_id, &error, &[]));
         }
     }
 
@@ -1177,10 +1217,10 @@ pub struct Started {
     slot: AnswerSlot,
 }
 
-pub fn start(exchange: Exchange) -> Started {
+pub fn start(exchange: Exchange, cut: Arc<ConnectionCut>) -> Started {
     let slot = AnswerSlot::default();
     Started {
-        run: Box::pin(exchange.run(Link::Pending(slot.clone()))),
+        run: Box::pin(exchange.run(Link::Pending(slot.clone()), cut)),
         slot,
     }
 }

@@ -103,8 +103,43 @@ pub struct Proxy {
     access_log: Arc<dyn AccessLog>,
     /// Set when a shutdown's drain time ran out: requests cut from then on
     /// were cut by the proxy, not by their clients.
-    drain_over: AtomicBool,
+    drain_over: watch::Sender<bool>,
 }
+
+/// Tells the request a connection is serving that the drain time ran out,
+/// so that it ends with an error its client can read rather than a closed
+/// connection. One per connection: HTTP/1.1 serves one request at a time.
+#[derive(Default)]
+pub struct ConnectionCut {
+    over: AtomicBool,
+    waker: futures_util::task::AtomicWaker,
+}
+
+impl ConnectionCut {
+    fn cut(&self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Ready once the connection is cut; pending until then, with the
+    /// caller woken when it is.
+    pub fn poll_cut(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.over.load(Ordering::SeqCst) {
+            return std::task::Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // A cut between the look and the registration woke nobody.
+        if self.over.load(Ordering::SeqCst) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+/// How long requests cut at the end of the drain time have to send their
+/// error before their connections close.
+const CUT_GRACE: Duration = Duration::from_secs(1);
 
 impl Proxy {
     /// A proxy that logs each request as a tracing event.
@@ -130,13 +165,13 @@ impl Proxy {
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
             access_log,
-            drain_over: AtomicBool::new(false),
+            drain_over: watch::Sender::new(false),
         })
     }
 
     /// Whether a shutdown's drain time ran out.
     pub fn drain_over(&self) -> bool {
-        self.drain_over.load(Ordering::Relaxed)
+        *self.drain_over.borrow()
     }
 
     /// The snapshot requests starting now use.
@@ -225,9 +260,12 @@ pub fn serve(
                     send_without_delay(&stream);
                     let proxy = proxy.clone();
                     let mut stop = stop.clone();
+                    let cut = Arc::new(ConnectionCut::default());
                     // hyper's smallest read buffer is 8 KiB.
                     let header_bytes = proxy.limits.max_header_bytes.max(8192);
                     connections.spawn(async move {
+                        let mut drain_over = proxy.drain_over.subscribe();
+                        let request_cut = cut.clone();
                         let service = service_fn(move |request| {
                             let proxy = proxy.clone();
                             // hyper keeps a slot the size of this future for
@@ -237,7 +275,7 @@ pub fn serve(
                             // then, apart, while it waits for its answer
                             // (0.6 KB). A thousand streams waiting for their
                             // providers hold only the second.
-                            let handling = Box::pin(handle(proxy, request));
+                            let handling = Box::pin(handle(proxy, request, request_cut.clone()));
                             async move {
                                 let response = match handling.await {
                                     Handled::Answered(response) => response,
@@ -259,7 +297,15 @@ pub fn serve(
                             _ = connection.as_mut() => {}
                             _ = stop.changed() => {
                                 connection.as_mut().graceful_shutdown();
-                                let _ = connection.await;
+                                tokio::select! {
+                                    _ = connection.as_mut() => {}
+                                    () = async {
+                                        let _ = drain_over.wait_for(|over| *over).await;
+                                    } => {
+                                        cut.cut();
+                                        let _ = connection.await;
+                                    }
+                                }
                             }
                         }
                     });
@@ -273,11 +319,15 @@ pub fn serve(
         })
         .await;
         if drained.is_err() {
-            proxy.drain_over.store(true, Ordering::Relaxed);
+            proxy.drain_over.send_replace(true);
             tracing::warn!(
                 connections = connections.len(),
-                "drain time over; closing the remaining connections"
+                "drain time over; ending the remaining requests with 503 `shutting_down`"
             );
+            let _ = tokio::time::timeout(CUT_GRACE, async {
+                while connections.join_next().await.is_some() {}
+            })
+            .await;
         }
     });
     Ok(Running {
@@ -331,7 +381,7 @@ impl Answering {
     }
 }
 
-async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
+async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<ConnectionCut>) -> Handled {
     let request_id = request_id(request.headers());
     let path = request.uri().path().to_string();
     let method = request.method().clone();
@@ -379,7 +429,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Handled {
         },
         (method, path) => match Endpoint::from_path(path) {
             Some(endpoint) if method == Method::POST => {
-                return complete(proxy, snapshot, request, endpoint, request_id).await;
+                return complete(proxy, snapshot, request, endpoint, request_id, cut).await;
             }
             // An endpoint's errors are in its own wire format.
             Some(endpoint) => method_not_allowed(endpoint.wire(), &request_id, "POST"),
@@ -563,6 +613,7 @@ async fn complete(
     request: Request<Incoming>,
     endpoint: Endpoint,
     request_id: String,
+    cut: Arc<ConnectionCut>,
 ) -> Handled {
     let started = Instant::now();
     let started_ms = proxy.state.clock().now_ms();
@@ -682,7 +733,7 @@ async fn complete(
         Err(refused) => return answered(*refused),
     };
     Handled::Answering(Answering {
-        started: execute::start(exchange),
+        started: execute::start(exchange, cut),
         wire,
         request_id,
         version,
