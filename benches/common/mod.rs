@@ -11,6 +11,8 @@
 use serde_json::{Value as Json, json};
 use std::path::{Path, PathBuf};
 
+pub mod decisions;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Copies a policy's catalog until it has at least `routes` routes: copy `k`
