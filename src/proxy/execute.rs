@@ -376,7 +376,6 @@ impl Exchange {
                     .budget_ms
                     .map_or(u64::MAX, |ms| self.started_ms.saturating_add(ms)),
             );
-        let state = self.proxy.state.clone();
 
         loop {
             let next = {
@@ -486,8 +485,11 @@ impl Exchange {
                     // Listening before looking again: room freed after the
                     // look above and before the wait began would otherwise
                     // wake nobody.
-                    let changed = state.changed();
-                    let ticket_ref = ticket.as_ref();
+                    let Some(waiting) = ticket.as_ref() else {
+                        break;
+                    };
+                    let changed = waiting.room_may_have_appeared();
+                    let ticket_ref = Some(waiting);
                     let room_now = self.plan.next_candidate(&self.snapshot, &tried, &|index| {
                         self.available(index, ticket_ref)
                     });

@@ -8,6 +8,8 @@ use crate::data::CapacityLimits;
 use foldhash::HashMap;
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 
 #[derive(Default)]
 struct ProviderLoad {
@@ -29,15 +31,19 @@ pub(super) struct Room {
 #[derive(Default)]
 pub(super) struct CapacityTables {
     providers: HashMap<Arc<str>, ProviderLoad>,
-    /// Waiting requests by ticket (tickets are numbered in arrival order),
-    /// with the providers each waits for room at.
-    waiting: HashMap<u64, HashSet<Arc<str>>>,
-    /// Per provider, the tickets waiting for it. Its first is the only one
-    /// a room check needs: every waiter wakes on each release, so a check
-    /// that walked the whole queue made a release cost the queue's length
-    /// squared.
+    /// Waiting requests by ticket (tickets are numbered in arrival order).
+    waiting: HashMap<u64, Waiter>,
+    /// Per provider, the tickets waiting for it. Only its first may take
+    /// room there, so only its first is woken when room may appear: a
+    /// release wakes one waiter, not the queue.
     waiters: HashMap<Arc<str>, BTreeSet<u64>>,
     next_ticket: u64,
+}
+
+struct Waiter {
+    /// The providers it waits for room at.
+    providers: HashSet<Arc<str>>,
+    wake: Arc<Notify>,
 }
 
 impl CapacityTables {
@@ -121,51 +127,92 @@ impl CapacityTables {
         if let Some(load) = self.providers.get_mut(provider) {
             load.in_flight = load.in_flight.saturating_sub(1);
         }
+        self.wake_first(provider);
     }
 
-    pub fn enqueue(&mut self, providers: HashSet<Arc<str>>) -> u64 {
+    /// Joins the queue: the ticket's number, and what wakes its holder.
+    pub fn enqueue(&mut self, providers: HashSet<Arc<str>>) -> (u64, Arc<Notify>) {
         self.next_ticket += 1;
         let number = self.next_ticket;
+        let wake = Arc::new(Notify::new());
+        self.waiting.insert(
+            number,
+            Waiter {
+                providers: HashSet::new(),
+                wake: wake.clone(),
+            },
+        );
         self.wait_for(number, providers);
-        number
+        (number, wake)
     }
 
-    /// Sets the providers the waiter `number` waits for; whether it let go
-    /// of any.
-    pub fn wait_for(&mut self, number: u64, providers: HashSet<Arc<str>>) -> bool {
-        let before = self.waiting.remove(&number).unwrap_or_default();
-        let let_go = before.iter().any(|provider| !providers.contains(provider));
-        for provider in &before {
+    /// Sets the providers the waiter `number` waits for. One it lets go of
+    /// may have room for the waiter behind it, which is woken to look.
+    pub fn wait_for(&mut self, number: u64, providers: HashSet<Arc<str>>) {
+        let Some(waiter) = self.waiting.get_mut(&number) else {
+            return;
+        };
+        let before = std::mem::replace(&mut waiter.providers, providers.clone());
+        for provider in before.difference(&providers) {
             self.forget_waiter(provider, number);
         }
-        for provider in &providers {
+        for provider in providers.difference(&before) {
             self.waiters
                 .entry(provider.clone())
                 .or_default()
                 .insert(number);
         }
-        self.waiting.insert(number, providers);
-        let_go
     }
 
     pub fn dequeue(&mut self, number: u64) {
-        for provider in self.waiting.remove(&number).unwrap_or_default() {
-            self.forget_waiter(&provider, number);
+        let Some(waiter) = self.waiting.remove(&number) else {
+            return;
+        };
+        for provider in &waiter.providers {
+            self.forget_waiter(provider, number);
         }
     }
 
+    /// Takes `number` off `provider`'s queue; if it was first there, the
+    /// next in line is woken, as the room it held back is its now.
     fn forget_waiter(&mut self, provider: &Arc<str>, number: u64) {
-        if let Some(tickets) = self.waiters.get_mut(provider) {
-            tickets.remove(&number);
-            if tickets.is_empty() {
-                self.waiters.remove(provider);
-            }
+        let Some(tickets) = self.waiters.get_mut(provider) else {
+            return;
+        };
+        let was_first = tickets.first() == Some(&number);
+        tickets.remove(&number);
+        if tickets.is_empty() {
+            self.waiters.remove(provider);
+        } else if was_first {
+            self.wake_first(provider);
         }
     }
 
+    /// Wakes the first waiter for `provider`, the only one that may take
+    /// room there. A waiter not listening at that moment finds the wake-up
+    /// when it next listens.
+    fn wake_first(&self, provider: &str) {
+        if self.waiters.is_empty() {
+            return;
+        }
+        if let Some(waiter) = self
+            .waiters
+            .get(provider)
+            .and_then(BTreeSet::first)
+            .and_then(|first| self.waiting.get(first))
+        {
+            waiter.wake.notify_one();
+        }
+    }
+
+    /// Forgets providers no longer in the catalog; every waiter looks again,
+    /// as the reload may have changed limits anywhere.
     pub fn retain(&mut self, providers: &HashSet<&str>) {
         self.providers
             .retain(|provider, load| providers.contains(provider.as_ref()) || load.in_flight > 0);
+        for waiter in self.waiting.values() {
+            waiter.wake.notify_one();
+        }
     }
 
     pub fn in_flight_total(&self) -> u32 {
@@ -199,15 +246,28 @@ impl Drop for Permit {
 pub struct Ticket {
     state: Arc<InProcess>,
     number: u64,
+    wake: Arc<Notify>,
 }
 
 impl Ticket {
-    pub(super) fn new(state: Arc<InProcess>, number: u64) -> Ticket {
-        Ticket { state, number }
+    pub(super) fn new(state: Arc<InProcess>, (number, wake): (u64, Arc<Notify>)) -> Ticket {
+        Ticket {
+            state,
+            number,
+            wake,
+        }
     }
 
     pub fn number(&self) -> u64 {
         self.number
+    }
+
+    /// Resolves when room may have appeared for this waiter: at a provider
+    /// it is first in line for, or on a reload. A wake-up that came while
+    /// nobody listened resolves the next call at once, so a holder that
+    /// looks for room after calling this misses none.
+    pub fn room_may_have_appeared(&self) -> Notified<'_> {
+        self.wake.notified()
     }
 }
 

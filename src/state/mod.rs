@@ -23,10 +23,7 @@ use crate::language::ast::HealthScope;
 use crate::sync::lock;
 use crate::value::Value;
 use std::collections::HashSet;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::Notify;
-use tokio::sync::futures::Notified;
 
 /// What a pause or penalty applies to, by ids that stay the same when the
 /// policy or catalog is reloaded.
@@ -122,9 +119,6 @@ pub struct InProcess {
     clock: Arc<dyn Clock>,
     health: Mutex<health::HealthTables>,
     capacity: Mutex<capacity::CapacityTables>,
-    /// Woken whenever room may have appeared: a permit released, a pause
-    /// lifted early, a waiter leaving the queue.
-    changed: Notify,
 }
 
 impl InProcess {
@@ -133,7 +127,6 @@ impl InProcess {
             clock,
             health: Mutex::new(health::HealthTables::default()),
             capacity: Mutex::new(capacity::CapacityTables::default()),
-            changed: Notify::new(),
         })
     }
 
@@ -232,35 +225,23 @@ impl InProcess {
     }
 
     /// Changes which providers a waiting request waits for room at. One it
-    /// no longer waits for may have room for those behind it: they look.
+    /// no longer waits for may have room for the next in line: it looks.
     pub fn wait_for(&self, ticket: &Ticket, providers: HashSet<Arc<str>>) {
-        if self.capacity().wait_for(ticket.number(), providers) {
-            self.changed.notify_waiters();
-        }
+        self.capacity().wait_for(ticket.number(), providers);
     }
 
     /// Joins the queue of requests waiting for room at these providers.
     pub fn enqueue(self: &Arc<Self>, providers: HashSet<Arc<str>>) -> Ticket {
-        let number = self.capacity().enqueue(providers);
-        Ticket::new(self.clone(), number)
-    }
-
-    /// Resolves when room may appear from now on: listening already, so
-    /// that a caller who looks for room after making it misses none.
-    pub fn changed(&self) -> Pin<Box<Notified<'_>>> {
-        let mut notified = Box::pin(self.changed.notified());
-        notified.as_mut().enable();
-        notified
+        let waiter = self.capacity().enqueue(providers);
+        Ticket::new(self.clone(), waiter)
     }
 
     fn release(&self, provider: &str) {
         self.capacity().release(provider);
-        self.changed.notify_waiters();
     }
 
     fn dequeue(&self, number: u64) {
         self.capacity().dequeue(number);
-        self.changed.notify_waiters();
     }
 
     /// Forgets state of providers no longer in the catalog (after a reload).
@@ -268,7 +249,6 @@ impl InProcess {
         self.health()
             .retain(|scope| providers.contains(scope.provider()));
         self.capacity().retain(providers);
-        self.changed.notify_waiters();
     }
 
     /// Requests in flight to any provider.

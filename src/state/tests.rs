@@ -279,6 +279,47 @@ fn only_earlier_waiters_for_the_same_provider_come_first() {
     assert!(state.has_room("p", None, None) && state.has_room("q", None, None));
 }
 
+/// Whether `ticket`'s holder has been woken since it last listened.
+fn woken(ticket: &Ticket) -> bool {
+    use futures_util::FutureExt;
+    ticket.room_may_have_appeared().now_or_never().is_some()
+}
+
+#[test]
+fn room_wakes_only_the_waiter_first_in_line_for_it() {
+    let (_clock, state) = state();
+    let set = |names: &[&str]| names.iter().map(|n| Arc::from(*n)).collect::<HashSet<_>>();
+    let limits = Some(CapacityLimits {
+        concurrent: Some(1),
+        window: None,
+    });
+    let busy_p = state.try_acquire("p", limits, None).unwrap();
+    let busy_q = state.try_acquire("q", limits, None).unwrap();
+    let first = state.enqueue(set(&["p"]));
+    let second = state.enqueue(set(&["p", "q"]));
+    let third = state.enqueue(set(&["q"]));
+
+    // Room at `p` is the first's: it alone is woken.
+    drop(busy_p);
+    assert!(woken(&first));
+    assert!(!woken(&second) && !woken(&third));
+    // Room at `q` is the second's (first in line there).
+    drop(busy_q);
+    assert!(woken(&second));
+    assert!(!woken(&first) && !woken(&third));
+    // The second lets `q` go: the third is first for it now, and looks.
+    state.wait_for(&second, set(&["p"]));
+    assert!(woken(&third));
+    assert!(!woken(&first) && !woken(&second));
+    // The first leaves: the second is first for `p`, and looks.
+    drop(first);
+    assert!(woken(&second));
+    assert!(!woken(&third));
+    // A reload wakes everyone: limits may have changed anywhere.
+    state.retain_providers(&HashSet::from(["p", "q"]));
+    assert!(woken(&second) && woken(&third));
+}
+
 #[test]
 fn removed_providers_lose_their_state() {
     let (clock, state) = state();
