@@ -2545,12 +2545,25 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
         SIMPLE,
         SIMPLE_ERRORS,
         catalog(
-            &[provider("a", "openai", ""), provider("b", "openai", "")],
-            &[model("m", &["a"]), model("streamed", &["b"])],
+            &[
+                provider("a", "openai", ""),
+                provider("b", "openai", ""),
+                provider("c", "openai", ""),
+            ],
+            &[
+                model("m", &["a"]),
+                model("streamed", &["b"]),
+                model("quick", &["c"]),
+            ],
         ),
     )
-    .start("providers:\n  a: {latency: 60s}\n  b: {chunks: 100, chunk_interval: 1s}\n")
+    .start("providers:\n  a: {latency: 60s}\n  b: {chunks: 100, chunk_interval: 1s}\n  c: {}\n")
     .await;
+    // A connection to `c` waits in the pool: a request handed to it is
+    // written at once.
+    let mut quick = chat_body(false);
+    quick["model"] = json!("quick");
+    assert_eq!(api.chat(&quick).await.status, 200);
     let whole = {
         let api = api.clone();
         tokio::spawn(async move { api.chat(&chat_body(false)).await })
@@ -2561,11 +2574,38 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
         body["model"] = json!("streamed");
         tokio::spawn(async move { api.chat(&body).await })
     };
+    // A third whose body is still arriving when the drain time ends.
+    let (rest_of_body, body_pieces) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let late = {
+        let body = quick.to_string().into_bytes();
+        let (first_half, second_half) = body.split_at(body.len() / 2);
+        rest_of_body.send(first_half.to_vec())?;
+        let second_half = second_half.to_vec();
+        let pieces = futures_util::stream::unfold(body_pieces, |mut pieces| async move {
+            let piece = pieces.recv().await?;
+            Some((Ok::<_, std::io::Error>(piece), pieces))
+        });
+        let request = api
+            .post("/v1/chat/completions", &Json::Null)
+            .body(reqwest::Body::wrap_stream(pieces))
+            .bearer_auth(KEY);
+        (tokio::spawn(Reply::of(request)), second_half)
+    };
     until("the sim holds both requests", || {
-        stack.sim.requests().len() == 2
+        stack.sim.requests().len() == 3
     })
     .await;
-    stack.running.shutdown().await;
+    let proxy = stack.proxy.clone();
+    let shutdown = tokio::spawn(stack.running.shutdown());
+    until("the drain time ends", || proxy.drain_over()).await;
+    rest_of_body.send(late.1)?;
+    drop(rest_of_body);
+    // Its exchange starts after the cut: refused before any provider is
+    // called.
+    let reply = late.0.await?;
+    reply.openai_error(503, "shutting_down", "api_error");
+    shutdown.await?;
+    assert_eq!(stack.sim.requests().len(), 3);
 
     // Not a closed connection: the error, in the caller's wire format.
     let reply = whole.await?;
@@ -2583,7 +2623,8 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
     assert_eq!(error["error"]["code"], "shutting_down", "{}", reply.text);
     assert!(!reply.text.contains("[DONE]"), "{}", reply.text);
 
-    // Counted under who had begun to answer: nobody for the whole answer.
+    // Counted under who had begun to answer: nobody for the whole answer;
+    // the stream's headers had said 200.
     let metrics = stack.proxy.metrics.render();
     assert!(
         metrics.contains(
@@ -2593,7 +2634,13 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
     );
     assert!(
         metrics.contains(
-            r#"switchyard_requests_total{provider="b",model="streamed",outcome="shutdown",status="503"} 1"#
+            r#"switchyard_requests_total{provider="b",model="streamed",outcome="shutdown",status="200"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"switchyard_requests_total{provider="",model="quick",outcome="shutdown",status="503"} 1"#
         ),
         "{metrics}"
     );

@@ -312,11 +312,14 @@ impl Exchange {
         async move {
             let was_cut = {
                 let mut executing = std::pin::pin!(self.execute(&mut link));
+                // The cut first: a request whose exchange starts after it
+                // (its body still arriving when the drain ran out) must not
+                // take a step, which could already call a provider.
                 std::future::poll_fn(|cx| {
-                    if executing.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(false);
+                    if cut.poll_cut(cx).is_ready() {
+                        return Poll::Ready(true);
                     }
-                    cut.poll_cut(cx).map(|()| true)
+                    executing.as_mut().poll(cx).map(|()| false)
                 })
                 .await
             };
@@ -327,12 +330,27 @@ impl Exchange {
         }
     }
 
+    /// The providers a request waiting for room waits at: those of its
+    /// untried candidates, but not one whose candidate here has its own
+    /// route or credential paused.
+    fn providers_to_wait_for(&self, tried: &[usize]) -> HashSet<Arc<str>> {
+        (0..self.plan.candidates.len())
+            .filter(|i| !tried.contains(i) && !self.own_scope_paused(*i))
+            .filter_map(|i| self.keys(i))
+            .map(|keys| Arc::from(keys.provider.provider()))
+            .collect()
+    }
+
     /// The drain time ran out with the request still running: it ends with
     /// a 503 in its wire format, or, once a stream's headers went out, an
     /// error event (and no completion sentinel), so that its client reads
     /// why rather than a closed connection.
     async fn shut_out(&mut self, link: &mut Link) {
         self.cancel();
+        // As for any error after a stream's headers: they said 200.
+        if link.is_open() {
+            self.report.status = 200;
+        }
         if let Some((index, begun)) = self.attempting.take() {
             self.record_attempt(index, begun, self.report.outcome.to_string());
         }
@@ -470,11 +488,8 @@ impl Exchange {
                     // own route or credential paused is not held back from
                     // requests that can use it. (A paused provider is paused
                     // for everyone: holding it costs nobody anything.)
-                    let providers: HashSet<Arc<str>> = (0..self.plan.candidates.len())
-                        .filter(|i| !tried.contains(i) && !self.own_scope_paused(*i))
-                        .filter_map(|i| self.keys(i))
-                        .map(|keys| Arc::from(keys.provider.provider()))
-                        .collect();
+                    let providers = self.providers_to_wait_for(&tried);
+                    let waits_for = providers.clone();
                     match &ticket {
                         Some(waiting) => self.proxy.state.wait_for(waiting, providers),
                         None => {
@@ -493,7 +508,12 @@ impl Exchange {
                     let room_now = self.plan.next_candidate(&self.snapshot, &tried, &|index| {
                         self.available(index, ticket_ref)
                     });
-                    if matches!(room_now, NextCandidate::Try(_)) {
+                    // A route or credential paused by another request since
+                    // the set was taken would hold its provider back from
+                    // everyone behind this waiter, which cannot use it.
+                    if matches!(room_now, NextCandidate::Try(_))
+                        || self.providers_to_wait_for(&tried) != waits_for
+                    {
                         continue;
                     }
                     let mut wake = wait_until;
