@@ -16,6 +16,7 @@ use notify_debouncer_full::{DebounceEventResult, new_debouncer};
 use serde_json::{Value as Json, json};
 use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -267,6 +268,12 @@ impl Reloader {
         let (events, mut changes) = mpsc::unbounded_channel::<()>();
         let relevant = self.clone();
         let watched_events = events.clone();
+        // Set when a watched directory (or one above it) was renamed or
+        // removed: the watcher drops its watches there by itself, so the
+        // cover after the reload puts them back, and one more reload reads
+        // what changed while they were gone.
+        let watches_dropped = Arc::new(AtomicBool::new(false));
+        let dropped_seen = watches_dropped.clone();
         let debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
             let Ok(batch) = result else {
                 return;
@@ -285,6 +292,21 @@ impl Reloader {
             let watched = paths_to_watch(&relevant.files());
             let directories: HashSet<PathBuf> =
                 watched.iter().map(|path| directory_of(path)).collect();
+            let above_a_directory = |path: &PathBuf| {
+                comparable(path).is_some_and(|path| {
+                    directories
+                        .iter()
+                        .any(|directory| directory.starts_with(&path))
+                })
+            };
+            if batch.iter().any(|event| {
+                matches!(
+                    event.kind,
+                    EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+                ) && event.paths.iter().any(above_a_directory)
+            }) {
+                dropped_seen.store(true, Ordering::SeqCst);
+            }
             // A directory renamed, removed or created as a whole, or one
             // above it, takes its files along.
             let touches_policy = rescan
@@ -321,9 +343,11 @@ impl Reloader {
                 // have changed after the reload read it and before its watch
                 // began: one more reload reads it again (and finds nothing
                 // to do if it did not change).
-                match lock(&task_directories).cover(&reloader.files()) {
-                    Ok(Covered::AsBefore) => {}
-                    Ok(Covered::Anew) => {
+                let covered = lock(&task_directories).cover(&reloader.files());
+                let dropped = watches_dropped.swap(false, Ordering::SeqCst);
+                match covered {
+                    Ok(Covered::AsBefore) if !dropped => {}
+                    Ok(_) => {
                         let _ = more_reloads.send(());
                     }
                     Err(error) => {
@@ -413,19 +437,30 @@ impl WatchedDirectories {
         }
         // Still changing: the watches follow the latest look, and the reload
         // that `Anew` asks for reads whatever is there by then.
+        let _ = self.watch_exactly(&needed);
         Ok(Covered::Anew)
     }
 
     /// Watches the `needed` directories and no others. New watches go in
-    /// before old ones come out, so that no moment watches neither; only a
+    /// before old ones come out, so that no moment watches neither; but a
     /// path that now leads to another directory loses its old watch first,
-    /// since the watcher keeps one watch per path.
+    /// since the watcher keeps one watch per path, and so does an old path
+    /// to a directory now needed under another path (moved, or reached
+    /// through a swapped link), since the kernel keeps one watch per
+    /// directory: unwatching the old path afterwards would take the new
+    /// path's watch with it.
     fn watch_exactly(&mut self, needed: &Needed) -> notify::Result<()> {
         for (directory, id) in &self.watched {
-            if needed
+            let moved_here = || {
+                id.is_some()
+                    && needed
+                        .iter()
+                        .any(|(path, (needed_id, _))| path != directory && needed_id == id)
+            };
+            let elsewhere_now = needed
                 .get(directory)
-                .is_some_and(|(needed_id, _)| needed_id != id)
-            {
+                .is_some_and(|(needed_id, _)| needed_id != id);
+            if elsewhere_now || (!needed.contains_key(directory) && moved_here()) {
                 // A deleted directory's watch is gone already; nothing to
                 // undo.
                 let _ = self.debouncer.unwatch(directory);
@@ -775,6 +810,45 @@ mod tests {
         let second = directories.watched.get(&config).copied().flatten();
         assert!(second.is_some());
         assert_ne!(first, second);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_directory_watched_under_a_new_path_keeps_its_watch() {
+        let dir = fresh_dir("moved");
+        std::fs::create_dir_all(dir.join("a").join("config")).unwrap();
+        let (events, seen) = std::sync::mpsc::channel();
+        let debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
+            if let Ok(batch) = result {
+                for event in batch {
+                    let _ = events.send(event.paths.clone());
+                }
+            }
+        })
+        .unwrap();
+        let mut directories = WatchedDirectories::new(debouncer);
+        directories
+            .cover(&[dir.join("a").join("config").join("p.policy")])
+            .unwrap();
+
+        // Moved where nothing watched it go (its parent is not watched),
+        // then needed at its new path, as after a release directory is
+        // renamed and a link swapped to it: the same directory, so the
+        // kernel's one watch serves both paths, and dropping the old path
+        // must not drop the new one's.
+        std::fs::rename(dir.join("a"), dir.join("b")).unwrap();
+        let config = dir.join("b").join("config");
+        directories.cover(&[config.join("p.policy")]).unwrap();
+        while seen.try_recv().is_ok() {}
+        std::fs::write(config.join("p.policy"), "changed").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut noticed = false;
+        while !noticed && Instant::now() < deadline {
+            if let Ok(paths) = seen.recv_timeout(Duration::from_millis(100)) {
+                noticed = paths.iter().any(|path| path.starts_with(&config));
+            }
+        }
+        assert!(noticed, "a change in the moved directory went unseen");
         let _ = std::fs::remove_dir_all(dir);
     }
 
