@@ -209,6 +209,174 @@ pub fn constant_bool(expr: &Expr) -> Option<bool> {
     }
 }
 
+/// Whether a rule's `when` stops a `retry`: once `retries` and `elapsed`
+/// have grown past any bound, it must be false whatever every other value
+/// is (the provider's answer, the request's inputs, the catalog's data).
+/// `retries < 2 or upstream.status == 503` is not: a provider that keeps
+/// answering 503 is retried forever.
+pub fn stops_retrying(condition: &Expr) -> bool {
+    truth_in_the_limit(condition) == Some(false)
+}
+
+/// A number once `retries` and `elapsed` have grown past any bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum InTheLimit {
+    /// Built from literals only.
+    Constant(f64),
+    /// Finite, or absent, whatever it is: set by the operator in the
+    /// catalog, the tenants file or the policy's defaults, never by a
+    /// client or a provider.
+    OperatorSet,
+    /// Larger than any finite number; possibly absent when it was built
+    /// with a value that may be.
+    Unbounded { maybe_absent: bool },
+    /// Anything at all.
+    Unknown,
+}
+
+fn number_in_the_limit(expr: &Expr) -> InTheLimit {
+    use InTheLimit::{Constant, OperatorSet, Unbounded, Unknown};
+    if let Some(value) = constant_number(expr) {
+        return Constant(value);
+    }
+    match &expr.kind {
+        ExprKind::Literal(Literal::Duration(ms)) => Constant(*ms as f64),
+        ExprKind::Path(path) => {
+            match path.iter().map(|p| p.name.as_str()).collect::<Vec<_>>()[..] {
+                ["retries"] | ["elapsed"] => Unbounded {
+                    maybe_absent: false,
+                },
+                [
+                    "defaults" | "tenant" | "workspace" | "key" | "provider" | "route" | "model"
+                    | "credential",
+                    ..,
+                ] => OperatorSet,
+                _ => Unknown,
+            }
+        }
+        ExprKind::Binary(
+            op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div),
+            lhs,
+            rhs,
+        ) => {
+            let (a, b) = (number_in_the_limit(lhs), number_in_the_limit(rhs));
+            let absent = |x: InTheLimit| {
+                !matches!(
+                    x,
+                    Constant(_)
+                        | Unbounded {
+                            maybe_absent: false
+                        }
+                )
+            };
+            let finite = |x: InTheLimit| matches!(x, Constant(_) | OperatorSet);
+            match (op, a, b) {
+                (BinaryOp::Add, Unbounded { .. }, other)
+                | (BinaryOp::Add, other, Unbounded { .. })
+                    if finite(other) || matches!(other, Unbounded { .. }) =>
+                {
+                    Unbounded {
+                        maybe_absent: absent(a) || absent(b),
+                    }
+                }
+                (BinaryOp::Sub, Unbounded { .. }, other) if finite(other) => Unbounded {
+                    maybe_absent: absent(a) || absent(b),
+                },
+                (BinaryOp::Mul, Unbounded { .. }, Constant(c))
+                | (BinaryOp::Mul, Constant(c), Unbounded { .. })
+                | (BinaryOp::Div, Unbounded { .. }, Constant(c))
+                    if c > 0.0 =>
+                {
+                    Unbounded {
+                        maybe_absent: absent(a) || absent(b),
+                    }
+                }
+                _ if finite(a) && finite(b) => OperatorSet,
+                _ => Unknown,
+            }
+        }
+        _ => Unknown,
+    }
+}
+
+/// The truth of a condition once `retries` and `elapsed` have grown past
+/// any bound, if every value of everything else gives the same; `None` if
+/// it may hold.
+fn truth_in_the_limit(expr: &Expr) -> Option<bool> {
+    use InTheLimit::{Constant, OperatorSet, Unbounded};
+    match &expr.kind {
+        ExprKind::Literal(Literal::Bool(b)) => Some(*b),
+        ExprKind::Unary(UnaryOp::Not, inner) => truth_in_the_limit(inner).map(|b| !b),
+        ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
+            let (l, r) = (truth_in_the_limit(lhs), truth_in_the_limit(rhs));
+            match op {
+                BinaryOp::And => match (l, r) {
+                    (Some(false), _) | (_, Some(false)) => Some(false),
+                    (Some(true), Some(true)) => Some(true),
+                    _ => None,
+                },
+                BinaryOp::Or => match (l, r) {
+                    (Some(true), _) | (_, Some(true)) => Some(true),
+                    (Some(false), Some(false)) => Some(false),
+                    _ => None,
+                },
+                _ => match (l, r) {
+                    (Some(false), _) | (_, Some(true)) => Some(true),
+                    (Some(true), Some(false)) => Some(false),
+                    _ => None,
+                },
+            }
+        }
+        ExprKind::Binary(
+            op @ (BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge),
+            lhs,
+            rhs,
+        ) => {
+            let (a, b) = (number_in_the_limit(lhs), number_in_the_limit(rhs));
+            // Written with the unbounded side on the left.
+            let (op, a, b) = match (a, b) {
+                (_, Unbounded { .. }) if !matches!(a, Unbounded { .. }) => (mirrored(*op), b, a),
+                _ => (*op, a, b),
+            };
+            match (a, b) {
+                (Constant(x), Constant(y)) => Some(match op {
+                    BinaryOp::Eq => x == y,
+                    BinaryOp::Ne => x != y,
+                    BinaryOp::Lt => x < y,
+                    BinaryOp::Le => x <= y,
+                    BinaryOp::Gt => x > y,
+                    _ => x >= y,
+                }),
+                // Beyond every finite value, or absent: a comparison with an
+                // absent value is false.
+                (Unbounded { maybe_absent }, Constant(_) | OperatorSet) => match op {
+                    BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq => Some(false),
+                    _ if !maybe_absent && matches!(b, Constant(_)) => Some(true),
+                    _ => None,
+                },
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The comparison with its sides swapped: `a < b` is `b > a`.
+fn mirrored(op: BinaryOp) -> BinaryOp {
+    match op {
+        BinaryOp::Lt => BinaryOp::Gt,
+        BinaryOp::Le => BinaryOp::Ge,
+        BinaryOp::Gt => BinaryOp::Lt,
+        BinaryOp::Ge => BinaryOp::Le,
+        other => other,
+    }
+}
+
 /// A placeholder for an expression that did not check; the program it would
 /// be part of is never used.
 fn broken(span: Span) -> (Ty, Term) {
@@ -1565,5 +1733,54 @@ fn type_hint(actual: &Ty, expected: &Ty) -> Option<String> {
             "conditions must be true or false; compare with `==` or `>`",
         )),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::source::SourceMap;
+
+    fn stops(condition: &str) -> bool {
+        let source = SourceMap::default().add("condition", condition);
+        let (expr, problems) = crate::language::parse::parse_expression(source, condition);
+        assert!(problems.is_empty(), "{condition}: {problems:?}");
+        stops_retrying(&expr.unwrap())
+    }
+
+    #[test]
+    fn a_retry_stops_only_if_its_condition_turns_false_for_good() {
+        for bounded in [
+            "retries < 3",
+            "retries <= 2 and upstream.status == 503",
+            "(retries < 2 or upstream.status == 503) and retries < 4",
+            "elapsed < 30s",
+            "not (retries >= 3)",
+            "retries + 1 < 4",
+            "2 * retries < 4",
+            "elapsed - 1s < 2s",
+            "elapsed < defaults.total_timeout",
+            "3 > retries",
+            "present(upstream.retry_after) and retries < 2",
+        ] {
+            assert!(stops(bounded), "{bounded} is bounded");
+        }
+        for unbounded in [
+            "retries >= 0",
+            "retries != 5",
+            "present(retries)",
+            "retries * 0 < 1",
+            "elapsed > 1s",
+            "retries < 2 or upstream.status == 503",
+            "retries < 2 or true",
+            "retries < 3 implies upstream.status == 503",
+            "min(retries, 5) < 10",
+            "retries < input.max_retries",
+            "retries - input.offset < 3",
+            "upstream.status == 503",
+        ] {
+            assert!(!stops(unbounded), "{unbounded} is unbounded");
+        }
     }
 }

@@ -772,16 +772,31 @@ impl<'a> Checker<'a> {
                         .as_ref()
                         .map(|after| self.expect(after, &Ty::Duration, &place, &scope).1);
                     action = ir::Action::Retry(after);
-                    if !(budget || when_usage.retries || when_usage.elapsed) {
-                        self.error_at(
-                            codes::UNBOUNDED_RETRY,
-                            *span,
-                            String::from("this `retry` has no bound and could repeat forever"),
-                            "unbounded retry",
-                            Some(String::from(
-                                "limit it with a condition such as `when retries < 2`, or give `failover` a `budget`",
-                            )),
-                        );
+                    let bounded = rule.when.as_ref().is_some_and(expr::stops_retrying);
+                    if !budget && !bounded {
+                        let reads_a_bound = when_usage.retries || when_usage.elapsed;
+                        match rule.when.as_ref().filter(|_| reads_a_bound) {
+                            Some(when) => self.error_at(
+                                codes::UNBOUNDED_RETRY,
+                                when.span,
+                                String::from(
+                                    "this `retry`'s condition can hold however many retries there have been",
+                                ),
+                                "true for some answers however large `retries` and `elapsed` grow",
+                                Some(String::from(
+                                    "the condition must be false, whatever else holds, once `retries` or `elapsed` passes a limit set in the policy or its data: add `and retries < 2` (parenthesise an `or`: `(A or B) and retries < 2`), or give `failover` a `budget`",
+                                )),
+                            ),
+                            None => self.error_at(
+                                codes::UNBOUNDED_RETRY,
+                                *span,
+                                String::from("this `retry` has no bound and could repeat forever"),
+                                "unbounded retry",
+                                Some(String::from(
+                                    "limit it with a condition such as `when retries < 2`, or give `failover` a `budget`",
+                                )),
+                            ),
+                        }
                     }
                 }
                 Consequence::Pause {
