@@ -99,6 +99,11 @@ cases:
     key: acme-default
     body: {{model: qwen3.8-27b}}
     expect: {{plan: [akiio, scaleway]}}
+  - name: a status with passthrough
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "418"}}
+    expect: {{error: passthrough, status: 999}}
 "#,
         policy = noirdoc()
     );
@@ -131,6 +136,7 @@ cases:
             "a provider the catalog does not have",
             "did you mean `aki-io`?",
         ),
+        ("a status with passthrough", "provider's own status"),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -138,7 +144,14 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 12 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 13 failed\n"), "{stdout}");
+    // The note names the errors no case expects, but not the capacity
+    // error, which only the proxy answers.
+    assert!(
+        stdout.contains("no case expects wrong_endpoint_for_model"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("capacity_exhausted"), "{stdout}");
     assert_eq!(output.status.code(), Some(1));
 }
 
