@@ -209,6 +209,25 @@ pub fn constant_bool(expr: &Expr) -> Option<bool> {
     }
 }
 
+/// The numbers written as constants among what `expr` can come out as:
+/// itself, or the branches of an `if` and the arguments of a `coalesce`.
+pub fn constant_results(expr: &Expr) -> Vec<(f64, Span)> {
+    if let Some(value) = constant_number(expr) {
+        return vec![(value, expr.span)];
+    }
+    match &expr.kind {
+        ExprKind::If(_, then, otherwise) => {
+            let mut results = constant_results(then);
+            results.extend(constant_results(otherwise));
+            results
+        }
+        ExprKind::Call(function, arguments) if function.name == "coalesce" => {
+            arguments.iter().flat_map(constant_results).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Whether a rule's `when` stops a `retry`: once `retries` and `elapsed`
 /// have grown past any bound, it must be false whatever every other value
 /// is (the provider's answer, the request's inputs, the catalog's data).

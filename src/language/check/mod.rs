@@ -692,16 +692,18 @@ impl<'a> Checker<'a> {
                     .help("give that place an error of its own, or read `upstream` only in errors raised by `on` rules"),
                 );
             }
-            if let ExprKind::Literal(Literal::Number(status)) = decl.status.kind
-                && !(400.0..=599.0).contains(&status)
-            {
-                self.error_at(
-                    codes::TYPE_MISMATCH,
-                    decl.status.span,
-                    format!("`{status}` is not an error status"),
-                    "not 4xx or 5xx",
-                    Some(String::from("errors answer with a status from 400 to 599")),
-                );
+            for (status, span) in expr::constant_results(&decl.status) {
+                if !(400.0..=599.0).contains(&status) || status.fract() != 0.0 {
+                    self.error_at(
+                        codes::TYPE_MISMATCH,
+                        span,
+                        format!("`{status}` is not an error status"),
+                        "not a whole number from 400 to 599",
+                        Some(String::from(
+                            "errors answer with a status from 400 to 599, such as `503`",
+                        )),
+                    );
+                }
             }
             self.program.errors.push(ir::ErrorSpec {
                 name: decl.name.name.clone(),
