@@ -175,8 +175,17 @@ fn validate_key(
             Some(index) => index,
             None => {
                 let span = v.span(source, name);
-                let help = suggest(&name.value, workspaces.iter().map(|w| w.id.as_str()))
-                    .map(|close| format!("did you mean {close}?"));
+                let names: Vec<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+                let help = Some(match suggest(&name.value, names.iter().copied()) {
+                    Some(close) => format!("did you mean {close}?"),
+                    None if names.is_empty() => String::from(
+                        "declare it under the tenant's `workspaces:`, or leave `workspace:` out",
+                    ),
+                    None => format!(
+                        "the tenant's workspaces are {}; declare others under its `workspaces:`",
+                        names.join(", ")
+                    ),
+                });
                 v.report(
                     codes::UNKNOWN_REFERENCE,
                     source,

@@ -675,7 +675,7 @@ impl Checker<'_> {
                             otherwise.span,
                             format!("both branches of `if` must have one type; `then` is {a}, `else` is {b}"),
                             &format!("this is {b}"),
-                            None,
+                            type_hint(&b, &a),
                         );
                         broken(span)
                     }
@@ -704,14 +704,27 @@ impl Checker<'_> {
             Some(rhs) => format!("`{op}` is not defined for {lhs} and {rhs}"),
             None => format!("`{op}` is not defined for {lhs}"),
         };
+        let help = match op {
+            "==" | "!=" => {
+                "`==` and `!=` compare values of one type (an absent value with anything); see the type rules in docs/language.md"
+            }
+            "<" | "<=" | ">" | ">=" => {
+                "order comparisons take two numbers, two durations, two dates, two strings or two members of one enumeration; see the type rules in docs/language.md"
+            }
+            "in" | "not in" => {
+                "`in` looks for a value in a list of values of its type; see the type rules in docs/language.md"
+            }
+            "+" | "-" | "*" | "/" => {
+                "arithmetic works on numbers and durations, `+` also joins strings; see the type rules in docs/language.md"
+            }
+            _ => "see the function's arguments and the type rules in docs/language.md",
+        };
         self.err(
             codes::BAD_OPERANDS,
             expr.span,
             message,
             "here",
-            Some(String::from(
-                "arithmetic works on numbers and durations, `+` also joins strings; see the type rules in docs/language.md",
-            )),
+            Some(String::from(help)),
         );
         broken(expr.span)
     }
@@ -1499,7 +1512,7 @@ impl Checker<'_> {
                                 arg.span,
                                 format!("`coalesce` values must have one type; this is {ty}, earlier ones are {result}"),
                                 "different type",
-                                None,
+                                type_hint(ty, &result),
                             );
                             return broken(span);
                         }
@@ -1751,7 +1764,15 @@ fn type_hint(actual: &Ty, expected: &Ty) -> Option<String> {
         (Ty::String, Ty::Bool) | (Ty::Number, Ty::Bool) => Some(String::from(
             "conditions must be true or false; compare with `==` or `>`",
         )),
-        _ => None,
+        (Ty::String, Ty::Number) => Some(String::from(
+            "a number is written without quotes, such as `3`",
+        )),
+        (Ty::Number | Ty::Bool, Ty::String) => Some(String::from(
+            "text is written in double quotes, such as `\"503\"`",
+        )),
+        _ => Some(format!(
+            "this place takes {expected}; every branch of an `if` and every argument of a `coalesce` must be one too"
+        )),
     }
 }
 
