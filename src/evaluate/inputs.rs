@@ -51,13 +51,19 @@ pub fn parse_input(
             detail: format!("`{}`: {detail}", spec.name),
         },
     };
-    // A header holding a structured input carries it as JSON.
+    // A header holding a structured input carries it as JSON, or, for one
+    // with a shorthand, the shorthand's plain value (`x-provider: beta`).
     let parsed_json;
     let raw = match (raw, spec.source, &spec.ty) {
         (Raw::Text(text), InputSourceKind::Header, InputType::Object(_) | InputType::List(_)) => {
-            parsed_json = serde_json::from_str::<Json>(text)
-                .map_err(|_| problem(Problem::Malformed(String::from("not valid JSON"))))?;
-            Raw::Json(&parsed_json)
+            match serde_json::from_str::<Json>(text) {
+                Ok(json) => {
+                    parsed_json = json;
+                    Raw::Json(&parsed_json)
+                }
+                Err(_) if spec.shorthand.is_some() => Raw::Text(text),
+                Err(_) => return Err(problem(Problem::Malformed(String::from("not valid JSON")))),
+            }
         }
         (raw, _, _) => raw,
     };
