@@ -11,6 +11,7 @@ use foldhash::HashMap;
 use serde_saphyr::Spanned;
 
 pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) -> Catalog {
+    refuse_secrets(v, source, raw);
     unique(
         v,
         source,
@@ -57,6 +58,36 @@ pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog
         models,
         aliases,
         deployment,
+    }
+}
+
+/// Ids, names, aliases and upstream names end up in logs, metrics and
+/// model listings: one that looks like an API key was pasted by mistake,
+/// and is refused as an attribute holding one is.
+fn refuse_secrets(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) {
+    let mut named: Vec<(&str, &Spanned<String>)> = Vec::new();
+    for provider in &raw.providers {
+        let provider = &provider.value;
+        named.push(("id", &provider.id));
+        named.extend(provider.name.iter().map(|name| ("name", name)));
+        named.extend(provider.aliases.iter().map(|alias| ("aliases", alias)));
+        for credential in &provider.credentials {
+            named.push(("id", &credential.value.id));
+        }
+    }
+    for model in &raw.models {
+        let model = &model.value;
+        named.push(("id", &model.id));
+        named.extend(model.aliases.iter().map(|alias| ("aliases", alias)));
+        for route in &model.routes {
+            let route = &route.value;
+            named.extend(route.upstream.iter().map(|upstream| ("upstream", upstream)));
+            named.extend(route.capabilities.iter().map(|c| ("capabilities", c)));
+        }
+    }
+    for (field, text) in named {
+        let span = v.span(source, text);
+        v.check_name_not_secret(source, span, field, &text.value);
     }
 }
 
@@ -168,10 +199,14 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>
         .split_once('?')
         .map_or("", |(_, query)| query)
         .to_ascii_lowercase();
+    let path = rest.split(['?', '#']).next().unwrap_or("");
     if authority.contains('@')
         || ["key=", "token=", "secret=", "password="]
             .iter()
             .any(|marker| query.contains(marker))
+        || path
+            .split('/')
+            .any(crate::diagnostics::redact::looks_like_secret)
     {
         v.diagnostics
             .push(secret_diagnostic(source, span, "base_url"));

@@ -647,10 +647,34 @@ impl<'a> Validator<'a> {
     }
 
     /// Refuses strings that look like a credential pasted into data.
-    fn check_not_secret(&mut self, source: SourceId, span: Span, field: &str, text: &str) {
+    pub(super) fn check_not_secret(
+        &mut self,
+        source: SourceId,
+        span: Span,
+        field: &str,
+        text: &str,
+    ) {
         if crate::diagnostics::redact::looks_like_secret(text) {
             self.diagnostics
                 .push(secret_diagnostic(source, span, field));
+        }
+    }
+
+    /// Refuses a name (an id, alias or upstream model) that looks like a
+    /// credential: no secret belongs there, by reference or otherwise.
+    pub(super) fn check_name_not_secret(
+        &mut self,
+        source: SourceId,
+        span: Span,
+        field: &str,
+        text: &str,
+    ) {
+        if crate::diagnostics::redact::looks_like_secret(text) {
+            let mut diagnostic = secret_diagnostic(source, span, field);
+            diagnostic.help = Some(String::from(
+                "a name does not hold a secret: write what it names here, and rotate the exposed key",
+            ));
+            self.diagnostics.push(diagnostic);
         }
     }
 }
