@@ -104,6 +104,9 @@ cases:
     body: {{model: qwen3.8-27b}}
     outcome: {{attempt: 1, result: "418"}}
     expect: {{error: passthrough, status: 999}}
+  - name: nobody asks
+    body: {{model: qwen3.8-27b}}
+    expect: {{attempts: 3}}
 "#,
         policy = noirdoc()
     );
@@ -137,6 +140,7 @@ cases:
             "did you mean `aki-io`?",
         ),
         ("a status with passthrough", "provider's own status"),
+        ("nobody asks", "give the case a `key:`"),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -144,7 +148,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 13 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 14 failed\n"), "{stdout}");
     // The note names the errors no case expects, but not the capacity
     // error, which only the proxy answers.
     assert!(

@@ -412,6 +412,11 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         body: case.body.clone(),
     };
     let endpoint = spec.endpoint()?;
+    if case.key.is_none() && case.tenant.is_none() {
+        return Err(String::from(
+            "say who asks: give the case a `key:` (a key id, or the key itself) or a `tenant:`",
+        ));
+    }
     let caller = resolve_caller(
         snapshot,
         case.key.as_deref(),

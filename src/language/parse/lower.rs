@@ -1228,7 +1228,7 @@ impl Lowerer {
                     span,
                     format!("`{text}` is too large"),
                     "this number",
-                    "numbers in policies are at most 1e15",
+                    "numbers in policies are at most 1000000000000000 (10 to the 15th), written out in digits",
                 );
                 None
             }
