@@ -200,13 +200,19 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>
         .map_or("", |(_, query)| query)
         .to_ascii_lowercase();
     let path = rest.split(['?', '#']).next().unwrap_or("");
+    // A query's or fragment's values, however their names are spelled.
+    let mut values = rest
+        .split_once(['?', '#'])
+        .map_or("", |(_, after)| after)
+        .split(['&', '#', '=']);
     if authority.contains('@')
         || ["key=", "token=", "secret=", "password="]
             .iter()
             .any(|marker| query.contains(marker))
+        || values.any(crate::diagnostics::redact::looks_like_secret)
         || path
             .split('/')
-            .any(crate::diagnostics::redact::looks_like_secret)
+            .any(crate::diagnostics::redact::looks_like_generated_key)
     {
         v.diagnostics
             .push(secret_diagnostic(source, span, "base_url"));

@@ -669,7 +669,7 @@ impl<'a> Validator<'a> {
         field: &str,
         text: &str,
     ) {
-        if crate::diagnostics::redact::looks_like_secret(text) {
+        if crate::diagnostics::redact::looks_like_generated_key(text) {
             let mut diagnostic = secret_diagnostic(source, span, field);
             diagnostic.help = Some(String::from(
                 "a name does not hold a secret: write what it names here, and rotate the exposed key",

@@ -17,6 +17,22 @@ pub fn looks_like_secret(text: &str) -> bool {
     secret_prefix(text).is_some()
 }
 
+/// Stricter, for names and ids, where a word may begin like a key by
+/// chance (`sk-hynix-research` is a company): after the prefix, 16
+/// characters or more of letters, digits, `-` and `_`, mixing letters and
+/// digits as generated keys do.
+pub fn looks_like_generated_key(text: &str) -> bool {
+    let Some(rest) = secret_prefix(text).and_then(|prefix| text.get(prefix.len()..)) else {
+        return false;
+    };
+    rest.len() >= 16
+        && rest.chars().any(|c| c.is_ascii_digit())
+        && rest.chars().any(|c| c.is_ascii_alphabetic())
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 /// The prefix of a value that looks like an API key.
 fn secret_prefix(text: &str) -> Option<&'static str> {
     if text.len() < MIN_LEN {
@@ -66,6 +82,20 @@ fn is_word_byte(byte: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_that_begin_like_keys_are_not_taken_for_generated_keys() {
+        for name in [
+            "sk-hynix-research",
+            "sk-acme-production",
+            "sk-telecom-research-lab",
+        ] {
+            assert!(!looks_like_generated_key(name), "{name}");
+        }
+        for key in ["sk-proj-4fQ2nX8vLp0aZ7tR1mK9wB3c", "AKIAIOSFODNN7EXAMPLE2"] {
+            assert!(looks_like_generated_key(key), "{key}");
+        }
+    }
 
     #[test]
     fn masks_key_like_words_and_keeps_their_length() {

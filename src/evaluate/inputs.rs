@@ -57,12 +57,19 @@ pub fn parse_input(
     let raw = match (raw, spec.source, &spec.ty) {
         (Raw::Text(text), InputSourceKind::Header, InputType::Object(_) | InputType::List(_)) => {
             match serde_json::from_str::<Json>(text) {
-                Ok(json) => {
+                Ok(json)
+                    if spec.shorthand.is_none()
+                        || json.is_object()
+                        || json.is_array()
+                        || json.is_string() =>
+                {
                     parsed_json = json;
                     Raw::Json(&parsed_json)
                 }
-                Err(_) if spec.shorthand.is_some() => Raw::Text(text),
-                Err(_) => return Err(problem(Problem::Malformed(String::from("not valid JSON")))),
+                // The shorthand's plain value, also when it reads as a JSON
+                // number, boolean or null (`1`, `2024`, `null`).
+                _ if spec.shorthand.is_some() => Raw::Text(text),
+                _ => return Err(problem(Problem::Malformed(String::from("not valid JSON")))),
             }
         }
         (raw, _, _) => raw,

@@ -210,7 +210,8 @@ pub fn constant_bool(expr: &Expr) -> Option<bool> {
 }
 
 /// The numbers written as constants among what `expr` can come out as:
-/// itself, or the branches of an `if` and the arguments of a `coalesce`.
+/// itself, or the branches of an `if`. (Not a `coalesce`'s fallback, which a
+/// guard around it may keep from ever being the result.)
 pub fn constant_results(expr: &Expr) -> Vec<(f64, Span)> {
     if let Some(value) = constant_number(expr) {
         return vec![(value, expr.span)];
@@ -221,20 +222,41 @@ pub fn constant_results(expr: &Expr) -> Vec<(f64, Span)> {
             results.extend(constant_results(otherwise));
             results
         }
-        ExprKind::Call(function, arguments) if function.name == "coalesce" => {
-            arguments.iter().flat_map(constant_results).collect()
-        }
         _ => Vec::new(),
     }
 }
+
+/// What a bare name or an input stands for, for [`stops_retrying`].
+pub enum Named<'e> {
+    /// A `let`: its value.
+    Let(&'e Expr),
+    /// A `merge`: its operator, the request's side and the default.
+    Merge(MergeOp, &'e Expr, &'e Expr),
+    /// An input whose type bounds it (`int A..B`).
+    BoundedInput,
+}
+
+/// Looks names up for [`stops_retrying`]: a bare name (a `let` or a
+/// `merge`), or `input.NAME` (as `input.NAME`).
+pub type NameLookup<'e> = dyn Fn(&str) -> Option<Named<'e>> + 'e;
 
 /// Whether a rule's `when` stops a `retry`: once `retries` and `elapsed`
 /// have grown past any bound, it must be false whatever every other value
 /// is (the provider's answer, the request's inputs, the catalog's data).
 /// `retries < 2 or upstream.status == 503` is not: a provider that keeps
 /// answering 503 is retried forever.
-pub fn stops_retrying(condition: &Expr) -> bool {
-    truth_in_the_limit(condition) == Some(false)
+pub fn stops_retrying(condition: &Expr, names: &NameLookup<'_>) -> bool {
+    Limits { names, depth: 0 }.truth(condition) == Some(false)
+}
+
+/// Whether a `budget` bounds the retries: a duration that is present and
+/// that no client sets (a division may come out absent, and an absent
+/// budget limits nothing).
+pub fn bounds_time(budget: &Expr, names: &NameLookup<'_>) -> bool {
+    matches!(
+        Limits { names, depth: 0 }.number(budget),
+        InTheLimit::Constant(_) | InTheLimit::Finite { present: true }
+    )
 }
 
 /// A number once `retries` and `elapsed` have grown past any bound.
@@ -242,146 +264,302 @@ pub fn stops_retrying(condition: &Expr) -> bool {
 enum InTheLimit {
     /// Built from literals only.
     Constant(f64),
-    /// Finite, or absent, whatever it is: set by the operator in the
-    /// catalog, the tenants file or the policy's defaults, never by a
-    /// client or a provider.
-    OperatorSet,
-    /// Larger than any finite number; possibly absent when it was built
-    /// with a value that may be.
-    Unbounded { maybe_absent: bool },
-    /// Anything at all.
+    /// Set by the operator (the catalog, the tenants file, defaults), by a
+    /// type's range, or a provider's status: finite whatever it is, or
+    /// absent (a division by zero).
+    Finite { present: bool },
+    /// Bounded above, or absent, but not below (`min(input.n, 3)`).
+    UpperBounded,
+    /// Never negative, but with no upper bound: a provider's `Retry-After`.
+    NonNegative,
+    /// Larger than any finite number (`retries`, `elapsed`, and sums with
+    /// them); absent if built with something that may be.
+    Unbounded { present: bool },
+    /// Anything at all, a client's number among them.
     Unknown,
 }
 
-fn number_in_the_limit(expr: &Expr) -> InTheLimit {
-    use InTheLimit::{Constant, OperatorSet, Unbounded, Unknown};
-    if let Some(value) = constant_number(expr) {
-        return Constant(value);
-    }
-    match &expr.kind {
-        ExprKind::Literal(Literal::Duration(ms)) => Constant(*ms as f64),
-        ExprKind::Path(path) => {
-            match path.iter().map(|p| p.name.as_str()).collect::<Vec<_>>()[..] {
-                ["retries"] | ["elapsed"] => Unbounded {
-                    maybe_absent: false,
-                },
-                [
-                    "defaults" | "tenant" | "workspace" | "key" | "provider" | "route" | "model"
-                    | "credential",
-                    ..,
-                ] => OperatorSet,
-                _ => Unknown,
-            }
-        }
-        ExprKind::Binary(
-            op @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div),
-            lhs,
-            rhs,
-        ) => {
-            let (a, b) = (number_in_the_limit(lhs), number_in_the_limit(rhs));
-            let absent = |x: InTheLimit| {
-                !matches!(
-                    x,
-                    Constant(_)
-                        | Unbounded {
-                            maybe_absent: false
-                        }
-                )
-            };
-            let finite = |x: InTheLimit| matches!(x, Constant(_) | OperatorSet);
-            match (op, a, b) {
-                (BinaryOp::Add, Unbounded { .. }, other)
-                | (BinaryOp::Add, other, Unbounded { .. })
-                    if finite(other) || matches!(other, Unbounded { .. }) =>
-                {
-                    Unbounded {
-                        maybe_absent: absent(a) || absent(b),
-                    }
-                }
-                (BinaryOp::Sub, Unbounded { .. }, other) if finite(other) => Unbounded {
-                    maybe_absent: absent(a) || absent(b),
-                },
-                (BinaryOp::Mul, Unbounded { .. }, Constant(c))
-                | (BinaryOp::Mul, Constant(c), Unbounded { .. })
-                | (BinaryOp::Div, Unbounded { .. }, Constant(c))
-                    if c > 0.0 =>
-                {
-                    Unbounded {
-                        maybe_absent: absent(a) || absent(b),
-                    }
-                }
-                _ if finite(a) && finite(b) => OperatorSet,
-                _ => Unknown,
-            }
-        }
-        _ => Unknown,
-    }
+/// Bare names followed through `let`s and `merge`s, at most this deep.
+const MAX_NAME_DEPTH: usize = 32;
+
+struct Limits<'n, 'e> {
+    names: &'n NameLookup<'e>,
+    depth: usize,
 }
 
-/// The truth of a condition once `retries` and `elapsed` have grown past
-/// any bound, if every value of everything else gives the same; `None` if
-/// it may hold.
-fn truth_in_the_limit(expr: &Expr) -> Option<bool> {
-    use InTheLimit::{Constant, OperatorSet, Unbounded};
-    match &expr.kind {
-        ExprKind::Literal(Literal::Bool(b)) => Some(*b),
-        ExprKind::Unary(UnaryOp::Not, inner) => truth_in_the_limit(inner).map(|b| !b),
-        ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
-            let (l, r) = (truth_in_the_limit(lhs), truth_in_the_limit(rhs));
-            match op {
-                BinaryOp::And => match (l, r) {
-                    (Some(false), _) | (_, Some(false)) => Some(false),
-                    (Some(true), Some(true)) => Some(true),
-                    _ => None,
-                },
-                BinaryOp::Or => match (l, r) {
-                    (Some(true), _) | (_, Some(true)) => Some(true),
-                    (Some(false), Some(false)) => Some(false),
-                    _ => None,
-                },
-                _ => match (l, r) {
-                    (Some(false), _) | (_, Some(true)) => Some(true),
-                    (Some(true), Some(false)) => Some(false),
-                    _ => None,
-                },
-            }
+impl Limits<'_, '_> {
+    fn number(&mut self, expr: &Expr) -> InTheLimit {
+        use InTheLimit::{Constant, Finite, NonNegative, Unbounded, Unknown, UpperBounded};
+        if let Some(value) = constant_number(expr) {
+            return Constant(value);
         }
-        ExprKind::Binary(
-            op @ (BinaryOp::Eq
-            | BinaryOp::Ne
-            | BinaryOp::Lt
-            | BinaryOp::Le
-            | BinaryOp::Gt
-            | BinaryOp::Ge),
-            lhs,
-            rhs,
-        ) => {
-            let (a, b) = (number_in_the_limit(lhs), number_in_the_limit(rhs));
-            // Written with the unbounded side on the left.
-            let (op, a, b) = match (a, b) {
-                (_, Unbounded { .. }) if !matches!(a, Unbounded { .. }) => (mirrored(*op), b, a),
-                _ => (*op, a, b),
-            };
-            match (a, b) {
-                (Constant(x), Constant(y)) => Some(match op {
-                    BinaryOp::Eq => x == y,
-                    BinaryOp::Ne => x != y,
-                    BinaryOp::Lt => x < y,
-                    BinaryOp::Le => x <= y,
-                    BinaryOp::Gt => x > y,
-                    _ => x >= y,
-                }),
-                // Beyond every finite value, or absent: a comparison with an
-                // absent value is false.
-                (Unbounded { maybe_absent }, Constant(_) | OperatorSet) => match op {
-                    BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq => Some(false),
-                    _ if !maybe_absent && matches!(b, Constant(_)) => Some(true),
-                    _ => None,
-                },
-                _ => None,
+        let finite = |x: InTheLimit| matches!(x, Constant(_) | Finite { .. });
+        let present = |x: InTheLimit| {
+            matches!(
+                x,
+                Constant(_) | Finite { present: true } | Unbounded { present: true }
+            )
+        };
+        match &expr.kind {
+            ExprKind::Literal(Literal::Duration(ms)) => Constant(*ms as f64),
+            ExprKind::Path(path) => {
+                let names: Vec<&str> = path.iter().map(|p| p.name.as_str()).collect();
+                match names[..] {
+                    // `attempt` counts every try, a retry's too.
+                    ["retries"] | ["elapsed"] | ["attempt"] => Unbounded { present: true },
+                    [
+                        "defaults" | "tenant" | "workspace" | "key" | "provider" | "route"
+                        | "model" | "credential" | "deployment",
+                        ..,
+                    ]
+                    | ["upstream", "status"] => Finite { present: true },
+                    ["upstream", "retry_after"] => NonNegative,
+                    ["input", name, ..] => match (self.names)(&format!("input.{name}")) {
+                        Some(Named::BoundedInput) => Finite { present: true },
+                        _ => Unknown,
+                    },
+                    [name] => self.named(name),
+                    _ => Unknown,
+                }
             }
+            ExprKind::Unary(UnaryOp::Negate, inner) => match self.number(inner) {
+                Finite { present } => Finite { present },
+                _ => Unknown,
+            },
+            ExprKind::Binary(op, lhs, rhs) => {
+                let (a, b) = (self.number(lhs), self.number(rhs));
+                let both = present(a) && present(b);
+                match op {
+                    BinaryOp::Add => match (a, b) {
+                        (Unbounded { .. }, other) | (other, Unbounded { .. })
+                            if finite(other) || matches!(other, NonNegative | Unbounded { .. }) =>
+                        {
+                            Unbounded { present: both }
+                        }
+                        _ if finite(a) && finite(b) => Finite { present: both },
+                        _ => Unknown,
+                    },
+                    BinaryOp::Sub => match (a, b) {
+                        (Unbounded { .. }, other) if finite(other) => Unbounded { present: both },
+                        _ if finite(a) && finite(b) => Finite { present: both },
+                        _ => Unknown,
+                    },
+                    BinaryOp::Mul => match (a, b) {
+                        (Unbounded { .. }, Constant(c)) | (Constant(c), Unbounded { .. })
+                            if c > 0.0 =>
+                        {
+                            Unbounded { present: both }
+                        }
+                        _ if finite(a) && finite(b) => Finite { present: both },
+                        _ => Unknown,
+                    },
+                    BinaryOp::Div => match (a, b) {
+                        (Unbounded { .. }, Constant(c)) if c > 0.0 => Unbounded { present: both },
+                        (Finite { present }, Constant(c)) if c != 0.0 => Finite { present },
+                        // A divisor that may be zero gives a value that may
+                        // be absent.
+                        _ if finite(a) && finite(b) => Finite { present: false },
+                        _ => Unknown,
+                    },
+                    _ => Unknown,
+                }
+            }
+            ExprKind::If(_, then, otherwise) => {
+                let (a, b) = (self.number(then), self.number(otherwise));
+                match (a, b) {
+                    _ if finite(a) && finite(b) => Finite {
+                        present: present(a) && present(b),
+                    },
+                    (Unbounded { present: p }, Unbounded { present: q }) => {
+                        Unbounded { present: p && q }
+                    }
+                    _ => Unknown,
+                }
+            }
+            ExprKind::Call(function, arguments) => {
+                let values: Vec<InTheLimit> = arguments.iter().map(|a| self.number(a)).collect();
+                match function.name.as_str() {
+                    "seconds" => values.first().copied().unwrap_or(Unknown),
+                    "min" => {
+                        if !values.is_empty() && values.iter().all(|v| finite(*v)) {
+                            Finite {
+                                present: values.iter().all(|v| present(*v)),
+                            }
+                        } else if values
+                            .iter()
+                            .any(|v| finite(*v) || matches!(v, UpperBounded))
+                        {
+                            UpperBounded
+                        } else {
+                            Unknown
+                        }
+                    }
+                    "max" => {
+                        if !values.is_empty() && values.iter().all(|v| finite(*v)) {
+                            Finite {
+                                present: values.iter().all(|v| present(*v)),
+                            }
+                        } else {
+                            Unknown
+                        }
+                    }
+                    // The first present argument: finite if all are, present
+                    // if any is.
+                    "coalesce" => {
+                        if !values.is_empty() && values.iter().all(|v| finite(*v)) {
+                            Finite {
+                                present: values.iter().any(|v| present(*v)),
+                            }
+                        } else if values
+                            .iter()
+                            .all(|v| finite(*v) || matches!(v, NonNegative))
+                        {
+                            NonNegative
+                        } else if values
+                            .iter()
+                            .all(|v| finite(*v) || matches!(v, UpperBounded))
+                        {
+                            UpperBounded
+                        } else {
+                            Unknown
+                        }
+                    }
+                    _ => Unknown,
+                }
+            }
+            _ => Unknown,
         }
-        _ => None,
+    }
+
+    /// A `let` or `merge` by its name.
+    fn named(&mut self, name: &str) -> InTheLimit {
+        use InTheLimit::{Constant, Finite, Unknown, UpperBounded};
+        if self.depth >= MAX_NAME_DEPTH {
+            return Unknown;
+        }
+        self.depth += 1;
+        let value = match (self.names)(name) {
+            Some(Named::Let(value)) => self.number(value),
+            Some(Named::Merge(op, request, default)) => {
+                let (request, default) = (self.number(request), self.number(default));
+                let finite = |x: InTheLimit| matches!(x, Constant(_) | Finite { .. });
+                match op {
+                    // The smaller, or the side that is set: below a finite
+                    // default whatever the request asks, or the request's
+                    // own value when the default is absent.
+                    MergeOp::Min if finite(request) || finite(default) => {
+                        if finite(request) && finite(default) {
+                            Finite { present: true }
+                        } else {
+                            UpperBounded
+                        }
+                    }
+                    MergeOp::Max | MergeOp::First if finite(request) && finite(default) => {
+                        Finite { present: true }
+                    }
+                    _ => Unknown,
+                }
+            }
+            Some(Named::BoundedInput) | None => Unknown,
+        };
+        self.depth -= 1;
+        value
+    }
+
+    /// The truth of a condition in the limit, if every value of everything
+    /// else gives the same; `None` if it may hold.
+    fn truth(&mut self, expr: &Expr) -> Option<bool> {
+        use InTheLimit::{Constant, Finite, Unbounded, UpperBounded};
+        match &expr.kind {
+            ExprKind::Literal(Literal::Bool(b)) => Some(*b),
+            ExprKind::Unary(UnaryOp::Not, inner) => self.truth(inner).map(|b| !b),
+            ExprKind::If(_, then, otherwise) => {
+                let (a, b) = (self.truth(then), self.truth(otherwise));
+                if a == b { a } else { None }
+            }
+            ExprKind::Path(path) if path.len() == 1 => {
+                match path.first().and_then(|name| (self.names)(&name.name)) {
+                    Some(Named::Let(value)) if self.depth < MAX_NAME_DEPTH => {
+                        self.depth += 1;
+                        let truth = self.truth(value);
+                        self.depth -= 1;
+                        truth
+                    }
+                    _ => None,
+                }
+            }
+            ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
+                let (l, r) = (self.truth(lhs), self.truth(rhs));
+                match op {
+                    BinaryOp::And => match (l, r) {
+                        (Some(false), _) | (_, Some(false)) => Some(false),
+                        (Some(true), Some(true)) => Some(true),
+                        _ => None,
+                    },
+                    BinaryOp::Or => match (l, r) {
+                        (Some(true), _) | (_, Some(true)) => Some(true),
+                        (Some(false), Some(false)) => Some(false),
+                        _ => None,
+                    },
+                    _ => match (l, r) {
+                        (Some(false), _) | (_, Some(true)) => Some(true),
+                        (Some(true), Some(false)) => Some(false),
+                        _ => None,
+                    },
+                }
+            }
+            ExprKind::Binary(BinaryOp::In, lhs, rhs) => {
+                let ExprKind::List(items) = &rhs.kind else {
+                    return None;
+                };
+                let value = self.number(lhs);
+                let bounded = items
+                    .iter()
+                    .all(|item| matches!(self.number(item), Constant(_) | Finite { .. }));
+                (matches!(value, Unbounded { .. }) && bounded).then_some(false)
+            }
+            ExprKind::Binary(
+                op @ (BinaryOp::Eq
+                | BinaryOp::Ne
+                | BinaryOp::Lt
+                | BinaryOp::Le
+                | BinaryOp::Gt
+                | BinaryOp::Ge),
+                lhs,
+                rhs,
+            ) => {
+                let (a, b) = (self.number(lhs), self.number(rhs));
+                // Written with the unbounded side on the left.
+                let (op, a, b) = match (a, b) {
+                    (_, Unbounded { .. }) if !matches!(a, Unbounded { .. }) => {
+                        (mirrored(*op), b, a)
+                    }
+                    _ => (*op, a, b),
+                };
+                match (a, b) {
+                    (Constant(x), Constant(y)) => Some(match op {
+                        BinaryOp::Eq => x == y,
+                        BinaryOp::Ne => x != y,
+                        BinaryOp::Lt => x < y,
+                        BinaryOp::Le => x <= y,
+                        BinaryOp::Gt => x > y,
+                        _ => x >= y,
+                    }),
+                    // Beyond every value the other side can take, or absent:
+                    // a comparison with an absent value is false.
+                    (Unbounded { present }, Constant(_) | Finite { .. } | UpperBounded) => match op
+                    {
+                        BinaryOp::Lt | BinaryOp::Le | BinaryOp::Eq => Some(false),
+                        _ if present && matches!(b, Constant(_) | Finite { present: true }) => {
+                            Some(true)
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
     }
 }
 
@@ -1786,7 +1964,43 @@ mod tests {
         let source = SourceMap::default().add("condition", condition);
         let (expr, problems) = crate::language::parse::parse_expression(source, condition);
         assert!(problems.is_empty(), "{condition}: {problems:?}");
-        stops_retrying(&expr.unwrap())
+        stops_retrying(&expr.unwrap(), &|_| None)
+    }
+
+    fn parsed(text: &str) -> Expr {
+        let source = SourceMap::default().add("expression", text);
+        crate::language::parse::parse_expression(source, text)
+            .0
+            .unwrap()
+    }
+
+    #[test]
+    fn names_are_followed_to_what_they_stand_for() {
+        let limit = parsed("3");
+        let ceiling = (parsed("input.n"), parsed("defaults.max_retries"));
+        let chosen = (parsed("input.n"), parsed("input.m"));
+        let lookup = |name: &str| match name {
+            "limit" => Some(Named::Let(&limit)),
+            "ceiling" => Some(Named::Merge(MergeOp::Min, &ceiling.0, &ceiling.1)),
+            "chosen" => Some(Named::Merge(MergeOp::First, &chosen.0, &chosen.1)),
+            "input.bounded" => Some(Named::BoundedInput),
+            _ => None,
+        };
+        let stops = |text: &str| stops_retrying(&parsed(text), &lookup);
+        assert!(stops("retries < limit"));
+        assert!(stops("retries < ceiling"));
+        assert!(stops("retries < input.bounded"));
+        assert!(!stops("retries < chosen"), "the client chooses it");
+        assert!(!stops("retries < input.n"));
+        let bounds = |text: &str| bounds_time(&parsed(text), &lookup);
+        assert!(bounds("30s"));
+        assert!(bounds("defaults.retry_window"));
+        assert!(!bounds("coalesce(input.budget, 10s)"), "the client sets it");
+        assert!(!bounds("10s / 0"), "absent");
+        assert!(
+            !bounds("defaults.retry_window / defaults.max_retries"),
+            "may be absent"
+        );
     }
 
     #[test]
@@ -1803,6 +2017,15 @@ mod tests {
             "elapsed < defaults.total_timeout",
             "3 > retries",
             "present(upstream.retry_after) and retries < 2",
+            "present(upstream.retry_after) and elapsed + upstream.retry_after < 30s",
+            "elapsed + coalesce(upstream.retry_after, 1s) <= 30s",
+            "retries < coalesce(defaults.max_retries, 3)",
+            "if present(defaults.max_retries) then retries < defaults.max_retries else retries < 2",
+            "retries < deployment.max_retries",
+            "seconds(elapsed) < 30",
+            "retries in [0, 1, 2]",
+            "attempt <= 3",
+            "retries < min(input.n, 3)",
         ] {
             assert!(stops(bounded), "{bounded} is bounded");
         }
@@ -1819,6 +2042,10 @@ mod tests {
             "retries < input.max_retries",
             "retries - input.offset < 3",
             "upstream.status == 503",
+            "retries < coalesce(input.n, 3)",
+            "elapsed < upstream.retry_after",
+            "retries + input.offset < 3",
+            "attempts < 3",
         ] {
             assert!(!stops(unbounded), "{unbounded} is unbounded");
         }

@@ -11,11 +11,12 @@ use crate::language::ir::{self, ErrorRef, Term};
 use crate::source::Span;
 use std::collections::HashMap;
 
-fn has_budget(block: &FailoverBlock) -> bool {
-    block
-        .statements
-        .iter()
-        .any(|s| matches!(s, FailoverStmt::Budget { .. }))
+/// The `budget` of a failover block, if it has one.
+fn budget_of(block: &FailoverBlock) -> Option<&Expr> {
+    block.statements.iter().find_map(|s| match s {
+        FailoverStmt::Budget { limit, .. } => Some(limit),
+        _ => None,
+    })
 }
 
 impl<'a> Checker<'a> {
@@ -716,7 +717,9 @@ impl<'a> Checker<'a> {
                     spec.budget = Some((limit, self.raise(error, RaiseKind::Exhausted)));
                 }
                 FailoverStmt::On(rule) => {
-                    let rule = self.outcome_rule(rule, budget_seen.is_some() || has_budget(block));
+                    let budget = budget_of(block)
+                        .map(|budget| expr::bounds_time(budget, &|name| self.named(name)));
+                    let rule = self.outcome_rule(rule, budget);
                     spec.rules.push(rule);
                 }
             }
@@ -736,7 +739,9 @@ impl<'a> Checker<'a> {
         self.program.failover = Some(spec);
     }
 
-    fn outcome_rule(&mut self, rule: &'a OutcomeRule, budget: bool) -> ir::RuleSpec {
+    /// `budget`: whether the failover block has a budget, and if so whether
+    /// it bounds the retries (present, and not set by a client).
+    fn outcome_rule(&mut self, rule: &'a OutcomeRule, budget: Option<bool>) -> ir::RuleSpec {
         let place = Place::candidate("an `on` rule").with_roots(OUTCOME);
         let (when_usage, when) = match &rule.when {
             Some(when) => {
@@ -772,8 +777,17 @@ impl<'a> Checker<'a> {
                         .as_ref()
                         .map(|after| self.expect(after, &Ty::Duration, &place, &scope).1);
                     action = ir::Action::Retry(after);
-                    let bounded = rule.when.as_ref().is_some_and(expr::stops_retrying);
-                    if !budget && !bounded {
+                    let bounded = rule
+                        .when
+                        .as_ref()
+                        .is_some_and(|when| expr::stops_retrying(when, &|name| self.named(name)));
+                    if budget != Some(true) && !bounded {
+                        let budget_help = match budget {
+                            Some(_) => {
+                                "; the failover's `budget` does not bound it: a client sets it, or it may be absent (a division)"
+                            }
+                            None => ", or give `failover` a `budget`",
+                        };
                         let reads_a_bound = when_usage.retries || when_usage.elapsed;
                         match rule.when.as_ref().filter(|_| reads_a_bound) {
                             Some(when) => self.error_at(
@@ -783,8 +797,8 @@ impl<'a> Checker<'a> {
                                     "this `retry`'s condition can hold however many retries there have been",
                                 ),
                                 "true for some answers however large `retries` and `elapsed` grow",
-                                Some(String::from(
-                                    "the condition must be false, whatever else holds, once `retries` or `elapsed` passes a limit set in the policy or its data: add `and retries < 2` (parenthesise an `or`: `(A or B) and retries < 2`), or give `failover` a `budget`",
+                                Some(format!(
+                                    "the condition must be false, whatever else holds, once `retries` or `elapsed` passes a limit set in the policy or its data: add `and retries < 2` (parenthesise an `or`: `(A or B) and retries < 2`){budget_help}",
                                 )),
                             ),
                             None => self.error_at(
@@ -792,8 +806,8 @@ impl<'a> Checker<'a> {
                                 *span,
                                 String::from("this `retry` has no bound and could repeat forever"),
                                 "unbounded retry",
-                                Some(String::from(
-                                    "limit it with a condition such as `when retries < 2`, or give `failover` a `budget`",
+                                Some(format!(
+                                    "limit it with a condition such as `when retries < 2`{budget_help}",
                                 )),
                             ),
                         }

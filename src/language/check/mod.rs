@@ -394,6 +394,24 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// What a name stands for, for telling whether a `retry` or a
+    /// `budget` is bounded: a `let`'s or `merge`'s expressions, and whether
+    /// `input.NAME` has a bounded type.
+    fn named(&self, name: &str) -> Option<expr::Named<'a>> {
+        if let Some(input) = name.strip_prefix("input.") {
+            let info = self.inputs.iter().find(|i| i.decl.name.name == input)?;
+            return matches!(info.decl.ty.kind, TypeExprKind::IntRange { .. })
+                .then_some(expr::Named::BoundedInput);
+        }
+        let definition = self.definitions.get(*self.definition_index.get(name)?)?;
+        Some(match definition.kind {
+            DefinitionKind::Let(decl) => expr::Named::Let(&decl.value),
+            DefinitionKind::Merge(decl) => {
+                expr::Named::Merge(decl.op, &decl.request, &decl.default)
+            }
+        })
+    }
+
     /// The type of a `let` or merge, checking it on first use.
     fn let_type(&mut self, name: &str) -> Option<(Ty, Usage, DefRef)> {
         let index = *self.definition_index.get(name)?;
