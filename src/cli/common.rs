@@ -9,8 +9,6 @@ use crate::language::CheckReport;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fmt::Display;
-use std::io::ErrorKind;
 use std::path::PathBuf;
 
 /// A request as written in a file: an endpoint, headers and a body. A file
@@ -180,18 +178,21 @@ pub fn not_a_policy_file(path: &std::path::Path) -> Option<String> {
 }
 
 /// How `serve`, `demo` and `sim` let a user pick another address.
+#[cfg(feature = "server")]
 pub const CHOOSE_ANOTHER: &str = "choose another address with `--listen ADDR`";
 
 /// Why `who` could not listen on `address`, and what to do about it.
 /// `choose_another` says how to pick another address; `None` where the
 /// address is fixed (the demo's simulated providers, which the shipped
 /// catalog names).
+#[cfg(feature = "server")]
 pub fn listen_failure(
     who: &str,
-    address: impl Display,
+    address: impl std::fmt::Display,
     error: &std::io::Error,
     choose_another: Option<&str>,
 ) -> String {
+    use std::io::ErrorKind;
     let help = match (error.kind(), choose_another) {
         (ErrorKind::AddrInUse, Some(choose)) => {
             format!("another process listens there: stop it, or {choose}")
@@ -214,13 +215,13 @@ pub fn listen_failure(
     )
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
 
     #[test]
     fn a_busy_address_says_what_to_do() {
-        let busy = std::io::Error::from(ErrorKind::AddrInUse);
+        let busy = std::io::Error::from(std::io::ErrorKind::AddrInUse);
         assert_eq!(
             listen_failure("the proxy", "127.0.0.1:8080", &busy, Some(CHOOSE_ANOTHER)),
             "the proxy cannot listen on 127.0.0.1:8080: the address is in use\n \
