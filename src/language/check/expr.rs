@@ -990,6 +990,22 @@ impl Checker<'_> {
                     );
                     return broken(span);
                 }
+                // Two values of one type that has no order (conditions,
+                // lists, records): the type is the problem, not the pair.
+                if lhs_ty.required() == rhs_ty.required()
+                    && matches!(lhs_ty.required(), Ty::Bool | Ty::List(_) | Ty::Record(_))
+                {
+                    self.err(
+                        codes::NOT_ORDERED,
+                        span,
+                        format!("{} has no order, so `{}` cannot compare it", lhs_ty.required(), op.symbol()),
+                        "compared by order",
+                        Some(String::from(
+                            "compare with `==` or `!=`; order comparisons take numbers, durations, dates, strings or members of an ordered enumeration",
+                        )),
+                    );
+                    return broken(span);
+                }
                 self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty))
             }
             BinaryOp::In | BinaryOp::NotIn => {
