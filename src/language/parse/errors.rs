@@ -327,11 +327,10 @@ fn malformed_literal(
         .is_some_and(|at| {
             words
                 .get(at..)
-                .is_some_and(|after| !after.contains(&"when"))
+                .is_some_and(|after| !after.contains(&"when") && !after.contains(&"=>"))
         })
-        && word
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == 'x' || c == 'X');
+        // Meant as a status or a class (`5xy`, `4xx5`), not a word.
+        && word.starts_with(|c: char| c.is_ascii_digit());
     // A well-formed literal in the wrong place is the parser's to explain.
     if in_outcomes {
         if is_whole(Rule::status_pattern) {

@@ -291,6 +291,12 @@ fn bad_status_patterns_are_reported() {
     assert_eq!(parsed.diagnostics[0].code, codes::BAD_STATUS_PATTERN);
     let parsed = parse_text("failover {\n  on 4x1 => stop\n}\n");
     assert!(!parsed.diagnostics.is_empty());
+    // A mistyped class is a status problem, not a duration's.
+    let parsed = parse_text("failover {\n  on 5xy => stop\n}\n");
+    assert_eq!(parsed.diagnostics[0].code, codes::BAD_STATUS_PATTERN);
+    // After `=>` a malformed word is a duration again.
+    let parsed = parse_text("failover {\n  on 503 => retry after 10x\n}\n");
+    assert_eq!(parsed.diagnostics[0].code, codes::BAD_LITERAL);
 }
 
 #[test]
