@@ -241,7 +241,20 @@ pub fn syntax_error(
     // misspelt.
     let word = text.get(position..position + length).unwrap_or("");
     let is_keyword = keywords().iter().any(|keyword| keyword == word);
-    let help = match crate::diagnostics::suggest(word, keywords().iter().map(String::as_str)) {
+    // The words the parser names as expected, if it names any: a
+    // suggestion among them, not among every keyword (`avg` where a merge
+    // operator belongs is not `and`).
+    let named: Vec<&str> = expected
+        .iter()
+        .flat_map(|entry| entry.split('`').skip(1).step_by(2))
+        .filter(|quoted| quoted.chars().all(|c| c.is_ascii_alphabetic() || c == '_'))
+        .collect();
+    let candidates: Vec<&str> = if named.is_empty() {
+        keywords().iter().map(String::as_str).collect()
+    } else {
+        named
+    };
+    let help = match crate::diagnostics::suggest(word, candidates.iter().copied()) {
         Some(close)
             if !is_keyword && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
         {
