@@ -229,6 +229,9 @@ pub fn syntax_error(
     if let Some(diagnostic) = malformed_literal(source, offset, text, position) {
         return diagnostic;
     }
+    if let Some(diagnostic) = unknown_escape_or_letter(source, offset, text, position) {
+        return diagnostic;
+    }
     if expected.len() > MAX_EXPECTED {
         let more = expected.len() - MAX_EXPECTED;
         let keep: BTreeSet<String> = expected.iter().take(MAX_EXPECTED).cloned().collect();
@@ -270,6 +273,53 @@ pub fn syntax_error(
     Diagnostic::new(codes::SYNTAX, message)
         .at(source, span, "unexpected here")
         .help(help)
+}
+
+/// Two mistakes the parser can only call "unexpected": a backslash in a
+/// string before a character that is no escape (`"a\qb"`), and a letter
+/// outside ASCII in a name (`let café`).
+fn unknown_escape_or_letter(
+    source: SourceId,
+    offset: usize,
+    text: &str,
+    position: usize,
+) -> Option<Diagnostic> {
+    let before = text.get(..position)?;
+    let next = text.get(position..)?.chars().next()?;
+    if before.ends_with('\\') {
+        let start = position - 1;
+        let span = Span::new(offset + start, offset + position + next.len_utf8());
+        return Some(
+            Diagnostic::new(
+                codes::SYNTAX,
+                format!("`\\{next}` is not an escape in a string"),
+            )
+            .at(source, span, "unknown escape")
+            .help("a string's escapes are `\\\"`, `\\\\`, `\\n` and `\\t`; write `\\\\` for a backslash"),
+        );
+    }
+    let name_start = before
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |at| at + 1);
+    let in_a_name = name_start < position;
+    if in_a_name && next.is_alphabetic() && !next.is_ascii() {
+        let rest = text.get(position..).unwrap_or("");
+        let end = position
+            + rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+        let word = text.get(name_start..end).unwrap_or("");
+        return Some(
+            Diagnostic::new(codes::SYNTAX, format!("`{word}` is not a name"))
+                .at(
+                    source,
+                    Span::new(offset + position, offset + position + next.len_utf8()),
+                    "not an ASCII letter",
+                )
+                .help("names use ASCII letters, digits and `_`, and begin with a letter or `_`"),
+        );
+    }
+    None
 }
 
 /// The words operators and literals are spelt with; the grammar's
