@@ -2650,6 +2650,44 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_stream_cut_at_the_end_of_the_drain_still_ends_as_an_answer() -> TestResult {
+    // The provider sends the whole answer but never ends it; on the proxy's
+    // manual clock the grace it gives such an end never runs out, so the
+    // drain's end finds the answer finished and waiting.
+    let Gateway { stack, api } = simple_setup()
+        .clock(Arc::new(ManualClock::default()))
+        .start("providers:\n  a: {sequence: [\"200 linger\"]}\n")
+        .await;
+    let stream = {
+        let api = api.clone();
+        tokio::spawn(async move { api.chat(&chat_body(true)).await })
+    };
+    until("the sim holds the stream", || {
+        stack.sim.requests().len() == 1
+    })
+    .await;
+    stack.running.shutdown().await;
+    let reply = stream.await?;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from a");
+    assert_eq!(
+        sse_events(&reply.text).last(),
+        Some(&"data: [DONE]"),
+        "{}",
+        reply.text
+    );
+    let metrics = stack.proxy.metrics.render();
+    assert!(
+        metrics.contains(
+            r#"switchyard_requests_total{provider="a",model="m",outcome="served",status="200"} 1"#
+        ),
+        "{metrics}"
+    );
+    stack.sim.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> TestResult {
     // A whole answer after 500 ms; a stream of 5 chunks 100 ms apart.
     let Gateway { stack, api } = Setup::new(

@@ -161,6 +161,21 @@ pub struct Exchange {
     committed: Option<usize>,
     /// Whether the exchange waits for a candidate with room.
     waiting_for_capacity: bool,
+    /// A stream whose provider finished its answer, waiting only for its
+    /// end: the candidate, when its attempt began, its first byte and
+    /// usage. Cut then, it still ends as an answer, not an error.
+    finished_stream: Option<FinishedStream>,
+}
+
+#[derive(Clone, Copy)]
+struct FinishedStream {
+    index: usize,
+    begun: Instant,
+    first_byte: Option<Duration>,
+    usage: Option<(u64, u64)>,
+    /// Whether its measurements went into the health state already (its
+    /// end was being sent).
+    recorded: bool,
 }
 
 impl Exchange {
@@ -198,6 +213,7 @@ impl Exchange {
             attempting: None,
             committed: None,
             waiting_for_capacity: false,
+            finished_stream: None,
         }
     }
 
@@ -346,6 +362,29 @@ impl Exchange {
     /// error event (and no completion sentinel), so that its client reads
     /// why rather than a closed connection.
     async fn shut_out(&mut self, link: &mut Link) {
+        // The provider had finished: the client gets the end it expects.
+        if link.is_open()
+            && let Some(finished) = self.finished_stream.take()
+        {
+            let FinishedStream {
+                index,
+                begun,
+                first_byte,
+                usage,
+                recorded,
+            } = finished;
+            self.attempting = None;
+            if !recorded {
+                self.record_served(index, begun, first_byte, usage, true);
+            }
+            if let Some(sentinel) = wire::sentinel(self.endpoint) {
+                link.send(sentinel).await;
+            }
+            *link = Link::Closed;
+            self.record_attempt(index, begun, String::from("ok"));
+            self.served(index, usage, first_byte);
+            return;
+        }
         self.cancel();
         // As for any error after a stream's headers: they said 200.
         if link.is_open() {
@@ -1108,6 +1147,13 @@ impl Exchange {
                 finished |= kind == EventKind::Finished;
                 if kind == EventKind::Sentinel {
                     self.record_served(index, begun, first_byte, usage, true);
+                    self.finished_stream = Some(FinishedStream {
+                        index,
+                        begun,
+                        first_byte,
+                        usage,
+                        recorded: true,
+                    });
                 }
                 if !link.send(event.raw).await {
                     return Attempted::Cancelled;
@@ -1117,6 +1163,13 @@ impl Exchange {
                 }
             }
             let wait = if finished {
+                self.finished_stream = Some(FinishedStream {
+                    index,
+                    begun,
+                    first_byte,
+                    usage,
+                    recorded: false,
+                });
                 FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
                 timeouts.idle_ms
@@ -1141,6 +1194,13 @@ impl Exchange {
                 // finish it as the client expects, promptly.
                 _ if finished => {
                     self.record_served(index, begun, first_byte, usage, true);
+                    self.finished_stream = Some(FinishedStream {
+                        index,
+                        begun,
+                        first_byte,
+                        usage,
+                        recorded: true,
+                    });
                     if let Some(sentinel) = wire::sentinel(endpoint)
                         && !link.send(sentinel).await
                     {

@@ -594,7 +594,7 @@ impl Play {
                 tokio::spawn(producer.partial_body(whole, success.ending));
                 with_json_type(status, body)
             }
-            Ending::Complete | Ending::NoTerminator => {
+            Ending::Complete | Ending::NoTerminator | Ending::Linger => {
                 with_json_type(status, SimBody::whole(whole))
             }
         }
@@ -634,7 +634,7 @@ impl Producer {
         match self.play_stream(&events, &success, &settings).await {
             Ok(()) => match success.ending {
                 Ending::CutAfter(_) => self.cut().await,
-                Ending::StallAfter(_) => self.stall().await,
+                Ending::StallAfter(_) | Ending::Linger => self.stall().await,
                 Ending::Complete | Ending::NoTerminator => {}
             },
             Err(Gone) => self.feed.abort().await,
@@ -650,7 +650,7 @@ impl Producer {
     ) -> Result<(), Gone> {
         let last_chunk = match success.ending {
             Ending::CutAfter(chunks) | Ending::StallAfter(chunks) => Some(chunks),
-            Ending::Complete | Ending::NoTerminator => None,
+            Ending::Complete | Ending::NoTerminator | Ending::Linger => None,
         };
         self.pause(success.first_token.unwrap_or(settings.first_token))
             .await?;

@@ -51,6 +51,9 @@ pub enum Ending {
     CutAfter(u32),
     /// This many content chunks, then nothing more while the connection stays open.
     StallAfter(u32),
+    /// Every event except the terminator, then nothing more while the
+    /// connection stays open: an answer finished but never ended.
+    Linger,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +95,7 @@ fn error_at(offset: usize, message: impl Into<String>) -> StepError {
 }
 
 /// Words that stand alone.
-const FLAGS: [&str; 4] = ["reset", "no_answer", "malformed", "no_done"];
+const FLAGS: [&str; 5] = ["reset", "no_answer", "malformed", "no_done", "linger"];
 /// Words written `name=value`.
 const OPTIONS: [&str; 8] = [
     "retry_after",
@@ -105,12 +108,13 @@ const OPTIONS: [&str; 8] = [
     "malformed_chunk",
 ];
 /// Options that shape a successful stream.
-const STREAM_OPTIONS: [&str; 5] = [
+const STREAM_OPTIONS: [&str; 6] = [
     "first_token",
     "cut_after",
     "stall_after",
     "malformed_chunk",
     "no_done",
+    "linger",
 ];
 /// Options that describe an error answer.
 const ERROR_OPTIONS: [&str; 3] = ["retry_after", "code", "message"];
@@ -204,6 +208,7 @@ struct Parts {
     stall_after: Option<u32>,
     malformed_chunk: Option<(usize, u32)>,
     no_done: bool,
+    linger: bool,
     /// Every word given, with its offset, to report conflicts where they are.
     seen: Vec<(usize, &'static str)>,
 }
@@ -327,6 +332,7 @@ fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
             parts.kind = Some(known);
         }
         "no_done" => parts.no_done = true,
+        "linger" => parts.linger = true,
         "retry_after" => parts.retry_after = Some(duration(value, value_offset)?),
         "slow_headers" => parts.slow_headers = Some(duration(value, value_offset)?),
         "first_token" => parts.first_token = Some(duration(value, value_offset)?),
@@ -435,7 +441,7 @@ fn build_action(parts: &Parts) -> Result<Action, StepError> {
             message: parts.message.clone(),
         }));
     }
-    let endings: Vec<&str> = ["cut_after", "stall_after", "no_done"]
+    let endings: Vec<&str> = ["cut_after", "stall_after", "no_done", "linger"]
         .into_iter()
         .filter(|ending| parts.has(ending))
         .collect();
@@ -445,10 +451,16 @@ fn build_action(parts: &Parts) -> Result<Action, StepError> {
             format!("`{second}` and `{first}` both say how the stream ends; keep one"),
         ));
     }
-    let ending = match (parts.cut_after, parts.stall_after, parts.no_done) {
-        (Some(chunks), _, _) => Ending::CutAfter(chunks),
-        (_, Some(chunks), _) => Ending::StallAfter(chunks),
-        (_, _, true) => Ending::NoTerminator,
+    let ending = match (
+        parts.cut_after,
+        parts.stall_after,
+        parts.no_done,
+        parts.linger,
+    ) {
+        (Some(chunks), _, _, _) => Ending::CutAfter(chunks),
+        (_, Some(chunks), _, _) => Ending::StallAfter(chunks),
+        (_, _, true, _) => Ending::NoTerminator,
+        (_, _, _, true) => Ending::Linger,
         _ => Ending::Complete,
     };
     if let (Some((offset, chunk)), Ending::CutAfter(sent) | Ending::StallAfter(sent)) =
@@ -575,6 +587,10 @@ mod tests {
                     "`stall_after` and `cut_after` both say how the stream ends; keep one"
                 )
             )
+        );
+        assert_eq!(
+            error("no_done linger").1,
+            "`linger` and `no_done` both say how the stream ends; keep one"
         );
         assert_eq!(
             error("reset retry_after=1s").1,
