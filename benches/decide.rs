@@ -16,10 +16,10 @@
     clippy::indexing_slicing
 )]
 
-use common::decisions::{NativeNoirdoc, caller, generate, request};
+use common::decisions::{NativeNoirdoc, context, generate, request};
 use std::hint::black_box;
+use switchyard::evaluate::evaluate;
 use switchyard::evaluate::health::Healthy;
-use switchyard::evaluate::{RequestContext, evaluate};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -36,17 +36,7 @@ fn main() {
     let policy = if native { "noirdoc" } else { name.as_str() };
     let snapshot = generate(policy, routes);
     let (key, endpoint, body, headers) = request(policy);
-    let text = body.to_string();
-    let context = RequestContext {
-        id: "bench",
-        endpoint,
-        body: Ok(&body),
-        body_bytes: text.len(),
-        headers: &headers,
-        caller: caller(&snapshot, key),
-        seed: 7,
-        rotation: 0,
-    };
+    let context = context(&snapshot, key, endpoint, &body, &headers);
     if native {
         let rules = NativeNoirdoc::new(&snapshot);
         let model = body["model"].as_str().unwrap();

@@ -11,11 +11,11 @@
     clippy::indexing_slicing
 )]
 
-use common::decisions::{NativeNoirdoc, caller, generate, request};
+use common::decisions::{NativeNoirdoc, caller, context, generate, request};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
+use switchyard::evaluate::evaluate;
 use switchyard::evaluate::health::Healthy;
-use switchyard::evaluate::{RequestContext, evaluate};
 
 mod common;
 
@@ -25,17 +25,7 @@ fn benchmarks(c: &mut Criterion) {
         for policy in ["noirdoc", "anonrouter", "noeta", "ngrok", "ai-setu"] {
             let snapshot = generate(policy, routes);
             let (key, endpoint, body, headers) = request(policy);
-            let text = body.to_string();
-            let context = RequestContext {
-                id: "bench",
-                endpoint,
-                body: Ok(&body),
-                body_bytes: text.len(),
-                headers: &headers,
-                caller: caller(&snapshot, key),
-                seed: 7,
-                rotation: 0,
-            };
+            let context = context(&snapshot, key, endpoint, &body, &headers);
             assert!(
                 evaluate(&snapshot, &context, &Healthy).result.is_ok(),
                 "{policy} refuses its benchmark request"

@@ -5,7 +5,7 @@
 use serde_json::{Value as Json, json};
 use std::cmp::Ordering;
 use switchyard::compile::{AllSecrets, ModelName, Snapshot, compile_file};
-use switchyard::evaluate::{Caller, Endpoint};
+use switchyard::evaluate::{Caller, Endpoint, RequestContext};
 use switchyard::value::Value;
 
 pub fn generate(policy: &str, routes: usize) -> Snapshot {
@@ -32,6 +32,27 @@ pub fn caller(snapshot: &Snapshot, key: &str) -> Caller {
         tenant: found.tenant,
         workspace: found.workspace,
         key: Some(index),
+    }
+}
+
+/// The request context of a policy's benchmark request, as the proxy
+/// would build it.
+pub fn context<'a>(
+    snapshot: &Snapshot,
+    key: &str,
+    endpoint: Endpoint,
+    body: &'a Json,
+    headers: &'a [(String, String)],
+) -> RequestContext<'a> {
+    RequestContext {
+        id: "bench",
+        endpoint,
+        body: Ok(body),
+        body_bytes: body.to_string().len(),
+        headers,
+        caller: caller(snapshot, key),
+        seed: 7,
+        rotation: 0,
     }
 }
 

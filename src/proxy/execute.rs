@@ -371,11 +371,11 @@ impl Exchange {
                 begun,
                 first_byte,
                 usage,
-                recorded,
+                ..
             } = finished;
             self.attempting = None;
-            if !recorded {
-                self.record_served(index, begun, first_byte, usage, true);
+            if !finished.recorded {
+                self.record_end(finished);
             }
             if let Some(sentinel) = wire::sentinel(self.endpoint) {
                 link.send(sentinel).await;
@@ -975,6 +975,22 @@ impl Exchange {
         );
     }
 
+    /// A stream's answer is complete and its end about to go out: its
+    /// measurements go into the health state, once, before the end does.
+    fn record_end(&mut self, finished: FinishedStream) {
+        self.record_served(
+            finished.index,
+            finished.begun,
+            finished.first_byte,
+            finished.usage,
+            true,
+        );
+        self.finished_stream = Some(FinishedStream {
+            recorded: true,
+            ..finished
+        });
+    }
+
     /// A whole (non-streamed) answer: read, checked, then sent.
     async fn answer(
         &mut self,
@@ -1128,6 +1144,13 @@ impl Exchange {
         }
 
         // Committed: nothing fails over from here on.
+        let finished_with = |usage| FinishedStream {
+            index,
+            begun,
+            first_byte,
+            usage,
+            recorded: false,
+        };
         loop {
             while let Some(event) = pending.pop_front() {
                 let (kind, reported) = event.meaning(endpoint);
@@ -1146,14 +1169,7 @@ impl Exchange {
                 usage = wire::accumulated_usage(usage, reported);
                 finished |= kind == EventKind::Finished;
                 if kind == EventKind::Sentinel {
-                    self.record_served(index, begun, first_byte, usage, true);
-                    self.finished_stream = Some(FinishedStream {
-                        index,
-                        begun,
-                        first_byte,
-                        usage,
-                        recorded: true,
-                    });
+                    self.record_end(finished_with(usage));
                 }
                 if !link.send(event.raw).await {
                     return Attempted::Cancelled;
@@ -1163,13 +1179,7 @@ impl Exchange {
                 }
             }
             let wait = if finished {
-                self.finished_stream = Some(FinishedStream {
-                    index,
-                    begun,
-                    first_byte,
-                    usage,
-                    recorded: false,
-                });
+                self.finished_stream = Some(finished_with(usage));
                 FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
                 timeouts.idle_ms
@@ -1193,14 +1203,7 @@ impl Exchange {
                 // The answer is complete but its end marker is missing:
                 // finish it as the client expects, promptly.
                 _ if finished => {
-                    self.record_served(index, begun, first_byte, usage, true);
-                    self.finished_stream = Some(FinishedStream {
-                        index,
-                        begun,
-                        first_byte,
-                        usage,
-                        recorded: true,
-                    });
+                    self.record_end(finished_with(usage));
                     if let Some(sentinel) = wire::sentinel(endpoint)
                         && !link.send(sentinel).await
                     {

@@ -175,35 +175,11 @@ pub fn constant_bool(expr: &Expr) -> Option<bool> {
             rhs,
         ) => {
             let (a, b) = (constant_number(lhs)?, constant_number(rhs)?);
-            Some(match op {
-                BinaryOp::Eq => a == b,
-                BinaryOp::Ne => a != b,
-                BinaryOp::Lt => a < b,
-                BinaryOp::Le => a <= b,
-                BinaryOp::Gt => a > b,
-                _ => a >= b,
-            })
+            Some(compare(*op, a, b))
         }
         ExprKind::Unary(UnaryOp::Not, inner) => constant_bool(inner).map(|b| !b),
         ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
-            let (l, r) = (constant_bool(lhs), constant_bool(rhs));
-            match op {
-                BinaryOp::And => match (l, r) {
-                    (Some(false), _) | (_, Some(false)) => Some(false),
-                    (Some(true), Some(true)) => Some(true),
-                    _ => None,
-                },
-                BinaryOp::Or => match (l, r) {
-                    (Some(true), _) | (_, Some(true)) => Some(true),
-                    (Some(false), Some(false)) => Some(false),
-                    _ => None,
-                },
-                _ => match (l, r) {
-                    (Some(false), _) | (_, Some(true)) => Some(true),
-                    (Some(true), Some(false)) => Some(false),
-                    _ => None,
-                },
-            }
+            connective(*op, constant_bool(lhs), constant_bool(rhs))
         }
         _ => None,
     }
@@ -490,23 +466,7 @@ impl Limits<'_, '_> {
             }
             ExprKind::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Implies), lhs, rhs) => {
                 let (l, r) = (self.truth(lhs), self.truth(rhs));
-                match op {
-                    BinaryOp::And => match (l, r) {
-                        (Some(false), _) | (_, Some(false)) => Some(false),
-                        (Some(true), Some(true)) => Some(true),
-                        _ => None,
-                    },
-                    BinaryOp::Or => match (l, r) {
-                        (Some(true), _) | (_, Some(true)) => Some(true),
-                        (Some(false), Some(false)) => Some(false),
-                        _ => None,
-                    },
-                    _ => match (l, r) {
-                        (Some(false), _) | (_, Some(true)) => Some(true),
-                        (Some(true), Some(false)) => Some(false),
-                        _ => None,
-                    },
-                }
+                connective(*op, l, r)
             }
             ExprKind::Binary(BinaryOp::In, lhs, rhs) => {
                 let ExprKind::List(items) = &rhs.kind else {
@@ -537,14 +497,7 @@ impl Limits<'_, '_> {
                     _ => (*op, a, b),
                 };
                 match (a, b) {
-                    (Constant(x), Constant(y)) => Some(match op {
-                        BinaryOp::Eq => x == y,
-                        BinaryOp::Ne => x != y,
-                        BinaryOp::Lt => x < y,
-                        BinaryOp::Le => x <= y,
-                        BinaryOp::Gt => x > y,
-                        _ => x >= y,
-                    }),
+                    (Constant(x), Constant(y)) => Some(compare(op, x, y)),
                     // Beyond every value the other side can take, or absent:
                     // a comparison with an absent value is false.
                     (Unbounded { present }, Constant(_) | Finite { .. } | UpperBounded) => match op
@@ -560,6 +513,40 @@ impl Limits<'_, '_> {
             }
             _ => None,
         }
+    }
+}
+
+/// Two numbers compared by `op`, one of `==`, `!=`, `<`, `<=`, `>`, `>=`.
+fn compare(op: BinaryOp, a: f64, b: f64) -> bool {
+    match op {
+        BinaryOp::Eq => a == b,
+        BinaryOp::Ne => a != b,
+        BinaryOp::Lt => a < b,
+        BinaryOp::Le => a <= b,
+        BinaryOp::Gt => a > b,
+        _ => a >= b,
+    }
+}
+
+/// `and`, `or` or `implies` of two truths that may be unknown (`None`):
+/// known whenever one side settles it.
+fn connective(op: BinaryOp, l: Option<bool>, r: Option<bool>) -> Option<bool> {
+    match op {
+        BinaryOp::And => match (l, r) {
+            (Some(false), _) | (_, Some(false)) => Some(false),
+            (Some(true), Some(true)) => Some(true),
+            _ => None,
+        },
+        BinaryOp::Or => match (l, r) {
+            (Some(true), _) | (_, Some(true)) => Some(true),
+            (Some(false), Some(false)) => Some(false),
+            _ => None,
+        },
+        _ => match (l, r) {
+            (Some(false), _) | (_, Some(true)) => Some(true),
+            (Some(true), Some(false)) => Some(false),
+            _ => None,
+        },
     }
 }
 
