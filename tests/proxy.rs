@@ -772,6 +772,36 @@ async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestRe
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_without_a_standard_name_still_has_a_reason_phrase() -> TestResult {
+    use tokio::io::AsyncReadExt;
+    let gateway = Setup::new(
+        "failover {\n  attempts 1\n  on 5xx => stop, error passthrough\n  on any => stop, error upstream_failed\n}\n",
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {sequence: [\"529\"]}\n")
+    .await;
+    let body = chat_body(false).to_string();
+    let mut socket = send_raw_chat(
+        &gateway.api,
+        &format!(
+            "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer)).await??;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 529 Overloaded\r\n"),
+        "{answer}"
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
 // ------------------------------------------------------------- 3. retries
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1066,7 +1096,21 @@ async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResul
     let (gateway, slow) = one_slot_taken("3s", "600ms").await;
     let sim = &gateway.sim;
 
-    let waiting = gateway.api.chat(&chat_body(false)).await;
+    let waiting = {
+        let api = gateway.api.clone();
+        tokio::spawn(async move { api.chat(&chat_body(false)).await })
+    };
+    // While it waits, `/healthz` counts both requests, and one attempt
+    // holding the provider's room.
+    let proxy = gateway.proxy.clone();
+    until("the second request waits", || {
+        proxy.metrics.render().contains("switchyard_in_flight 2")
+    })
+    .await;
+    let health = gateway.api.get("/healthz").await;
+    assert_eq!(health.json["in_flight"], 2, "{}", health.text);
+    assert_eq!(health.json["upstream_in_flight"], 1, "{}", health.text);
+    let waiting = waiting.await?;
     assert_eq!(waiting.status, 200, "{}", waiting.text);
     assert_eq!(slow.await?.status, 200);
     let requests = sim.requests();
@@ -1367,6 +1411,32 @@ async fn a_stream_cut_after_commit_ends_with_an_error_event_and_no_done() -> Tes
     assert!("hello from a".starts_with(&reply.streamed_text()));
     // Nothing fails over once bytes reached the client.
     assert_eq!(providers_seen(&requests), ["a"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_cut_after_commit_ends_with_the_responses_error_event() -> TestResult {
+    // The Responses API's streams are typed events; its error event is one
+    // of them, and carries the error object the official SDKs raise on.
+    let scenario = "providers:\n  a: {sequence: [\"cut_after=2\"]}\n  b: {}\n";
+    let gateway = Setup::new(STREAMS, STREAM_ERRORS, a_then_b())
+        .start(scenario)
+        .await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "committed: {}", reply.text);
+    let events = sse_events(&reply.text);
+    assert!(events.len() > 1, "{}", reply.text);
+    let last = events.last().copied().unwrap_or_default();
+    assert_eq!(event_name(last), Some("error"), "{}", reply.text);
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["type"], "error", "{}", reply.text);
+    assert_eq!(error["code"], "broken_stream", "{}", reply.text);
+    assert_eq!(error["message"], "the provider's stream broke");
+    assert_eq!(error["error"]["code"], "broken_stream", "{}", reply.text);
+    assert!(!reply.text.contains("response.completed"), "{}", reply.text);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["a"]);
+    gateway.stop().await;
     Ok(())
 }
 
@@ -2025,6 +2095,51 @@ async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_answers_carry_the_request_id_where_anthropic_clients_read_it() -> TestResult {
+    let gateway = Setup::new(SIMPLE, SIMPLE_ERRORS, openai_and_anthropic())
+        .start("providers:\n  a: {}\n  anth: {}\n")
+        .await;
+    let api = &gateway.api;
+    let messages = |body: &Json| {
+        api.messages_request(body)
+            .header("x-request-id", "client-req-7")
+    };
+
+    for stream in [false, true] {
+        let answer = Reply::of(messages(&messages_body(stream))).await;
+        assert_eq!(answer.status, 200, "{}", answer.text);
+        assert_eq!(answer.header("request-id"), Some("client-req-7"));
+        assert_eq!(answer.header("x-request-id"), Some("client-req-7"));
+    }
+    // An error object names the request too, as Anthropic's do.
+    let refused = Reply::of(messages(
+        &json!({"model": "no-such-model", "max_tokens": 5, "messages": []}),
+    ))
+    .await;
+    assert!(refused.status >= 400, "{}", refused.text);
+    assert_eq!(refused.header("request-id"), Some("client-req-7"));
+    let body: Json = serde_json::from_str(&refused.text)?;
+    assert_eq!(body["type"], "error", "{}", refused.text);
+    assert_eq!(body["request_id"], "client-req-7", "{}", refused.text);
+    // The proxy's own answers on Anthropic's endpoint as well.
+    let unauthorized = Reply::of(
+        api.post("/v1/messages", &messages_body(false))
+            .header("anthropic-version", "2023-06-01")
+            .header("x-request-id", "client-req-8"),
+    )
+    .await;
+    assert_eq!(unauthorized.status, 401, "{}", unauthorized.text);
+    assert_eq!(unauthorized.header("request-id"), Some("client-req-8"));
+
+    // OpenAI's answers keep to `x-request-id`.
+    let openai = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(openai.status, 200, "{}", openai.text);
+    assert_eq!(openai.header("request-id"), None);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_provider_reads_the_body_the_policy_read() -> TestResult {
     let gateway = simple_gateway().await;
     // A repeated key (the last counts, for the policy and the provider), an
@@ -2381,7 +2496,28 @@ async fn unknown_paths_get_404_and_other_methods_405() -> TestResult {
         )
         .await;
         assert_eq!(reply.status, 405, "{path}: {}", reply.text);
-        assert_eq!(reply.header("allow"), Some("GET"), "{path}");
+        assert_eq!(reply.header("allow"), Some("GET, HEAD"), "{path}");
+        // HEAD answers as GET would, without the body.
+        let get = Reply::of(
+            api.client
+                .get(format!("{}{path}", api.url))
+                .bearer_auth(KEY),
+        )
+        .await;
+        let head = Reply::of(
+            api.client
+                .head(format!("{}{path}", api.url))
+                .bearer_auth(KEY),
+        )
+        .await;
+        assert_eq!(get.status, 200, "{path}: {}", get.text);
+        assert_eq!(head.status, 200, "{path}: {}", head.text);
+        assert!(head.text.is_empty(), "{path}: {}", head.text);
+        assert_eq!(
+            head.header("content-type"),
+            get.header("content-type"),
+            "{path}"
+        );
     }
 
     assert!(sim.requests().is_empty());
@@ -2541,8 +2677,11 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
 async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() -> TestResult {
     // Both outlast the stack's 5 s drain: a whole answer after a minute,
     // and a stream of a chunk a second, committed at its first.
+    let sections = format!(
+        "{SIMPLE}headers {{\n  \"x-served-by\" = served.provider.name\n  \"x-gateway\" = \"switchyard\"\n}}\n"
+    );
     let Gateway { stack, api } = Setup::new(
-        SIMPLE,
+        &sections,
         SIMPLE_ERRORS,
         catalog(
             &[
@@ -2604,12 +2743,21 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
     // called.
     let reply = late.0.await?;
     reply.openai_error(503, "shutting_down", "api_error");
+    // The policy's headers, as on any error; no provider had been tried.
+    assert_eq!(reply.header("x-gateway"), Some("switchyard"));
+    assert_eq!(reply.header("x-served-by"), None);
     shutdown.await?;
     assert_eq!(stack.sim.requests().len(), 3);
 
     // Not a closed connection: the error, in the caller's wire format.
     let reply = whole.await?;
     reply.openai_error(503, "shutting_down", "api_error");
+    assert_eq!(reply.header("x-gateway"), Some("switchyard"));
+    assert_eq!(
+        reply.header("x-served-by"),
+        Some("a"),
+        "the provider being tried"
+    );
     // The stream's headers went out with its first chunk: it ends with an
     // error event, and no `[DONE]`.
     let reply = stream.await?;

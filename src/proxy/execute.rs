@@ -390,7 +390,8 @@ impl Exchange {
         if link.is_open() {
             self.report.status = 200;
         }
-        if let Some((index, begun)) = self.attempting.take() {
+        let attempted = self.attempting.take();
+        if let Some((index, begun)) = attempted {
             self.record_attempt(index, begun, self.report.outcome.to_string());
         }
         let error = ErrorResponse {
@@ -401,10 +402,23 @@ impl Exchange {
             retry_after_secs: None,
         };
         if link.is_open() {
-            link.send(wire::error_event(self.wire(), &error)).await;
+            link.send(wire::error_event(self.endpoint, &error)).await;
             *link = Link::Closed;
         } else {
-            link.respond(respond::error(self.wire(), &self.request_id, &error, &[]));
+            // The policy's headers, as on any error: for the candidate
+            // being tried when the drain ended, if any.
+            let headers = self.plan.headers(
+                &self.snapshot,
+                attempted.map(|(index, _)| index),
+                self.progress_now(),
+                false,
+            );
+            link.respond(respond::error(
+                self.wire(),
+                &self.request_id,
+                &error,
+                &headers,
+            ));
         }
     }
 
@@ -755,7 +769,7 @@ impl Exchange {
             self.report.outcome = "error";
         }
         if link.is_open() {
-            link.send(wire::error_event(self.wire(), error)).await;
+            link.send(wire::error_event(self.endpoint, error)).await;
             *link = Link::Closed;
         } else {
             link.respond(respond::error(

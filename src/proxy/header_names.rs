@@ -10,3 +10,5 @@ pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-ver
 pub const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 pub const OPENAI_BETA: HeaderName = HeaderName::from_static("openai-beta");
 pub const POLICY_VERSION: HeaderName = HeaderName::from_static("x-switchyard-policy-version");
+/// Where Anthropic's API and clients carry the request id.
+pub const ANTHROPIC_REQUEST_ID: HeaderName = HeaderName::from_static("request-id");

@@ -17,6 +17,7 @@ pub mod wire;
 
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
+use crate::diagnostics::redact::{looks_like_secret, redact};
 use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate, reads_body_member};
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
@@ -100,6 +101,8 @@ pub struct Proxy {
     pub reload_status: Mutex<ReloadStatus>,
     /// Advances per request, for `round_robin` balancing.
     rotation: AtomicU64,
+    /// Requests being handled, as `switchyard_in_flight` counts them.
+    requests_in_flight: AtomicU64,
     access_log: Arc<dyn AccessLog>,
     /// Set when a shutdown's drain time ran out: requests cut from then on
     /// were cut by the proxy, not by their clients.
@@ -164,6 +167,7 @@ impl Proxy {
             version_header: options.version_header,
             reload_status: Mutex::new(ReloadStatus::default()),
             rotation: AtomicU64::new(0),
+            requests_in_flight: AtomicU64::new(0),
             access_log,
             drain_over: watch::Sender::new(false),
         })
@@ -377,7 +381,7 @@ impl Answering {
                 "the gateway failed to answer",
             ),
         };
-        with_version(response, self.version.as_ref())
+        finish(response, self.version.as_ref(), self.wire)
     }
 }
 
@@ -385,18 +389,25 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
     let request_id = request_id(request.headers());
     let path = request.uri().path().to_string();
     let method = request.method().clone();
-    let wire = if request
-        .headers()
-        .contains_key(header_names::ANTHROPIC_VERSION)
-    {
-        WireFormat::Anthropic
-    } else {
-        WireFormat::OpenAi
+    // An endpoint's answers are in its own wire format; the others in the
+    // one the client's headers ask for.
+    let wire = match Endpoint::from_path(&path) {
+        Some(endpoint) => endpoint.wire(),
+        None if request
+            .headers()
+            .contains_key(header_names::ANTHROPIC_VERSION) =>
+        {
+            WireFormat::Anthropic
+        }
+        None => WireFormat::OpenAi,
     };
     // One snapshot answers the request and names its version.
     let snapshot = proxy.snapshot();
+    // HEAD asks what GET would answer; hyper leaves the body out (RFC
+    // 9110 asks every general-purpose server to support both).
+    let reads = method == Method::GET || method == Method::HEAD;
     let response = match (method, path.as_str()) {
-        (Method::GET, "/healthz") => {
+        (_, "/healthz") if reads => {
             let reloads = lock(&proxy.reload_status).to_json();
             respond::json(
                 200,
@@ -405,18 +416,19 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
                     "status": "ok",
                     "policy": snapshot.name,
                     "version": snapshot.version,
-                    "in_flight": proxy.state.in_flight_total(),
+                    "in_flight": proxy.requests_in_flight.load(Ordering::Relaxed),
+                    "upstream_in_flight": proxy.state.in_flight_total(),
                     "reload": reloads,
                 }),
             )
         }
-        (Method::GET, "/metrics") => respond::base(
+        (_, "/metrics") if reads => respond::base(
             200,
             &request_id,
             "text/plain; version=0.0.4",
             ProxyBody::full(proxy.metrics.render()),
         ),
-        (Method::GET, "/v1/models") => match authenticate(&snapshot, request.headers()) {
+        (_, "/v1/models") if reads => match authenticate(&snapshot, request.headers()) {
             Ok(caller) => {
                 let health = StateView {
                     state: &proxy.state,
@@ -431,17 +443,16 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
             Some(endpoint) if method == Method::POST => {
                 return complete(proxy, snapshot, request, endpoint, request_id, cut).await;
             }
-            // An endpoint's errors are in its own wire format.
-            Some(endpoint) => method_not_allowed(endpoint.wire(), &request_id, "POST"),
+            Some(_) => method_not_allowed(wire, &request_id, "POST"),
             None if matches!(path, "/healthz" | "/metrics" | "/v1/models") => {
-                method_not_allowed(wire, &request_id, "GET")
+                method_not_allowed(wire, &request_id, "GET, HEAD")
             }
             None => not_found(wire, &request_id, path),
         },
     };
     drain_unread(request, proxy.limits.max_body_bytes);
     let version = policy_version(&proxy, &snapshot);
-    Handled::Answered(with_version(response, version.as_ref()))
+    Handled::Answered(finish(response, version.as_ref(), wire))
 }
 
 /// The value of `x-switchyard-policy-version` for answers decided on
@@ -453,14 +464,22 @@ fn policy_version(proxy: &Proxy, snapshot: &Snapshot) -> Option<HeaderValue> {
         .flatten()
 }
 
-fn with_version(
+/// What every answer carries besides its own headers: the policy's
+/// version when asked for, and in Anthropic's wire format the request id
+/// also under the name Anthropic's clients read it from (`request-id`).
+fn finish(
     mut response: Response<ProxyBody>,
     version: Option<&HeaderValue>,
+    wire: WireFormat,
 ) -> Response<ProxyBody> {
+    let headers = response.headers_mut();
     if let Some(version) = version {
-        response
-            .headers_mut()
-            .insert(header_names::POLICY_VERSION, version.clone());
+        headers.insert(header_names::POLICY_VERSION, version.clone());
+    }
+    if wire == WireFormat::Anthropic
+        && let Some(id) = headers.get(header_names::REQUEST_ID).cloned()
+    {
+        headers.insert(header_names::ANTHROPIC_REQUEST_ID, id);
     }
     response
 }
@@ -495,6 +514,8 @@ fn method_not_allowed(
 }
 
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.
+/// The id is logged and sent on to providers, so one that is the client's
+/// key, or looks like an API key, is not taken.
 fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(header_names::REQUEST_ID)
@@ -505,6 +526,8 @@ fn request_id(headers: &HeaderMap) -> String {
                 && id
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+                && !looks_like_secret(id)
+                && presented_key(headers) != Some(id)
         })
         .map_or_else(new_request_id, str::to_string)
 }
@@ -543,10 +566,9 @@ fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Respon
     response
 }
 
-/// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
-/// table finds the candidate and a constant-time comparison confirms it.
-fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
-    // The scheme is case-insensitive (RFC 9110); an empty credential is none.
+/// The key the client sent: `Authorization: Bearer KEY`, else `x-api-key`.
+/// The scheme is case-insensitive (RFC 9110); an empty credential is none.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -554,12 +576,19 @@ fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unau
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, key)| key.trim())
         .filter(|key| !key.is_empty());
-    let api_key = headers
-        .get(header_names::API_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|key| !key.is_empty());
-    let key = bearer.or(api_key).ok_or(Unauthorized::Missing)?;
+    bearer.or_else(|| {
+        headers
+            .get(header_names::API_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|key| !key.is_empty())
+    })
+}
+
+/// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
+/// table finds the candidate and a constant-time comparison confirms it.
+fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
+    let key = presented_key(headers).ok_or(Unauthorized::Missing)?;
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
     let stored = snapshot
@@ -597,6 +626,7 @@ struct InFlight(Arc<Proxy>);
 impl InFlight {
     fn new(proxy: Arc<Proxy>) -> InFlight {
         proxy.metrics.in_flight(1.0);
+        proxy.requests_in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(proxy)
     }
 }
@@ -604,6 +634,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.metrics.in_flight(-1.0);
+        self.0.requests_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -620,7 +651,7 @@ async fn complete(
     let in_flight = InFlight::new(proxy.clone());
     let wire = endpoint.wire();
     let version = policy_version(&proxy, &snapshot);
-    let answered = |response| Handled::Answered(with_version(response, version.as_ref()));
+    let answered = |response| Handled::Answered(finish(response, version.as_ref(), wire));
     let caller = match authenticate(&snapshot, request.headers()) {
         Ok(caller) => caller,
         Err(why) => {
@@ -1033,11 +1064,13 @@ pub const OTHER_MODEL: &str = "(other)";
 /// Longest model id a log line quotes in full.
 const LOGGED_MODEL_BYTES: usize = 256;
 
-/// A model id as the log line shows it: cut short (at a character
-/// boundary, marked with `…`) when a client sent a long one.
+/// A model id as the log line shows it: a word in it that looks like an
+/// API key masked (a client may paste one there by mistake), and cut short
+/// (at a character boundary, marked with `…`) when a client sent a long one.
 fn logged_model(requested: &str) -> String {
+    let requested = redact(requested);
     if requested.len() <= LOGGED_MODEL_BYTES {
-        return requested.to_string();
+        return requested.into_owned();
     }
     let mut end = LOGGED_MODEL_BYTES;
     while !requested.is_char_boundary(end) {
@@ -1130,6 +1163,42 @@ mod tests {
         );
         assert_ne!(new_request_id(), id);
         assert_eq!(request_id(&HeaderMap::new()).len(), 20);
+    }
+
+    #[test]
+    fn a_request_id_that_is_a_key_is_not_taken() {
+        let with = |pairs: &[(&'static str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_str(value).unwrap());
+            }
+            request_id(&headers)
+        };
+        assert_eq!(with(&[("x-request-id", "client-req-42")]), "client-req-42");
+        // The client's own key, however short, and anything shaped like one.
+        let id = with(&[("x-request-id", "k-acme"), ("x-api-key", "k-acme")]);
+        assert!(id.starts_with("req_"), "{id}");
+        let id = with(&[
+            ("x-request-id", "k-acme"),
+            ("authorization", "Bearer k-acme"),
+        ]);
+        assert!(id.starts_with("req_"), "{id}");
+        let id = with(&[("x-request-id", "sk-proj-ABCDEFGHIJ0123456789")]);
+        assert!(id.starts_with("req_"), "{id}");
+    }
+
+    #[test]
+    fn a_logged_model_masks_what_looks_like_a_key_and_is_cut_short() {
+        assert_eq!(logged_model("gpt-5"), "gpt-5");
+        let key = "sk-proj-ABCDEFGHIJ0123456789";
+        assert_eq!(
+            logged_model(key),
+            format!("sk-{}", "*".repeat(key.len() - 3))
+        );
+        let long = "é".repeat(200);
+        let logged = logged_model(&long);
+        assert!(logged.ends_with('…'), "{logged}");
+        assert!(logged.len() <= LOGGED_MODEL_BYTES + '…'.len_utf8());
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@ use super::header_names;
 use super::wire;
 use crate::data::WireFormat;
 use crate::evaluate::ErrorResponse;
+use hyper::ext::ReasonPhrase;
 use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Response, StatusCode};
 use serde_json::Value as Json;
@@ -33,7 +34,15 @@ pub fn base(
     body: ProxyBody,
 ) -> Response<ProxyBody> {
     let mut response = Response::new(body);
-    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    *response.status_mut() = status;
+    if status.canonical_reason().is_none() {
+        // hyper writes `<none>` for a status it has no name for (a
+        // provider's 529, a policy's 460).
+        response
+            .extensions_mut()
+            .insert(ReasonPhrase::from_static(reason_of_unnamed(status)));
+    }
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -43,6 +52,16 @@ pub fn base(
             .insert(header_names::REQUEST_ID, value);
     }
     response
+}
+
+/// The reason phrase of a status without a standard one.
+fn reason_of_unnamed(status: StatusCode) -> &'static [u8] {
+    match status.as_u16() {
+        529 => b"Overloaded",
+        _ if status.is_client_error() => b"Client Error",
+        _ if status.is_server_error() => b"Server Error",
+        _ => b"Unknown",
+    }
 }
 
 pub fn json(status: u16, request_id: &str, body: &Json) -> Response<ProxyBody> {
@@ -62,7 +81,14 @@ pub fn error(
     error: &ErrorResponse,
     headers: &[(String, String)],
 ) -> Response<ProxyBody> {
-    let mut response = json(error.status, request_id, &wire::error_body(wire, error));
+    let mut body = wire::error_body(wire, error);
+    // Anthropic's error objects name their request, as its API's do.
+    if wire == WireFormat::Anthropic
+        && let Some(object) = body.as_object_mut()
+    {
+        object.insert(String::from("request_id"), Json::from(request_id));
+    }
+    let mut response = json(error.status, request_id, &body);
     if let Some(seconds) = error.retry_after_secs {
         response
             .headers_mut()

@@ -31,12 +31,25 @@ pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
 }
 
 /// The event that ends a stream that broke after it started: an error in
-/// the stream's own format and no completion sentinel after it.
-pub fn error_event(wire: WireFormat, error: &ErrorResponse) -> Bytes {
-    let body = error_body(wire, error);
-    Bytes::from(match wire {
-        WireFormat::OpenAi => format!("data: {body}\n\n"),
-        WireFormat::Anthropic => format!("event: error\ndata: {body}\n\n"),
+/// the stream's own format and no completion sentinel after it. The
+/// Responses API's streams are typed events: its error event names itself
+/// (`event: error`, `"type": "error"` with `code` and `message`), and it
+/// also carries the error object, which the official SDKs raise on.
+pub fn error_event(endpoint: Endpoint, error: &ErrorResponse) -> Bytes {
+    let body = error_body(endpoint.wire(), error);
+    Bytes::from(match (endpoint, endpoint.wire()) {
+        (Endpoint::Responses, _) => {
+            let typed = json!({
+                "type": "error",
+                "code": error.code,
+                "message": error.message,
+                "param": null,
+                "error": body.get("error"),
+            });
+            format!("event: error\ndata: {typed}\n\n")
+        }
+        (_, WireFormat::OpenAi) => format!("data: {body}\n\n"),
+        (_, WireFormat::Anthropic) => format!("event: error\ndata: {body}\n\n"),
     })
 }
 
@@ -778,6 +791,18 @@ mod tests {
         let anthropic = error_body(WireFormat::Anthropic, &error);
         assert_eq!(anthropic["type"], "error");
         assert_eq!(anthropic["error"]["type"], "rate_limit_error");
-        assert!(error_event(WireFormat::Anthropic, &error).starts_with(b"event: error\ndata: {"));
+        assert!(error_event(Endpoint::Messages, &error).starts_with(b"event: error\ndata: {"));
+        assert!(error_event(Endpoint::ChatCompletions, &error).starts_with(b"data: {\"error\""));
+        let responses = error_event(Endpoint::Responses, &error);
+        let text = std::str::from_utf8(&responses).unwrap_or_default();
+        let data = text
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .and_then(|data| serde_json::from_str::<Json>(data).ok())
+            .unwrap_or_default();
+        assert_eq!(data["type"], "error", "{text}");
+        assert_eq!(data["code"], "resource_exhausted", "{text}");
+        assert_eq!(data["message"], "slow down", "{text}");
+        assert_eq!(data["error"]["code"], "resource_exhausted", "{text}");
     }
 }
