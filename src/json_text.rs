@@ -13,7 +13,7 @@ pub fn write_json_string(out: &mut impl Write, text: &str) -> fmt::Result {
 
 /// Escapes what it is given as the inside of a JSON string, as serde_json
 /// does: quotes, backslashes and control characters; the rest as it is.
-pub struct JsonEscaped<'a, W: ?Sized>(pub &'a mut W);
+struct JsonEscaped<'a, W: ?Sized>(&'a mut W);
 
 impl<W: Write + ?Sized> Write for JsonEscaped<'_, W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {

@@ -3,7 +3,7 @@
 
 use super::exit;
 use super::log_batch::{Batched, FlushOnDrop, FormatLater};
-use crate::json_text::{JsonEscaped, write_json_string};
+use crate::json_text::write_json_string;
 use crate::proxy::{AccessLog, REQUEST_LOG_TARGET, RequestLine, TracingAccessLog};
 use clap::ValueEnum;
 use std::fmt::{self, Write as _};
@@ -223,10 +223,13 @@ fn write_request_line(out: &mut String, line: &RequestLine, json: bool) -> fmt::
     fields.text("endpoint", line.endpoint)?;
     fields.text("tenant", &line.tenant)?;
     fields.text("model", &line.model)?;
-    fields.shown("decision", |out| out.write_str(&line.decision))?;
+    // Quoted, as they hold spaces: a line splits into its fields.
+    fields.text("decision", &line.decision)?;
     if let Some(exchange) = &line.exchange {
         let (input_tokens, output_tokens) = exchange.tokens();
-        fields.shown("attempts", |out| exchange.write_attempts(out))?;
+        let mut attempts = String::with_capacity(32 * exchange.report.attempts.len());
+        exchange.write_attempts(&mut attempts)?;
+        fields.text("attempts", &attempts)?;
         fields.text("served_by", exchange.served_by())?;
         fields.text("served_model", exchange.served_model())?;
         fields.number("input_tokens", input_tokens)?;
@@ -281,24 +284,6 @@ impl Fields<'_> {
             Ok(())
         } else {
             write!(self.out, "{value:?}")
-        }
-    }
-
-    /// A field logged with `%` (by its `Display`): bare in text, a string
-    /// in JSON.
-    fn shown(
-        &mut self,
-        name: &str,
-        value: impl FnOnce(&mut dyn fmt::Write) -> fmt::Result,
-    ) -> fmt::Result {
-        self.name(name)?;
-        if self.json {
-            self.out.push('"');
-            value(&mut JsonEscaped(&mut *self.out))?;
-            self.out.push('"');
-            Ok(())
-        } else {
-            value(&mut *self.out)
         }
     }
 

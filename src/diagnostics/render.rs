@@ -250,6 +250,31 @@ fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<
     })
 }
 
+/// A diagnostic on one line, for logs that keep one line per event:
+/// `error[E0302] p.policy:2:6: unknown attribute (help: …)`. The source
+/// line and its caret are left to `switchyard check`. Words that look like
+/// API keys are masked, as in [`human`].
+pub fn one_line(diagnostic: &Diagnostic, sources: &SourceMap) -> String {
+    let severity = match diagnostic.severity() {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    };
+    let mut line = format!("{severity}[{}]", diagnostic.code.id);
+    if let Some(label) = diagnostic
+        .primary
+        .as_ref()
+        .and_then(|label| json_label(label, sources))
+    {
+        line.push_str(&format!(" {}:{}:{}", label.file, label.line, label.column));
+    }
+    line.push_str(": ");
+    line.push_str(&redact(&diagnostic.message));
+    if let Some(help) = &diagnostic.help {
+        line.push_str(&format!(" (help: {})", redact(help)));
+    }
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// All diagnostics as one JSON array; the primary label comes first in
 /// `labels`. Words that look like API keys are masked, as in [`human`].
 pub fn json<'a>(
@@ -315,6 +340,21 @@ mod tests {
         assert!(
             out.contains("= help: did you mean provider.priority?"),
             "{out}"
+        );
+    }
+
+    #[test]
+    fn one_line_keeps_code_location_message_and_help_on_one_line() {
+        let mut sources = SourceMap::new();
+        let text = "order {\n  by provider.prioritty desc\n}\n";
+        let id = sources.add("p.policy", text);
+        let start = text.find("provider.").unwrap();
+        let diagnostic = Diagnostic::new(codes::UNKNOWN_ATTRIBUTE, "unknown attribute")
+            .at(id, Span::new(start, start + 18), "not a provider attribute")
+            .help("did you mean\nprovider.priority?");
+        assert_eq!(
+            one_line(&diagnostic, &sources),
+            "error[E0302] p.policy:2:6: unknown attribute (help: did you mean provider.priority?)"
         );
     }
 

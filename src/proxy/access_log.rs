@@ -81,7 +81,7 @@ impl AccessLog for TracingAccessLog {
                 endpoint = line.endpoint,
                 tenant = line.tenant,
                 model = line.model,
-                decision = %line.decision,
+                decision = line.decision.as_str(),
                 status = line.status,
                 "request"
             );
@@ -96,8 +96,8 @@ impl AccessLog for TracingAccessLog {
             endpoint = line.endpoint,
             tenant = line.tenant,
             model = line.model,
-            decision = %line.decision,
-            attempts = %attempts,
+            decision = line.decision.as_str(),
+            attempts = attempts.as_str(),
             served_by = exchange.served_by(),
             served_model = exchange.served_model(),
             input_tokens,

@@ -186,6 +186,18 @@ impl Metrics {
             None,
             "Pauses the policy applied, by scope kind.",
         );
+        describe(
+            "switchyard_reloads_total",
+            None,
+            "Policy reloads, by result (ok, failed).",
+        );
+        self.recorder.describe_gauge(
+            "switchyard_reload_failed".into(),
+            None,
+            SharedString::const_str(
+                "1 while the last reload failed and the previous policy keeps serving.",
+            ),
+        );
         self.recorder.describe_histogram(
             "switchyard_attempts_per_request".into(),
             None,
@@ -205,7 +217,7 @@ impl Metrics {
             "switchyard_upstream_first_byte_seconds".into(),
             Some(Unit::Seconds),
             SharedString::const_str(
-                "Time to the first response byte (first event for streams), by provider.",
+                "Time to the first byte of the answers served (first event for streams), by provider.",
             ),
         );
         self.recorder.describe_gauge(
@@ -360,6 +372,28 @@ mod tests {
             assert!(
                 text.lines().any(|line| line == series),
                 "no `{series}` in:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_family_says_what_it_counts() {
+        let metrics = Metrics::new();
+        metrics.request("a", "m", "served", 200);
+        metrics.first_byte("a", 0.1);
+        metrics.decision(0.001);
+        let text = metrics.render();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .collect();
+        assert!(families.len() >= 8, "{text}");
+        for family in families {
+            assert!(
+                text.lines()
+                    .any(|line| line.starts_with(&format!("# HELP {family} "))),
+                "no HELP for {family} in:\n{text}"
             );
         }
     }

@@ -217,11 +217,10 @@ impl Reloader {
                     &report.sources,
                 ))
                 .unwrap_or(Json::Null);
+                // One line each, as every log event is; `switchyard check`
+                // shows the source line and its caret.
                 for diagnostic in report.diagnostics.iter().take(SHOWN_DIAGNOSTICS) {
-                    tracing::error!(
-                        "{}",
-                        render::human(diagnostic, &report.sources, render::Style::Plain)
-                    );
+                    tracing::error!("{}", render::one_line(diagnostic, &report.sources));
                 }
                 tracing::error!(
                     policy = %self.policy.display(),
