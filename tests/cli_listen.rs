@@ -1,7 +1,7 @@
 //! `switchyard serve` and `switchyard sim` failing to start: on an address
 //! another process holds, a usage error that says so and what to do, not a
 //! panic or an operating system's bare message; with `--log-format json`,
-//! every line of it JSON.
+//! every line of it JSON. And what `serve` warns of before it listens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -119,4 +119,56 @@ fn with_json_logs_a_policy_that_does_not_check_is_reported_in_json() {
         messages.last().unwrap().contains("does not check"),
         "{stderr}"
     );
+}
+
+/// The variables the Noirdoc catalog reads its credentials from.
+const NOIRDOC_VARIABLES: [&str; 7] = [
+    "NOIRDOC_AKI_IO_KEY",
+    "NOIRDOC_IONOS_KEY",
+    "NOIRDOC_SCALEWAY_KEY",
+    "NOIRDOC_TOGETHER_KEY",
+    "NOIRDOC_OPENAI_KEY",
+    "NOIRDOC_ANTHROPIC_KEY",
+    "ACME_OPENAI_KEY",
+];
+
+/// What `serve` writes before it fails to listen, with only `set` of the
+/// Noirdoc variables in its environment.
+fn serve_warnings(set: &[&str]) -> String {
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = holder.local_addr().unwrap().to_string();
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "serve",
+            "--policy",
+            "policies/noirdoc.policy",
+            "--listen",
+            &address,
+        ])
+        .current_dir(ROOT);
+    for variable in NOIRDOC_VARIABLES {
+        command.env_remove(variable);
+    }
+    for variable in set {
+        command.env(variable, "sk-any");
+    }
+    let output = command.output().unwrap();
+    drop(holder);
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn serve_says_so_when_no_credential_can_be_used() {
+    const NONE_SET: &str = "no credential's variable is set: every request will fail";
+    let stderr = serve_warnings(&[]);
+    assert!(stderr.contains(NONE_SET), "{stderr}");
+    assert!(stderr.contains("NOIRDOC_IONOS_KEY"), "{stderr}");
+    let stderr = serve_warnings(&["NOIRDOC_IONOS_KEY"]);
+    assert!(!stderr.contains(NONE_SET), "{stderr}");
+    assert!(
+        stderr.contains("NOIRDOC_AKI_IO_KEY"),
+        "each missing one is named: {stderr}"
+    );
+    assert!(!stderr.contains("variable=NOIRDOC_IONOS_KEY"), "{stderr}");
 }

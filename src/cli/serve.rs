@@ -70,11 +70,15 @@ pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, Sour
 }
 
 /// Says which credentials have no secret in the environment: their routes
-/// are skipped until a reload finds one.
+/// are skipped until a reload finds one. When none has, says so plainly:
+/// every request would fail.
 fn warn_missing_secrets(snapshot: &Snapshot) {
+    let (mut credentials, mut missing) = (0, 0);
     for (provider_index, provider) in snapshot.data.catalog.providers.iter().enumerate() {
         for (credential_index, credential) in provider.credentials.iter().enumerate() {
+            credentials += 1;
             if snapshot.secret(provider_index, credential_index).is_none() {
+                missing += 1;
                 tracing::warn!(
                     provider = %provider.id,
                     credential = %credential.id,
@@ -83,6 +87,11 @@ fn warn_missing_secrets(snapshot: &Snapshot) {
                 );
             }
         }
+    }
+    if credentials > 0 && missing == credentials {
+        tracing::warn!(
+            "no credential's variable is set: every request will fail; start the proxy with them in its environment"
+        );
     }
 }
 
