@@ -2657,6 +2657,30 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
     let anonymous = Reply::of(client.get(&models_url)).await;
     assert_eq!(anonymous.status, 401, "{}", anonymous.text);
 
+    // One model, as the list shows it (the official SDKs' `retrieve`).
+    let one = Reply::of(client.get(format!("{models_url}/m")).bearer_auth(KEY)).await;
+    assert_eq!(one.status, 200, "{}", one.text);
+    assert_eq!(one.json, all.json["data"][0], "{}", one.text);
+    let one = Reply::of(
+        client
+            .get(format!("{models_url}/m"))
+            .header("x-api-key", LIMITED_KEY)
+            .header("anthropic-version", "2023-06-01"),
+    )
+    .await;
+    assert_eq!(one.json, anthropic.json["data"][0], "{}", one.text);
+    // A model this key may not call, one the catalog lacks, and none at
+    // all: 404 in the caller's wire format.
+    for (key, id) in [(LIMITED_KEY, "claude"), (KEY, "no-such-model"), (KEY, "")] {
+        let missing = Reply::of(client.get(format!("{models_url}/{id}")).bearer_auth(key)).await;
+        assert_eq!(missing.status, 404, "{id}: {}", missing.text);
+        assert_eq!(openai_error(&missing).0, "model_not_found", "{id}");
+    }
+    let anonymous = Reply::of(client.get(format!("{models_url}/m"))).await;
+    assert_eq!(anonymous.status, 401, "{}", anonymous.text);
+    let posted = Reply::of(client.post(format!("{models_url}/m")).bearer_auth(KEY)).await;
+    assert_eq!(posted.status, 405, "{}", posted.text);
+
     // The listing matches what the key may call.
     let refused = Reply::of(
         gateway

@@ -439,12 +439,39 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
             }
             Err(refusal) => unauthorized(wire, &request_id, refusal),
         },
+        (_, path) if reads && path.starts_with(MODEL_PATH) => {
+            match authenticate(&snapshot, request.headers()) {
+                Ok(caller) => {
+                    let id = path
+                        .get(MODEL_PATH.len()..)
+                        .and_then(percent_decoded)
+                        .unwrap_or_default();
+                    let health = StateView {
+                        state: &proxy.state,
+                        snapshot: &snapshot,
+                    };
+                    match models::one(&snapshot, caller, wire, &health, &id) {
+                        Some(entry) => respond::json(200, &request_id, &entry),
+                        None => respond::builtin_error(
+                            wire,
+                            &request_id,
+                            404,
+                            "model_not_found",
+                            &format!("the model `{id}` does not exist or this key may not call it"),
+                        ),
+                    }
+                }
+                Err(refusal) => unauthorized(wire, &request_id, refusal),
+            }
+        }
         (method, path) => match Endpoint::from_path(path) {
             Some(endpoint) if method == Method::POST => {
                 return complete(proxy, snapshot, request, endpoint, request_id, cut).await;
             }
             Some(_) => method_not_allowed(wire, &request_id, "POST"),
-            None if matches!(path, "/healthz" | "/metrics" | "/v1/models") => {
+            None if matches!(path, "/healthz" | "/metrics" | "/v1/models")
+                || path.starts_with(MODEL_PATH) =>
+            {
                 method_not_allowed(wire, &request_id, "GET, HEAD")
             }
             None => not_found(wire, &request_id, path),
@@ -453,6 +480,35 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
     drain_unread(request, proxy.limits.max_body_bytes);
     let version = policy_version(&proxy, &snapshot);
     Handled::Answered(finish(response, version.as_ref(), wire))
+}
+
+/// Where `GET` reads one model of `/v1/models`: `/v1/models/{id}`.
+const MODEL_PATH: &str = "/v1/models/";
+
+/// A path segment with its `%XX` escapes decoded (a model id may hold a
+/// `/`, which clients send as `%2F`); `None` when it is not UTF-8 then.
+fn percent_decoded(segment: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(segment.len());
+    let mut rest = segment.as_bytes();
+    while let Some((&byte, after)) = rest.split_first() {
+        let escaped = (byte == b'%')
+            .then(|| after.get(..2))
+            .flatten()
+            .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(decoded) => {
+                bytes.push(decoded);
+                rest = after.get(2..).unwrap_or_default();
+            }
+            None => {
+                bytes.push(byte);
+                rest = after;
+            }
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The value of `x-switchyard-policy-version` for answers decided on
@@ -1163,6 +1219,22 @@ mod tests {
         );
         assert_ne!(new_request_id(), id);
         assert_eq!(request_id(&HeaderMap::new()).len(), 20);
+    }
+
+    #[test]
+    fn path_segments_are_percent_decoded() {
+        assert_eq!(percent_decoded("gpt-5").as_deref(), Some("gpt-5"));
+        assert_eq!(
+            percent_decoded("deepseek%2Fdeepseek-v3.2").as_deref(),
+            Some("deepseek/deepseek-v3.2")
+        );
+        assert_eq!(percent_decoded("a%2fb%20c").as_deref(), Some("a/b c"));
+        // Not an escape: kept as it is.
+        assert_eq!(percent_decoded("50%").as_deref(), Some("50%"));
+        assert_eq!(percent_decoded("%+1x").as_deref(), Some("%+1x"));
+        assert_eq!(percent_decoded("%zz").as_deref(), Some("%zz"));
+        assert_eq!(percent_decoded("%C3%A9").as_deref(), Some("é"));
+        assert_eq!(percent_decoded("%FF"), None);
     }
 
     #[test]

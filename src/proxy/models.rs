@@ -1,7 +1,7 @@
 //! `GET /v1/models`: the models a key may call, as the policy decides.
 
 use crate::compile::Snapshot;
-use crate::data::{ModelKind, WireFormat};
+use crate::data::{Model, ModelKind, WireFormat};
 use crate::evaluate::health::{HealthView, Healthy};
 use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
 use serde_json::{Map, Value as Json, json};
@@ -31,49 +31,13 @@ pub fn list(
     wire: WireFormat,
     health: &dyn HealthView,
 ) -> Json {
-    let mut entries = Vec::new();
-    for model in &snapshot.data.catalog.models {
-        let body = json!({ "model": model.id });
-        let context = |endpoint: Endpoint| RequestContext {
-            id: "models",
-            endpoint,
-            body: Ok(&body),
-            body_bytes: 0,
-            headers: &[],
-            caller,
-            seed: 0,
-            rotation: 0,
-        };
-        let Some((endpoint, healthy_plan)) = endpoints(model.kind).iter().find_map(|endpoint| {
-            let plan = evaluate(snapshot, &context(*endpoint), &Healthy)
-                .result
-                .ok()?;
-            Some((*endpoint, plan))
-        }) else {
-            continue;
-        };
-        let plan = evaluate(snapshot, &context(endpoint), health)
-            .result
-            .unwrap_or(healthy_plan);
-        let mut entry = Map::new();
-        entry.insert(String::from("id"), json!(model.id));
-        match wire {
-            WireFormat::OpenAi => {
-                entry.insert(String::from("object"), json!("model"));
-                entry.insert(String::from("created"), json!(0));
-                entry.insert(String::from("owned_by"), json!("switchyard"));
-            }
-            WireFormat::Anthropic => {
-                entry.insert(String::from("type"), json!("model"));
-                entry.insert(String::from("display_name"), json!(model.id));
-                entry.insert(String::from("created_at"), json!("1970-01-01T00:00:00Z"));
-            }
-        }
-        for (name, value) in plan.listing(snapshot) {
-            entry.insert(name, value.to_json());
-        }
-        entries.push(Json::Object(entry));
-    }
+    let entries: Vec<Json> = snapshot
+        .data
+        .catalog
+        .models
+        .iter()
+        .filter_map(|model| entry(snapshot, caller, wire, health, model))
+        .collect();
     match wire {
         WireFormat::OpenAi => json!({ "object": "list", "data": entries }),
         WireFormat::Anthropic => {
@@ -82,4 +46,70 @@ pub fn list(
             json!({ "data": entries, "has_more": false, "first_id": first, "last_id": last })
         }
     }
+}
+
+/// `GET /v1/models/{id}`: the list's entry for the catalog model `id`;
+/// `None` when there is none or this key may not call it.
+pub fn one(
+    snapshot: &Snapshot,
+    caller: Caller,
+    wire: WireFormat,
+    health: &dyn HealthView,
+    id: &str,
+) -> Option<Json> {
+    let model = snapshot
+        .data
+        .catalog
+        .models
+        .iter()
+        .find(|model| model.id == id)?;
+    entry(snapshot, caller, wire, health, model)
+}
+
+/// A model's entry in the list, when some endpoint of its kind gets a plan.
+fn entry(
+    snapshot: &Snapshot,
+    caller: Caller,
+    wire: WireFormat,
+    health: &dyn HealthView,
+    model: &Model,
+) -> Option<Json> {
+    let body = json!({ "model": model.id });
+    let context = |endpoint: Endpoint| RequestContext {
+        id: "models",
+        endpoint,
+        body: Ok(&body),
+        body_bytes: 0,
+        headers: &[],
+        caller,
+        seed: 0,
+        rotation: 0,
+    };
+    let (endpoint, healthy_plan) = endpoints(model.kind).iter().find_map(|endpoint| {
+        let plan = evaluate(snapshot, &context(*endpoint), &Healthy)
+            .result
+            .ok()?;
+        Some((*endpoint, plan))
+    })?;
+    let plan = evaluate(snapshot, &context(endpoint), health)
+        .result
+        .unwrap_or(healthy_plan);
+    let mut entry = Map::new();
+    entry.insert(String::from("id"), json!(model.id));
+    match wire {
+        WireFormat::OpenAi => {
+            entry.insert(String::from("object"), json!("model"));
+            entry.insert(String::from("created"), json!(0));
+            entry.insert(String::from("owned_by"), json!("switchyard"));
+        }
+        WireFormat::Anthropic => {
+            entry.insert(String::from("type"), json!("model"));
+            entry.insert(String::from("display_name"), json!(model.id));
+            entry.insert(String::from("created_at"), json!("1970-01-01T00:00:00Z"));
+        }
+    }
+    for (name, value) in plan.listing(snapshot) {
+        entry.insert(name, value.to_json());
+    }
+    Some(Json::Object(entry))
 }

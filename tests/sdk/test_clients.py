@@ -73,6 +73,17 @@ class OpenAI(unittest.TestCase):
     def test_models(self):
         ids = {model.id for model in openai_client().models.list()}
         self.assertTrue({"chat", "flaky-chat", "claude"} <= ids, ids)
+        self.assertEqual(openai_client().models.retrieve("chat").id, "chat")
+        with self.assertRaises(openai.NotFoundError):
+            openai_client().models.retrieve("no-such-model")
+
+    def test_a_broken_responses_stream_is_an_error_not_an_answer(self):
+        stream = openai_client().responses.create(
+            model="broken-chat", input="Hello", stream=True
+        )
+        with self.assertRaises(openai.APIError):
+            for _ in stream:
+                pass
 
 
 class Anthropic(unittest.TestCase):
@@ -82,6 +93,10 @@ class Anthropic(unittest.TestCase):
         )
         self.assertEqual(message.content[0].text, "hello from an-main")
         self.assertGreater(message.usage.output_tokens, 0)
+        self.assertTrue(message._request_id, "the request id, where the SDK reads it")
+
+    def test_models(self):
+        self.assertEqual(anthropic_client().models.retrieve("claude").id, "claude")
 
     def test_streamed_call(self):
         with anthropic_client().messages.stream(
@@ -105,6 +120,7 @@ class Anthropic(unittest.TestCase):
                 model="no-such-model", max_tokens=64, messages=MESSAGES
             )
         self.assertEqual(caught.exception.body["error"]["type"], "not_found_error")
+        self.assertTrue(caught.exception.request_id)
 
     def test_unknown_key(self):
         with self.assertRaises(anthropic.AuthenticationError):
