@@ -1755,6 +1755,16 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
     );
     assert_eq!(failed.header("x-attempts"), Some("2"));
 
+    // The request's log line names the error it ended with.
+    let log = gateway.log.clone();
+    until("both lines are logged", || log.lines().len() == 2).await;
+    let errors: Vec<String> = log
+        .lines()
+        .iter()
+        .map(|line| line.exchange.as_ref().map_or("", |e| e.error()).to_string())
+        .collect();
+    assert_eq!(errors, ["", "upstream_failed"]);
+
     // Refused before any attempt: no provider to name.
     let refused = gateway
         .api

@@ -237,6 +237,7 @@ fn write_request_line(out: &mut String, line: &RequestLine, json: bool) -> fmt::
         fields.number("waited_ms", exchange.report.waited_ms)?;
         fields.number("status", line.status.into())?;
         fields.text("outcome", exchange.report.outcome)?;
+        fields.text("error", exchange.error())?;
         fields.number("ms", exchange.ms)?;
     } else {
         fields.number("status", line.status.into())?;
@@ -432,20 +433,22 @@ mod tests {
                     served_model: Some(String::from("m\"x")),
                     usage: Some((12, 0)),
                     waited_ms: 7,
+                    error: None,
                 },
                 ms: u64::MAX,
             }),
         };
-        let unanswered = RequestLine {
+        let failed = RequestLine {
             exchange: Some(ExchangeLine {
                 report: Report {
-                    status: 499,
-                    outcome: "cancelled",
+                    status: 503,
+                    outcome: "error",
+                    error: Some(String::from("provider_overloaded")),
                     ..Report::default()
                 },
                 ms: 0,
             }),
-            status: 499,
+            status: 503,
             ..served.clone()
         };
         let refused = RequestLine {
@@ -456,7 +459,7 @@ mod tests {
             exchange: None,
             ..served.clone()
         };
-        vec![served, unanswered, refused]
+        vec![served, failed, refused]
     }
 
     fn without_timestamp(line: &str, json: bool) -> String {

@@ -53,6 +53,11 @@ impl ExchangeLine {
         Ok(())
     }
 
+    /// The code of the error the proxy answered with; empty when none.
+    pub fn error(&self) -> &str {
+        self.report.error.as_deref().unwrap_or("")
+    }
+
     pub fn served_by(&self) -> &str {
         self.report.served_provider.as_deref().unwrap_or("")
     }
@@ -105,6 +110,7 @@ impl AccessLog for TracingAccessLog {
             waited_ms = exchange.report.waited_ms,
             status = line.status,
             outcome = exchange.report.outcome,
+            error = exchange.error(),
             ms = exchange.ms,
             "request"
         );

@@ -130,6 +130,9 @@ pub struct Report {
     pub served_model: Option<String>,
     pub usage: Option<(u64, u64)>,
     pub waited_ms: u64,
+    /// The code of the error the request ended with, if the proxy answered
+    /// one (a provider's own answer passed through is not one).
+    pub error: Option<String>,
 }
 
 pub struct Exchange {
@@ -401,6 +404,7 @@ impl Exchange {
             error_type: crate::evaluate::default_type(503).to_string(),
             retry_after_secs: None,
         };
+        self.report.error = Some(error.code.clone());
         if link.is_open() {
             link.send(wire::error_event(self.endpoint, &error)).await;
             *link = Link::Closed;
@@ -765,6 +769,7 @@ impl Exchange {
     /// stream's headers already went out.
     async fn fail(&mut self, error: &ErrorResponse, headers: &[(String, String)], link: &mut Link) {
         self.report.status = if link.is_open() { 200 } else { error.status };
+        self.report.error = Some(error.code.clone());
         if self.report.outcome.is_empty() || self.report.outcome == "served" {
             self.report.outcome = "error";
         }

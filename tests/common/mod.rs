@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use switchyard::compile::{FixedSecrets, SecretSource, Snapshot, compile_report};
 use switchyard::language::check_file;
-use switchyard::proxy::{Options, Proxy, Running, serve};
+use switchyard::proxy::{AccessLog, Options, Proxy, RequestLine, Running, TracingAccessLog, serve};
 use switchyard::sim::{self, Scenario, SimHandle};
 use switchyard::source::SourceMap;
 use switchyard::state::{Clock, InProcess, SystemClock};
@@ -106,6 +106,26 @@ pub struct Stack {
     pub running: Running,
     pub sources: SourceMap,
     pub client: reqwest::Client,
+    /// The request lines the proxy logged.
+    pub log: Arc<KeptLines>,
+}
+
+/// Keeps the request lines a proxy logs, for tests that read them, and
+/// hands each on to tracing as a proxy without a log of its own does.
+#[derive(Default)]
+pub struct KeptLines(std::sync::Mutex<Vec<RequestLine>>);
+
+impl KeptLines {
+    pub fn lines(&self) -> Vec<RequestLine> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl AccessLog for KeptLines {
+    fn write(&self, line: RequestLine) {
+        self.0.lock().unwrap().push(line.clone());
+        TracingAccessLog.write(line);
+    }
 }
 
 impl Stack {
@@ -170,7 +190,13 @@ impl Stack {
         options: Options,
         clock: Arc<dyn Clock>,
     ) -> Stack {
-        let proxy = Proxy::new(Arc::new(snapshot), InProcess::new(clock), options);
+        let log = Arc::new(KeptLines::default());
+        let proxy = Proxy::logging_to(
+            Arc::new(snapshot),
+            InProcess::new(clock),
+            options,
+            log.clone(),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let running = serve(proxy.clone(), listener, Duration::from_secs(5)).unwrap();
         Stack {
@@ -181,6 +207,7 @@ impl Stack {
             running,
             sources,
             client: reqwest::Client::builder().no_proxy().build().unwrap(),
+            log,
         }
     }
 
