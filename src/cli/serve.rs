@@ -11,7 +11,7 @@ use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::diagnostics::render::{self, Style};
 use crate::language::check_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
-use crate::reload::Reloader;
+use crate::reload::{Outcome, Reloader};
 use crate::source::SourceMap;
 use crate::state::{InProcess, SystemClock};
 use std::net::SocketAddr;
@@ -174,7 +174,15 @@ fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
             while hangups.recv().await.is_some() {
                 tracing::info!("SIGHUP: reloading");
                 let reloader = reloader.clone();
-                let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
+                // A reload or its failure says so itself; one that finds
+                // nothing changed would otherwise leave the SIGHUP unanswered.
+                if let Ok(Outcome::Unchanged) =
+                    tokio::task::spawn_blocking(move || reloader.reload()).await
+                {
+                    tracing::info!(
+                        "SIGHUP: the policy's files are unchanged; the policy being served stays"
+                    );
+                }
             }
         }
         #[cfg(not(unix))]

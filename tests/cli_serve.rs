@@ -1,0 +1,91 @@
+//! `switchyard serve` as a process: what it says when signalled.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A `serve` process, killed when the test ends however it ends.
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `serve` with the shipped Noirdoc policy on a free port; its standard
+/// error, line by line.
+fn serve() -> (Serving, Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--policy",
+            "policies/noirdoc.policy",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-watch",
+        ])
+        .current_dir(ROOT)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, received) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (Serving(child), received)
+}
+
+/// Waits up to 20 s for a line containing `text`; all lines read so far.
+fn wait_for(lines: &Receiver<String>, text: &str, seen: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(100)) {
+            let found = line.contains(text);
+            seen.push(line);
+            if found {
+                return;
+            }
+        }
+    }
+    panic!("no line with `{text}` in:\n{}", seen.join("\n"));
+}
+
+fn signal(serving: &Serving, name: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{name}"), serving.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_sighup_that_finds_nothing_changed_says_so() {
+    let (mut serving, lines) = serve();
+    let mut seen = Vec::new();
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    signal(&serving, "HUP");
+    wait_for(&lines, "SIGHUP: reloading", &mut seen);
+    wait_for(
+        &lines,
+        "SIGHUP: the policy's files are unchanged; the policy being served stays",
+        &mut seen,
+    );
+    signal(&serving, "TERM");
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+}
