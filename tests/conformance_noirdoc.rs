@@ -1390,9 +1390,16 @@ async fn n34_n38_the_last_error_comes_in_the_callers_wire_format() {
 
     let (reply, _) = messages(&stack, ACME, messages_body(CLAUDE)).await;
     assert_eq!(reply.status, 502);
+    // Anthropic's error object names its request, as the header does.
+    let request_id = reply.header("request-id").unwrap_or_default();
+    assert!(!request_id.is_empty(), "{}", reply.text);
     assert_eq!(
         reply.json,
-        json!({"type": "error", "error": {"type": "api_error", "message": PROVIDER_ERROR}})
+        json!({
+            "type": "error",
+            "error": {"type": "api_error", "message": PROVIDER_ERROR},
+            "request_id": request_id,
+        })
     );
     assert_eq!(provider_header(&reply), Some("anthropic"));
     stack.stop().await;
