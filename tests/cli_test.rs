@@ -205,3 +205,47 @@ fn a_reader_that_stops_early_does_not_make_it_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(output.status.code(), Some(0), "{stderr}");
 }
+
+/// A key-shaped string, as a user might paste by mistake.
+const PASTED_KEY: &str = "sk-proj-AbCdEf1234567890XyZ";
+
+#[test]
+fn a_pasted_key_is_never_echoed() {
+    let cases = format!(
+        "policy: {policy}\ncases:\n  - name: pasted\n    key: {PASTED_KEY}\n    body: {{model: qwen3.8-27b}}\n    expect: {{plan: [aki-io]}}\n  - name: model\n    key: acme-default\n    body: {{model: {PASTED_KEY}}}\n    expect: {{plan: [aki-io]}}\n",
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("pasted-key", "pasted.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stdout}{stderr}");
+    assert!(!stdout.contains(PASTED_KEY), "{stdout}");
+    assert!(!stderr.contains(PASTED_KEY), "{stderr}");
+    assert!(stdout.contains("sk-*****"), "{stdout}");
+
+    let dir = std::env::temp_dir().join(format!("switchyard-cli-pasted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = dir.join("request.json");
+    std::fs::write(&request, format!("{{\"model\": \"{PASTED_KEY}\"}}")).unwrap();
+    for who in [
+        vec!["--key", PASTED_KEY],
+        vec!["--tenant", PASTED_KEY],
+        vec!["--key", "acme-default"],
+    ] {
+        let output = Command::new(BIN)
+            .args(["explain", "--policy", &noirdoc(), "--request"])
+            .arg(&request)
+            .args(&who)
+            .current_dir(PACKAGE_ROOT)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(!all.contains(PASTED_KEY), "{who:?}: {all}");
+        assert!(all.contains("sk-*****"), "{who:?}: {all}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

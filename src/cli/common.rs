@@ -3,6 +3,7 @@
 
 use crate::compile::Snapshot;
 use crate::diagnostics::io_reason;
+use crate::diagnostics::redact::redact;
 use crate::diagnostics::render::{self, Style};
 use crate::evaluate::{Caller, Endpoint};
 use crate::language::CheckReport;
@@ -82,9 +83,12 @@ pub fn resolve_caller(
             let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
             snapshot.key_by_hash(&digest)
         };
-        let index = by_id
-            .or_else(by_secret)
-            .ok_or_else(|| format!("no key has the id `{key}`, and it is not a known key"))?;
+        let index = by_id.or_else(by_secret).ok_or_else(|| {
+            format!(
+                "no key has the id `{}`, and it is not a known key",
+                redact(key)
+            )
+        })?;
         let found = tenants.keys.get(index).ok_or("key index out of range")?;
         return Ok(Caller {
             tenant: found.tenant,
@@ -99,14 +103,20 @@ pub fn resolve_caller(
         .tenants
         .iter()
         .position(|t| t.id == tenant)
-        .ok_or_else(|| format!("no tenant has the id `{tenant}`"))?;
+        .ok_or_else(|| format!("no tenant has the id `{}`", redact(tenant)))?;
     let workspace_index = match workspace {
         None => 0,
         Some(workspace) => tenants
             .tenants
             .get(tenant_index)
             .and_then(|t| t.workspaces.iter().position(|w| w.id == workspace))
-            .ok_or_else(|| format!("tenant `{tenant}` has no workspace `{workspace}`"))?,
+            .ok_or_else(|| {
+                format!(
+                    "tenant `{}` has no workspace `{}`",
+                    redact(tenant),
+                    redact(workspace)
+                )
+            })?,
     };
     Ok(Caller {
         tenant: tenant_index,

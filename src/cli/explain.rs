@@ -4,12 +4,14 @@ use super::common::{RequestSpec, not_a_policy_file, print_report, resolve_caller
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::diagnostics::io_reason;
+use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
 use crate::source::SourceMap;
 use crate::value::Value;
 use serde_json::json;
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -206,9 +208,9 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
     line(format!(
         "model  {}",
         if trace.model.is_empty() {
-            "(none)"
+            Cow::Borrowed("(none)")
         } else {
-            &trace.model
+            redact(&trace.model)
         }
     ));
     for (name, value) in &trace.inputs {
@@ -390,7 +392,7 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
     json!({
         "policy": snapshot.name,
         "version": snapshot.version,
-        "model": trace.model,
+        "model": redact(&trace.model),
         "inputs": trace.inputs.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
         "merges": trace.merges.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
         "steps": steps,

@@ -7,6 +7,7 @@ use super::machine::{Focus, Machine};
 use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
 use crate::compile::{ModelName, Owner, Snapshot};
+use crate::diagnostics::redact::redact;
 use crate::language::ast::PinTarget;
 use crate::language::ir::{CredentialSpec, ErrorRef, SortKeySpec};
 use crate::value::Value;
@@ -63,9 +64,15 @@ const USUAL_CANDIDATES: usize = 8;
 
 pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candidate>, Unresolved> {
     let models = &snapshot.program.models;
+    // The id is the client's: one shaped like an API key is masked, as
+    // everywhere it is shown.
     let unknown = |id: &str| Unresolved {
         error: models.unknown_error,
-        detail: format!("`{id}` names no model"),
+        detail: if id.is_empty() {
+            String::from("the request names no model")
+        } else {
+            format!("`{}` names no model", redact(id))
+        },
     };
     // Each route an id resolves to goes straight to its credentials, with no
     // list of routes in between.
