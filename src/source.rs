@@ -1,6 +1,36 @@
 //! Source files and positions shared by every stage that reports diagnostics.
 
+use std::io::Read;
 use std::ops::Range;
+use std::path::Path;
+
+/// The largest file any command reads as text: policies, data, requests,
+/// health states, test cases and scenarios. A path to a device such as
+/// `/dev/zero` is refused at this size instead of filling memory.
+pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Reads a UTF-8 text file of at most `limit` bytes, without a leading
+/// byte-order mark (some editors on Windows write one, and it is not part
+/// of the text). Past the limit it stops reading and answers an error of
+/// kind `FileTooLarge`; a file that is not UTF-8, one of kind `InvalidData`.
+pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("it is larger than {} MiB", limit >> 20),
+        ));
+    }
+    let mut text = String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8());
+    }
+    Ok(text)
+}
 
 /// A byte range inside one source file.
 ///
@@ -149,6 +179,25 @@ impl SourceMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_files_are_read_up_to_a_limit_without_a_byte_order_mark() {
+        let dir = std::env::temp_dir().join(format!("switchyard-read-text-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("text");
+        std::fs::write(&file, "\u{feff}policy p {}").unwrap();
+        assert_eq!(read_text(&file, 100).unwrap(), "policy p {}");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(read_text(&file, 10).unwrap(), "0123456789");
+        let error = read_text(&file, 9).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::FileTooLarge);
+        let endless = read_text(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert_eq!(endless.to_string(), "it is larger than 1 MiB");
+        std::fs::write(&file, b"\xff\xfe").unwrap();
+        let error = read_text(&file, 100).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn line_and_column_are_one_based_and_count_characters() {

@@ -351,3 +351,32 @@ fn an_unknown_flag_is_a_usage_error() {
     let output = check(&["--no-such-flag", "policies/"]);
     assert_eq!(code(&output), 2, "{}", stderr(&output));
 }
+
+#[test]
+fn a_data_path_to_an_endless_device_is_refused_at_the_size_limit() {
+    // `/dev/zero` never ends: read whole, it would fill memory.
+    let (_dir, policy) = noirdoc_copy(
+        "endless-data",
+        &noirdoc_text().replace("noirdoc/catalog.yaml", "/dev/zero"),
+    );
+    let output = check(&[policy.to_str().unwrap()]);
+    let err = stderr(&output);
+    assert_eq!(code(&output), 1, "{err}");
+    assert!(
+        err.contains("error[E0108]: cannot read `/dev/zero`: it is larger than 64 MiB"),
+        "{err}"
+    );
+    assert!(
+        err.contains("policies and data files are at most 64 MiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_before_a_policy_is_not_part_of_it() {
+    let mut text = String::from('\u{feff}');
+    text.push_str(&noirdoc_text());
+    let (_dir, policy) = noirdoc_copy("byte-order-mark", &text);
+    let output = check(&[policy.to_str().unwrap()]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+}

@@ -8,7 +8,7 @@ use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
-use crate::source::SourceMap;
+use crate::source::{MAX_FILE_BYTES, SourceMap, read_text};
 use crate::value::Value;
 use serde_json::json;
 use std::borrow::Cow;
@@ -82,7 +82,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             return ExitCode::from(exit::PROBLEMS);
         }
     };
-    let request_text = match std::fs::read_to_string(&args.request) {
+    let request_text = match read_text(&args.request, MAX_FILE_BYTES) {
         Ok(text) => text,
         Err(error) => {
             return fail(format_args!(
@@ -121,7 +121,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     let entries: Vec<HealthEntry> = match &args.health {
         None => Vec::new(),
         Some(path) => {
-            let text = match std::fs::read_to_string(path) {
+            let text = match read_text(path, MAX_FILE_BYTES) {
                 Ok(text) => text,
                 Err(error) => {
                     return fail(format_args!(

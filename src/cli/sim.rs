@@ -5,6 +5,7 @@ use super::daemon::fail;
 use super::exit;
 use crate::diagnostics::io_reason;
 use crate::sim::{self, Scenario};
+use crate::source::{MAX_FILE_BYTES, read_text};
 use clap::Args;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -25,7 +26,7 @@ pub struct SimArgs {
 
 pub fn run(args: &SimArgs) -> ExitCode {
     let shown = args.scenario.display().to_string();
-    let text = match std::fs::read_to_string(&args.scenario) {
+    let text = match read_text(&args.scenario, MAX_FILE_BYTES) {
         Ok(text) => text,
         Err(error) => return fail(format!("cannot read `{shown}`: {}", io_reason(&error))),
     };

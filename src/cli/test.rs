@@ -5,6 +5,7 @@
 use super::common::{RequestSpec, files_named, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::diagnostics::io_reason;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
     Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
@@ -12,6 +13,7 @@ use crate::evaluate::{
 };
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
+use crate::source::{MAX_FILE_BYTES, read_text};
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -645,10 +647,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
     let (mut passed, mut failed) = (0usize, 0usize);
     for file in &files {
         let shown = file.display().to_string();
-        let text = match std::fs::read_to_string(file) {
+        let text = match read_text(file, MAX_FILE_BYTES) {
             Ok(text) => text,
             Err(error) => {
-                say!("FAIL  {shown}: cannot read it: {error}");
+                say!("FAIL  {shown}: cannot read it: {}", io_reason(&error));
                 failed += 1;
                 continue;
             }

@@ -7,7 +7,7 @@ use super::model::*;
 use super::schema::*;
 use super::yaml::*;
 use crate::diagnostics::{Code, Diagnostic, codes, io_reason, suggest};
-use crate::source::{SourceId, SourceMap, Span};
+use crate::source::{MAX_FILE_BYTES, SourceId, SourceMap, Span, read_text};
 use crate::value::{EnumMember, Value};
 use foldhash::{HashMap, HashSet};
 use serde_saphyr::{Location, Spanned};
@@ -22,7 +22,7 @@ pub fn read_source(
     diagnostics: &mut Vec<Diagnostic>,
     referenced_at: Option<(SourceId, Span)>,
 ) -> Option<SourceId> {
-    match std::fs::read_to_string(path) {
+    match read_text(path, MAX_FILE_BYTES) {
         Ok(text) => Some(sources.add(shown_as, text)),
         Err(error) => {
             let mut diagnostic = Diagnostic::new(
@@ -31,6 +31,8 @@ pub fn read_source(
             );
             let help = if error.kind() == std::io::ErrorKind::InvalidData {
                 "save the file as UTF-8 text"
+            } else if error.kind() == std::io::ErrorKind::FileTooLarge {
+                "check the path: policies and data files are at most 64 MiB"
             } else if referenced_at.is_some() {
                 "check the path; data paths are relative to the policy file"
             } else {
