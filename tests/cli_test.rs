@@ -249,3 +249,45 @@ fn a_pasted_key_is_never_echoed() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_health_entry_that_names_nothing_fails_its_case() {
+    let case = |name: &str, entry: &str| {
+        format!(
+            "  - name: {name}\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    health: [{entry}]\n    expect: {{plan: [aki-io, scaleway, ionos, together]}}\n"
+        )
+    };
+    let cases = format!(
+        "policy: {policy}\ncases:\n{}{}{}{}",
+        case(
+            "credential",
+            "{provider: aki-io, credential: nope, full: true}"
+        ),
+        case("model", "{provider: aki-io, model: nope, paused_for: 30s}"),
+        case(
+            "rate",
+            "{provider: aki-io, stats: {samples: 40, success_rate: 9}}"
+        ),
+        case(
+            "sound",
+            "{provider: aki-io, credential: aki-io-platform, model: qwen3.8-27b}"
+        ),
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("health-names", "health.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("provider `aki-io` has no credential `nope`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("provider `aki-io` serves no catalog model `nope`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("`stats.success_rate` is a share"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 passed, 3 failed"), "{stdout}");
+}

@@ -171,16 +171,56 @@ impl<'s> HealthTable<'s> {
                     .ok_or_else(|| format!("`{what}: {text}` is not a duration such as `30s`")),
             }
         };
+        let catalog = &snapshot.data.catalog;
         let mut table = Vec::new();
         for entry in entries {
-            if snapshot
-                .data
-                .catalog
+            // An entry that names nothing would match no candidate, and a
+            // case using it would pass without testing anything.
+            let Some(provider) = catalog
                 .providers
                 .iter()
-                .all(|p| p.id != entry.provider)
-            {
+                .position(|p| p.id == entry.provider)
+            else {
                 return Err(format!("no provider has the id `{}`", entry.provider));
+            };
+            if let Some(credential) = &entry.credential
+                && catalog
+                    .providers
+                    .get(provider)
+                    .is_none_or(|p| p.credentials.iter().all(|c| &c.id != credential))
+            {
+                return Err(format!(
+                    "provider `{}` has no credential `{credential}`",
+                    entry.provider
+                ));
+            }
+            if let Some(model) = &entry.model
+                && !catalog.models.iter().any(|m| {
+                    &m.id == model && m.routes.iter().any(|route| route.provider == provider)
+                })
+            {
+                return Err(format!(
+                    "provider `{}` serves no catalog model `{model}`",
+                    entry.provider
+                ));
+            }
+            if entry
+                .stats
+                .success_rate
+                .is_some_and(|rate| !(0.0..=1.0).contains(&rate))
+            {
+                return Err(String::from(
+                    "`stats.success_rate` is a share of the samples, from 0 to 1",
+                ));
+            }
+            if entry
+                .stats
+                .throughput
+                .is_some_and(|rate| !rate.is_finite() || rate < 0.0)
+            {
+                return Err(String::from(
+                    "`stats.throughput` is tokens per second, a number 0 or more",
+                ));
             }
             let health = CandidateHealth {
                 paused_for_ms: duration(&entry.paused_for, "paused_for")?,
