@@ -153,7 +153,26 @@ fn validate_provider(
         &p.attributes,
         (&p.id.value, v.span(source, &p.id)),
     );
-    let priority = p.priority.as_ref().map_or(0.0, |priority| priority.value);
+    let priority = match &p.priority {
+        None => 0.0,
+        Some(priority) if priority.value.is_finite() && priority.value.abs() <= MAX_NUMBER => {
+            priority.value
+        }
+        Some(priority) => {
+            let span = v.span(source, priority);
+            v.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                String::from("a priority must be a number from -10^15 to 10^15"),
+                "this priority",
+                Some(String::from(
+                    "higher priorities sort first where a policy orders by them; `.nan` and `.inf` order nothing",
+                )),
+            );
+            0.0
+        }
+    };
     Some(Provider {
         id: p.id.value.clone(),
         name: p
@@ -419,10 +438,15 @@ fn validate_route(
     })
 }
 
+/// The largest number a catalog's priorities and prices may hold, as the
+/// policy language's own numbers (beyond it, whole numbers lose their
+/// exactness).
+const MAX_NUMBER: f64 = 1e15;
+
 fn validate_price(v: &mut Validator<'_>, source: SourceId, raw: &Spanned<RawPrice>) -> Price {
     let mut check = |field: &Option<Spanned<f64>>| -> Option<f64> {
         let value = field.as_ref()?;
-        if value.value.is_finite() && value.value >= 0.0 {
+        if value.value.is_finite() && (0.0..=MAX_NUMBER).contains(&value.value) {
             Some(value.value)
         } else {
             let span = v.span(source, value);
@@ -430,7 +454,7 @@ fn validate_price(v: &mut Validator<'_>, source: SourceId, raw: &Spanned<RawPric
                 codes::DATA_SCHEMA,
                 source,
                 span,
-                String::from("a price must be a number of zero or more"),
+                String::from("a price must be a number from 0 to 10^15"),
                 "this price",
                 Some(String::from("prices are USD per million tokens")),
             );
