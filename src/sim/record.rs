@@ -8,6 +8,11 @@ use std::collections::{BTreeMap, VecDeque};
 /// long demo does not grow without bound.
 const RECORD_LIMIT: usize = 10_000;
 
+/// Bodies kept, in bytes as received: a body may be up to 8 MiB, and ten
+/// thousand of those would not fit in memory. The newest request is kept
+/// whatever its size.
+const RECORD_BODY_BYTES: usize = 32 * 1024 * 1024;
+
 /// One request as the sim received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedRequest {
@@ -41,23 +46,87 @@ impl RecordedRequest {
     }
 }
 
-/// The most recent requests, oldest first.
+/// The most recent requests, oldest first, each with its body's size.
 #[derive(Debug, Default)]
-pub struct Record(VecDeque<RecordedRequest>);
+pub struct Record {
+    requests: VecDeque<(usize, RecordedRequest)>,
+    body_bytes: usize,
+}
 
 impl Record {
-    pub fn push(&mut self, request: RecordedRequest) {
-        if self.0.len() >= RECORD_LIMIT {
-            self.0.pop_front();
+    /// Adds a request whose body had `body_bytes` bytes, dropping the
+    /// oldest while the record holds too many requests or bytes.
+    pub fn push(&mut self, request: RecordedRequest, body_bytes: usize) {
+        while !self.requests.is_empty()
+            && (self.requests.len() >= RECORD_LIMIT
+                || self.body_bytes.saturating_add(body_bytes) > RECORD_BODY_BYTES)
+        {
+            if let Some((bytes, _)) = self.requests.pop_front() {
+                self.body_bytes -= bytes;
+            }
         }
-        self.0.push_back(request);
+        self.body_bytes += body_bytes;
+        self.requests.push_back((body_bytes, request));
     }
 
     pub fn to_vec(&self) -> Vec<RecordedRequest> {
-        self.0.iter().cloned().collect()
+        self.requests
+            .iter()
+            .map(|(_, request)| request.clone())
+            .collect()
     }
 
     pub fn clear(&mut self) {
-        self.0.clear();
+        self.requests.clear();
+        self.body_bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(n: usize) -> RecordedRequest {
+        RecordedRequest {
+            provider: format!("p{n}"),
+            model: None,
+            method: String::from("POST"),
+            path: String::new(),
+            at_ms: 0,
+            stream: false,
+            body: Json::Null,
+            headers: BTreeMap::new(),
+            step: None,
+        }
+    }
+
+    fn providers(record: &Record) -> Vec<String> {
+        record.to_vec().into_iter().map(|r| r.provider).collect()
+    }
+
+    #[test]
+    fn the_record_keeps_the_latest_within_its_count_and_bytes() {
+        let mut record = Record::default();
+        for n in 0..RECORD_LIMIT + 5 {
+            record.push(request(n), 1);
+        }
+        let kept = providers(&record);
+        assert_eq!(kept.len(), RECORD_LIMIT);
+        assert_eq!(kept.first().map(String::as_str), Some("p5"));
+
+        let mut record = Record::default();
+        let big = RECORD_BODY_BYTES / 3;
+        for n in 0..5 {
+            record.push(request(n), big);
+        }
+        assert_eq!(providers(&record), ["p2", "p3", "p4"]);
+        // One body over the whole budget is still recorded, alone.
+        record.push(request(5), RECORD_BODY_BYTES * 2);
+        assert_eq!(providers(&record), ["p5"]);
+        record.push(request(6), 1);
+        assert_eq!(providers(&record), ["p6"]);
+        record.clear();
+        record.push(request(7), RECORD_BODY_BYTES);
+        assert_eq!(providers(&record), ["p7"]);
     }
 }

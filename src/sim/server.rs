@@ -345,17 +345,21 @@ impl Shared {
             model.as_deref().unwrap_or("-"),
             step.as_deref().unwrap_or("-"),
         );
-        state.record.push(RecordedRequest {
-            provider: provider.to_string(),
-            model,
-            method: parts.method.to_string(),
-            path: path.to_string(),
-            at_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            stream,
-            body: json.clone(),
-            headers: header_map(parts),
-            step,
-        });
+        let body_bytes = body.as_ref().map_or(0, Bytes::len);
+        state.record.push(
+            RecordedRequest {
+                provider: provider.to_string(),
+                model,
+                method: parts.method.to_string(),
+                path: path.to_string(),
+                at_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                stream,
+                body: json.clone(),
+                headers: header_map(parts),
+                step,
+            },
+            body_bytes,
+        );
         drop(state);
         match decision {
             Decision::Reply(response) => Plan::Reply(response),
