@@ -171,7 +171,7 @@ pub async fn stop_signal() {
 pub fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
     crate::data::schema::parse_duration(text)
         .map(std::time::Duration::from_millis)
-        .ok_or_else(|| format!("`{text}` is not a duration such as `10s` or `250ms`"))
+        .ok_or_else(|| format!("`{text}` {}", crate::data::schema::why_not_a_duration(text)))
 }
 
 /// Request lines for the log's writer thread, subject to `RUST_LOG` like

@@ -460,7 +460,12 @@ fn duration(text: &Option<String>, what: &str) -> Result<Option<u64>, String> {
         None => Ok(None),
         Some(text) => crate::data::schema::parse_duration(text)
             .map(Some)
-            .ok_or_else(|| format!("`{what}: {text}` is not a duration such as `5s`")),
+            .ok_or_else(|| {
+                format!(
+                    "`{what}: {text}` {}",
+                    crate::data::schema::why_not_a_duration(text)
+                )
+            }),
     }
 }
 

@@ -300,8 +300,12 @@ pub fn format_date(days: i64) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-/// Parses a duration as data files write it: `250ms`, `10s`, `5m`, `1h`, `1d`.
-pub fn parse_duration(text: &str) -> Option<u64> {
+/// The longest duration anything accepts: a year.
+const MAX_DURATION_MS: f64 = 31_536_000_000.0;
+
+/// The milliseconds `text` writes as a number and a unit, whatever their
+/// range.
+fn written_millis(text: &str) -> Option<f64> {
     let text = text.trim();
     let split = text.find(|c: char| c.is_ascii_alphabetic())?;
     let (number, unit) = text.split_at(split);
@@ -314,14 +318,51 @@ pub fn parse_duration(text: &str) -> Option<u64> {
         _ => return None,
     };
     let value: f64 = number.parse().ok()?;
-    let millis = value * scale;
-    (millis.is_finite() && millis >= 0.0 && millis.fract() == 0.0 && millis <= 31_536_000_000.0)
+    Some(value * scale)
+}
+
+/// Parses a duration as data files write it: `250ms`, `10s`, `5m`, `1h`, `1d`.
+pub fn parse_duration(text: &str) -> Option<u64> {
+    let millis = written_millis(text)?;
+    (millis.is_finite() && millis >= 0.0 && millis.fract() == 0.0 && millis <= MAX_DURATION_MS)
         .then_some(millis as u64)
+}
+
+/// Why `text` is not a duration [`parse_duration`] takes, to follow its
+/// quote in a message: too long, not whole milliseconds, or not one at all.
+pub fn why_not_a_duration(text: &str) -> &'static str {
+    match written_millis(text) {
+        Some(millis) if millis > MAX_DURATION_MS => "is longer than a year, the longest duration",
+        Some(millis) if millis >= 0.0 && millis.fract() != 0.0 => {
+            "is not a whole number of milliseconds"
+        }
+        _ => "is not a duration; write it like `250ms`, `2s`, `5m`, `1h` or `1d`",
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_that_is_refused_says_why() {
+        assert_eq!(parse_duration("365d"), Some(31_536_000_000));
+        assert_eq!(parse_duration("366d"), None);
+        assert_eq!(
+            why_not_a_duration("366d"),
+            "is longer than a year, the longest duration"
+        );
+        assert_eq!(
+            why_not_a_duration("1.5ms"),
+            "is not a whole number of milliseconds"
+        );
+        for text in ["20", "2x", "-1s", "s", ""] {
+            assert!(
+                why_not_a_duration(text).starts_with("is not a duration"),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn types_parse_with_enums_and_lists() {

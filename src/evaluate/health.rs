@@ -168,7 +168,12 @@ impl<'s> HealthTable<'s> {
                 None => Ok(None),
                 Some(text) => crate::data::schema::parse_duration(text)
                     .map(Some)
-                    .ok_or_else(|| format!("`{what}: {text}` is not a duration such as `30s`")),
+                    .ok_or_else(|| {
+                        format!(
+                            "`{what}: {text}` {}",
+                            crate::data::schema::why_not_a_duration(text)
+                        )
+                    }),
             }
         };
         let catalog = &snapshot.data.catalog;

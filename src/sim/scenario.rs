@@ -3,7 +3,7 @@
 //! The format is documented in docs/sim.md.
 
 use super::step::{Step, parse_step};
-use crate::data::schema::parse_duration;
+use crate::data::schema::{parse_duration, why_not_a_duration};
 use crate::data::{SpannedMap, YamlError};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
@@ -252,7 +252,7 @@ struct RawDefaults {
     latency: Option<Spanned<String>>,
     first_token: Option<Spanned<String>>,
     chunk_interval: Option<Spanned<String>>,
-    chunks: Option<Spanned<u32>>,
+    chunks: Option<Spanned<f64>>,
     usage: Option<RawUsage>,
 }
 
@@ -262,7 +262,7 @@ struct RawProvider {
     latency: Option<Spanned<String>>,
     first_token: Option<Spanned<String>>,
     chunk_interval: Option<Spanned<String>>,
-    chunks: Option<Spanned<u32>>,
+    chunks: Option<Spanned<f64>>,
     usage: Option<RawUsage>,
     sequence: Option<Spanned<Vec<Spanned<String>>>>,
     repeat: Option<Spanned<bool>>,
@@ -276,7 +276,7 @@ struct RawModel {
     latency: Option<Spanned<String>>,
     first_token: Option<Spanned<String>>,
     chunk_interval: Option<Spanned<String>>,
-    chunks: Option<Spanned<u32>>,
+    chunks: Option<Spanned<f64>>,
     usage: Option<RawUsage>,
     sequence: Option<Spanned<Vec<Spanned<String>>>>,
     repeat: Option<Spanned<bool>>,
@@ -294,7 +294,7 @@ struct RawSettings<'a> {
     latency: Option<&'a Spanned<String>>,
     first_token: Option<&'a Spanned<String>>,
     chunk_interval: Option<&'a Spanned<String>>,
-    chunks: Option<&'a Spanned<u32>>,
+    chunks: Option<&'a Spanned<f64>>,
     usage: Option<&'a RawUsage>,
 }
 
@@ -444,11 +444,18 @@ impl Place<'_> {
 
     fn overrides(&self, raw: &RawSettings<'_>) -> Result<Overrides, String> {
         let chunks = match raw.chunks {
-            Some(chunks) if (1..=MAX_CHUNKS).contains(&chunks.value) => Some(chunks.value),
+            // Read as a number, so that any number out of range (10^12, -3,
+            // 2.5) gets the range, not a type error.
+            Some(chunks)
+                if chunks.value.fract() == 0.0
+                    && (1.0..=f64::from(MAX_CHUNKS)).contains(&chunks.value) =>
+            {
+                Some(chunks.value as u32)
+            }
             Some(chunks) => {
                 return Err(self.error(
                     &chunks.referenced,
-                    format_args!("`chunks` is between 1 and {MAX_CHUNKS}"),
+                    format_args!("`chunks` is a whole number from 1 to {MAX_CHUNKS}"),
                 ));
             }
             None => None,
@@ -471,10 +478,7 @@ impl Place<'_> {
             Some(millis) => Ok(Some(Duration::from_millis(millis))),
             None => Err(self.error(
                 &raw.referenced,
-                format_args!(
-                    "`{}` is not a duration; write it like `250ms` or `2s`",
-                    raw.value
-                ),
+                format_args!("`{}` {}", raw.value, why_not_a_duration(&raw.value)),
             )),
         }
     }
@@ -642,7 +646,7 @@ mod tests {
         );
         assert_eq!(
             error("providers:\n  a:\n    sequence:\n      - \"429 retry_after=2x\"\n"),
-            "s.yaml:4:26: `2x` is not a duration; write it like `250ms` or `2s`"
+            "s.yaml:4:26: `2x` is not a duration; write it like `250ms`, `2s`, `5m`, `1h` or `1d`"
         );
         assert_eq!(
             error("providers:\n  a: {sequence: [200, 503 cut_after=1]}\n"),
@@ -650,7 +654,7 @@ mod tests {
         );
         assert_eq!(
             error("providers:\n  a: {latency: 20}\n"),
-            "s.yaml:2:16: `20` is not a duration; write it like `250ms` or `2s`"
+            "s.yaml:2:16: `20` is not a duration; write it like `250ms`, `2s`, `5m`, `1h` or `1d`"
         );
         assert_eq!(
             error("providers:\n  a: {repeat: true}\n"),
@@ -661,9 +665,18 @@ mod tests {
             "s.yaml:2:3: `_sim` cannot name a provider: it is the first segment of the URL path, \
              made of letters, digits, `.`, `-`, `_` and `~`, not starting with `_`"
         );
+        for chunks in ["0", "1000000000000", "-3", "2.5"] {
+            assert_eq!(
+                error(&format!(
+                    "defaults: {{chunks: {chunks}}}\nproviders: {{a: {{}}}}\n"
+                )),
+                "s.yaml:1:20: `chunks` is a whole number from 1 to 10000",
+                "{chunks}"
+            );
+        }
         assert_eq!(
-            error("defaults: {chunks: 0}\nproviders: {a: {}}\n"),
-            "s.yaml:1:20: `chunks` is between 1 and 10000"
+            error("providers:\n  a: {latency: 99999999999h}\n"),
+            "s.yaml:2:16: `99999999999h` is longer than a year, the longest duration"
         );
         assert_eq!(
             error("providers: {}\n"),

@@ -2,7 +2,7 @@
 //! request, written as a short string such as `429 retry_after=2s` or
 //! `200 cut_after=3`.
 
-use crate::data::schema::parse_duration;
+use crate::data::schema::{parse_duration, why_not_a_duration};
 use crate::diagnostics::suggest;
 use std::time::Duration;
 
@@ -372,12 +372,7 @@ fn example_value(option: &str) -> &'static str {
 fn duration(value: &str, offset: usize) -> Result<Duration, StepError> {
     parse_duration(value)
         .map(Duration::from_millis)
-        .ok_or_else(|| {
-            error_at(
-                offset,
-                format!("`{value}` is not a duration; write it like `250ms` or `2s`"),
-            )
-        })
+        .ok_or_else(|| error_at(offset, format!("`{value}` {}", why_not_a_duration(value))))
 }
 
 fn count(value: &str, offset: usize) -> Result<u32, StepError> {
@@ -558,7 +553,9 @@ mod tests {
             error("429 retry_after=2x"),
             (
                 16,
-                String::from("`2x` is not a duration; write it like `250ms` or `2s`")
+                String::from(
+                    "`2x` is not a duration; write it like `250ms`, `2s`, `5m`, `1h` or `1d`"
+                )
             )
         );
         assert_eq!(
