@@ -829,7 +829,7 @@ async fn the_sim_endpoints_read_clear_and_replace() {
     assert_eq!(refused.status(), 400);
     assert_eq!(
         json_of(refused).await["error"]["message"],
-        "scenario:2:35: `soon` is not a duration; write it like `250ms` or `2s`"
+        "scenario:2:35: `soon` is not a duration; write it like `250ms`, `2s`, `5m`, `1h` or `1d`"
     );
     assert_eq!(
         post(&sim, "b", CHAT, json!({"model": "m"})).await.status(),
