@@ -291,3 +291,36 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
     );
     assert!(stdout.contains("1 passed, 3 failed"), "{stdout}");
 }
+
+#[test]
+fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
+    let policy = noirdoc();
+    for (text, said) in [
+        (
+            format!(
+                "policy: {policy}\ncases:\n  - name: a\n    key: acme-default\n    body: {{model: m}}\n    expect: {{plan: aki-io}}\n"
+            ),
+            ":6:20: expected a list (`[a, b]`, or `- a` lines)",
+        ),
+        (
+            format!(
+                "policy: {policy}\ncases:\n  - name: a\n    key: acme-default\n    body: {{model: m}}\n    body: {{model: n}}\n    expect: {{plan: [aki-io]}}\n"
+            ),
+            ":6:5: duplicate mapping key: body",
+        ),
+        (
+            format!("policy: {policy}\ncases:\n  - name: a\n    kye: acme-default\n"),
+            ":4:5: `kye` is not a field here; did you mean `key`?",
+        ),
+    ] {
+        let (output, file) = run_cases("unreadable-cases", "bad.tests.yaml", &text);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "{stdout}");
+        let expected = format!("FAIL  {}{said}", file.display());
+        assert!(
+            stdout.contains(&expected),
+            "expected `{expected}` in:\n{stdout}"
+        );
+        assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
+    }
+}

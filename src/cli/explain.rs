@@ -3,6 +3,7 @@
 use super::common::{RequestSpec, not_a_policy_file, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
+use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
@@ -134,11 +135,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             match serde_saphyr::from_str(&text) {
                 Ok(entries) => entries,
                 Err(error) => {
-                    return fail(format_args!(
-                        "`{}`: {}",
-                        path.display(),
-                        error.without_snippet()
-                    ));
+                    return fail(yaml_error(&path.display().to_string(), &error));
                 }
             }
         }

@@ -5,6 +5,7 @@
 use super::common::{RequestSpec, files_named, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
@@ -663,7 +664,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let tests: TestFile = match serde_saphyr::from_str(&text) {
             Ok(tests) => tests,
             Err(error) => {
-                say!("FAIL  {shown}: {}", error.without_snippet());
+                say!("FAIL  {}", yaml_error(&shown, &error));
                 failed += 1;
                 continue;
             }

@@ -13,4 +13,5 @@ pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;
 // For the sim's scenario files; unused (a warning) in a build without the sim.
 #[cfg(feature = "server")]
-pub(crate) use yaml::{SpannedMap, YamlError};
+pub(crate) use yaml::SpannedMap;
+pub(crate) use yaml::yaml_error;

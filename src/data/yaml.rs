@@ -66,6 +66,39 @@ impl YamlError {
     }
 }
 
+/// A YAML or schema error as `file:line:col: message`; an unknown field
+/// gets a suggestion or the list of fields allowed where it is.
+pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
+    let read = YamlError::of(error);
+    let message = match &read.unknown_field {
+        Some(unknown) => match unknown.suggestion() {
+            Some(close) => format!(
+                "`{}` is not a field here; did you mean `{close}`?",
+                unknown.field
+            ),
+            None => format!(
+                "`{}` is not a field here; the fields are {}",
+                unknown.field,
+                unknown
+                    .allowed
+                    .iter()
+                    .map(|name| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+        None => read.message,
+    };
+    match error.location().filter(|location| location.line() > 0) {
+        Some(location) => format!(
+            "{file}:{}:{}: {message}",
+            location.line(),
+            location.column()
+        ),
+        None => format!("{file}: {message}"),
+    }
+}
+
 /// The YAML library's message as someone writing the file needs it: what
 /// was expected in their terms, without the advice the library gives to
 /// the Rust code calling it ("use Option<String>", "set

@@ -4,7 +4,7 @@
 
 use super::step::{Step, parse_step};
 use crate::data::schema::{parse_duration, why_not_a_duration};
-use crate::data::{SpannedMap, YamlError};
+use crate::data::{SpannedMap, yaml_error};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
@@ -514,39 +514,6 @@ impl Place<'_> {
             steps,
             repeat: repeat.is_some_and(|repeat| repeat.value),
         }))
-    }
-}
-
-/// A YAML or schema error as `file:line:col: message`; an unknown field
-/// gets a suggestion or the list of fields allowed where it is.
-fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
-    let read = YamlError::of(error);
-    let message = match &read.unknown_field {
-        Some(unknown) => match unknown.suggestion() {
-            Some(close) => format!(
-                "`{}` is not a field here; did you mean `{close}`?",
-                unknown.field
-            ),
-            None => format!(
-                "`{}` is not a field here; the fields are {}",
-                unknown.field,
-                unknown
-                    .allowed
-                    .iter()
-                    .map(|name| format!("`{name}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        },
-        None => read.message,
-    };
-    match error.location().filter(|location| location.line() > 0) {
-        Some(location) => format!(
-            "{file}:{}:{}: {message}",
-            location.line(),
-            location.column()
-        ),
-        None => format!("{file}: {message}"),
     }
 }
 
