@@ -788,6 +788,13 @@ async fn the_sim_endpoints_read_clear_and_replace() {
     assert!(record[0]["at_ms"].is_u64());
     assert!(record[0]["headers"].is_object());
 
+    // Paths that name no provider are not recorded.
+    for path in ["/", "/_sim"] {
+        let answer = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(answer.status(), 404, "{path}");
+    }
+    assert_eq!(sim.requests().len(), 1);
+
     let cleared = client
         .delete(format!("{base}/_sim/requests"))
         .send()

@@ -195,6 +195,11 @@ async fn handle(
     if let Some(route) = parts.uri.path().strip_prefix("/_sim/") {
         return Ok(control(&shared, &parts.method, route, body));
     }
+    // No provider's path (a provider's name never starts with `_`): not
+    // recorded, and answered as an unknown control endpoint.
+    if matches!(parts.uri.path(), "/" | "/_sim") {
+        return Ok(control(&shared, &parts.method, "", body));
+    }
     match shared.plan(&parts, body) {
         Plan::Reply(response) => Ok(response),
         Plan::Play(play) => play.run(&stop).await,

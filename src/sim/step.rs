@@ -271,6 +271,16 @@ fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
                     format!("`{name}` is not a status a provider answers with; use 200 to 599"),
                 )
             })?;
+        // Every step's answer has a body (an answer, a stream, an error
+        // object), which HTTP forbids with these.
+        if matches!(status, 204 | 205 | 304) {
+            return Err(error_at(
+                word.offset,
+                format!(
+                    "`{name}` is an answer without a body, which the sim cannot give; use 200, or an error status"
+                ),
+            ));
+        }
         if parts.status.is_some() || parts.kind.is_some() {
             return Err(error_at(
                 word.offset,
@@ -542,6 +552,14 @@ mod tests {
 
     #[test]
     fn errors_point_at_the_word() {
+        for status in ["204", "205", "304"] {
+            let (offset, message) = error(status);
+            assert_eq!(offset, 0, "{status}");
+            assert!(
+                message.contains("an answer without a body"),
+                "{status}: {message}"
+            );
+        }
         assert_eq!(
             error("429 retry_afte=2s"),
             (
