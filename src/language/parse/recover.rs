@@ -198,7 +198,40 @@ pub fn scan(source: SourceId, base: usize, text: &str) -> Scan {
             .help(format!("add `{}` where it ends", closer(open))),
         );
     }
+    limit_bracket_problems(&mut result.problems);
     result
+}
+
+/// Most bracket problems reported for one file: past a few, each is the
+/// same mistake again (a file of 100,000 `(` had as many errors, 10 MB).
+const MAX_BRACKET_PROBLEMS: usize = 20;
+
+/// Keeps the first [`MAX_BRACKET_PROBLEMS`] bracket problems, and says how
+/// many more there were where the first left out is.
+fn limit_bracket_problems(problems: &mut Vec<Diagnostic>) {
+    let mut seen = 0usize;
+    let mut first_left_out = None;
+    problems.retain(|problem| {
+        if problem.code != codes::UNCLOSED_BLOCK {
+            return true;
+        }
+        seen += 1;
+        if seen == MAX_BRACKET_PROBLEMS + 1 {
+            first_left_out = problem.primary.clone();
+        }
+        seen <= MAX_BRACKET_PROBLEMS
+    });
+    let left_out = seen.saturating_sub(MAX_BRACKET_PROBLEMS);
+    if let Some(label) = first_left_out {
+        problems.push(
+            Diagnostic::new(
+                codes::UNCLOSED_BLOCK,
+                format!("{left_out} more brackets do not match; the first {MAX_BRACKET_PROBLEMS} are shown"),
+            )
+            .at(label.source, label.span, "the next one")
+            .help("fix those shown, then check again"),
+        );
+    }
 }
 
 fn closer(open: char) -> char {
@@ -331,6 +364,23 @@ mod tests {
 
     fn id() -> SourceId {
         SourceMap::new().add("t", "")
+    }
+
+    #[test]
+    fn a_flood_of_bracket_problems_is_cut_short() {
+        let text = "(".repeat(1000);
+        let scan = scan(id(), 0, &text);
+        let brackets = scan
+            .problems
+            .iter()
+            .filter(|p| p.code == codes::UNCLOSED_BLOCK)
+            .count();
+        assert_eq!(brackets, MAX_BRACKET_PROBLEMS + 1);
+        let last = scan.problems.last().map(|p| p.message.as_str());
+        assert_eq!(
+            last,
+            Some("980 more brackets do not match; the first 20 are shown")
+        );
     }
 
     #[test]
