@@ -380,3 +380,30 @@ fn a_byte_order_mark_before_a_policy_is_not_part_of_it() {
     let output = check(&[policy.to_str().unwrap()]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_path_that_names_no_readable_file_says_what_it_is() {
+    let dir = common::unique_dir("not-a-file");
+    let looped = dir.join("loop.policy");
+    std::os::unix::fs::symlink(dir.join("back.policy"), &looped).unwrap();
+    std::os::unix::fs::symlink(&looped, dir.join("back.policy")).unwrap();
+    let fifo = dir.join("pipe.policy");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (path, said) in [
+        (&looped, "its symbolic links form a loop"),
+        (&fifo, "is not a regular file (a pipe or a device?)"),
+    ] {
+        let output = check(&[path.to_str().unwrap()]);
+        let err = stderr(&output);
+        assert_eq!(code(&output), 2, "{err}");
+        assert!(err.contains(said), "{err}");
+        assert!(!err.contains("does not exist"), "{err}");
+    }
+}

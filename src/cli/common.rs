@@ -165,10 +165,26 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
         } else if path.is_file() {
             files.push(path);
         } else {
-            return Err(format!("`{}` does not exist", path.display()));
+            return Err(why_no_file(&path));
         }
     }
     Ok(files)
+}
+
+/// Why a path that is neither a file nor a directory names no file to read:
+/// it does not exist, it is another kind of file (a pipe, a device), or it
+/// cannot be looked at (a loop of symbolic links).
+fn why_no_file(path: &std::path::Path) -> String {
+    match std::fs::metadata(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            format!("`{}` does not exist", path.display())
+        }
+        Err(error) => format!("cannot look at `{}`: {}", path.display(), io_reason(&error)),
+        Ok(_) => format!(
+            "`{}` is not a regular file (a pipe or a device?); give a file or a directory",
+            path.display()
+        ),
+    }
 }
 
 /// Why a policy path given on the command line names no file: a misuse of
@@ -183,7 +199,7 @@ pub fn not_a_policy_file(path: &std::path::Path) -> Option<String> {
         // A file, or something read like one (a pipe, `/dev/fd/N`).
         None
     } else {
-        Some(format!("`{}` does not exist", path.display()))
+        Some(why_no_file(path))
     }
 }
 

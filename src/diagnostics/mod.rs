@@ -170,6 +170,10 @@ pub fn io_reason(error: &std::io::Error) -> String {
         std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
         std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
         std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
+        // The kind that names it is not stable yet; its name is.
+        kind if format!("{kind:?}") == "FilesystemLoop" => {
+            String::from("its symbolic links form a loop")
+        }
         std::io::ErrorKind::AddrInUse => String::from("the address is in use"),
         std::io::ErrorKind::AddrNotAvailable => {
             String::from("the address is not one of this machine's")
