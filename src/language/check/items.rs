@@ -691,9 +691,11 @@ impl<'a> Checker<'a> {
                             limit.span,
                             format!("`{n}` attempts is not a positive whole number"),
                             "this limit",
-                            Some(String::from(
-                                "one attempt means no failover; write at least 1",
-                            )),
+                            Some(String::from(if n < 1.0 {
+                                "one attempt means no failover; write at least 1"
+                            } else {
+                                "attempts are counted whole: write 1, 2, 3, ..."
+                            })),
                         );
                     }
                 }
