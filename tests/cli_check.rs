@@ -332,6 +332,12 @@ fn explain_in_json_on_a_policy_that_does_not_check_prints_its_diagnostics() {
     assert_eq!(code(&output), 1, "{}", stderr(&output));
     let diagnostics: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
     assert_eq!(diagnostics[0]["code"], "E0508", "{diagnostics}");
+    // Once: not again, rendered for a person, on stderr.
+    assert!(
+        !stderr(&output).contains("error[E0508]"),
+        "{}",
+        stderr(&output)
+    );
 }
 
 #[test]

@@ -72,12 +72,14 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     let (snapshot, sources) = match compile_report(report, &AllSecrets) {
         Ok(compiled) => compiled,
         Err(report) => {
-            print_report(&report);
+            // Once, in the format asked for, as `check` does.
             if args.format == ExplainFormat::Json {
                 say!(
                     "{}",
                     crate::diagnostics::render::json(report.diagnostics.iter(), &report.sources)
                 );
+            } else {
+                print_report(&report);
             }
             eprintln!("error: the policy does not check; fix it first");
             return ExitCode::from(exit::PROBLEMS);
