@@ -119,6 +119,14 @@ fn for_writers(message: &str) -> String {
         }
         "cannot deserialize null into string" => "expected a string, found nothing",
         message if message.starts_with("invalid boolean") => "expected `true` or `false`",
+        message if message.starts_with("invalid floating point") => "expected a number",
+        message
+            if message
+                .strip_prefix("invalid i")
+                .is_some_and(|bits| bits.parse::<u8>().is_ok()) =>
+        {
+            "expected a whole number"
+        }
         message
             if message
                 .strip_prefix("invalid u")
@@ -498,6 +506,8 @@ mod tests {
                 "expected `true` or `false`",
             ),
             ("Missing field `output`", "missing field `output`"),
+            ("invalid floating point number", "expected a number"),
+            ("invalid i64", "expected a whole number"),
         ] {
             assert_eq!(for_writers(library), writer);
         }
