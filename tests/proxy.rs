@@ -1772,6 +1772,10 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
         .await;
     assert_eq!(refused.status, 404, "{}", refused.text);
     assert_eq!(refused.header("x-served-by"), None);
+    // Its line says so, as the metrics count it.
+    until("the refusal is logged", || log.lines().len() == 3).await;
+    let outcomes: Vec<&str> = log.lines().iter().map(|line| line.outcome).collect();
+    assert_eq!(outcomes, ["served", "error", "refused"]);
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "b", "a", "b"]);
     gateway.stop().await;

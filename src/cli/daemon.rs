@@ -236,11 +236,12 @@ fn write_request_line(out: &mut String, line: &RequestLine, json: bool) -> fmt::
         fields.number("output_tokens", output_tokens)?;
         fields.number("waited_ms", exchange.report.waited_ms)?;
         fields.number("status", line.status.into())?;
-        fields.text("outcome", exchange.report.outcome)?;
+        fields.text("outcome", line.outcome)?;
         fields.text("error", exchange.error())?;
         fields.number("ms", exchange.ms)?;
     } else {
         fields.number("status", line.status.into())?;
+        fields.text("outcome", line.outcome)?;
     }
     if json {
         out.write_str("},\"target\":")?;
@@ -424,6 +425,7 @@ mod tests {
             model: String::from("nön\u{1}\u{7f}ex\tist \"q\\\\ 🚀"),
             decision: String::from("plan a,b (at most 3) \"x\"\\"),
             status: 200,
+            outcome: "served",
             exchange: Some(ExchangeLine {
                 report: Report {
                     status: 200,
@@ -449,6 +451,7 @@ mod tests {
                 ms: 0,
             }),
             status: 503,
+            outcome: "error",
             ..served.clone()
         };
         let refused = RequestLine {
@@ -456,6 +459,7 @@ mod tests {
             model: String::new(),
             decision: String::from("refused unauthorized"),
             status: 401,
+            outcome: "unauthorized",
             exchange: None,
             ..served.clone()
         };

@@ -26,6 +26,9 @@ pub struct RequestLine {
     /// or why the request was refused.
     pub decision: String,
     pub status: u16,
+    /// As `switchyard_requests_total` counts it (`served`, `refused`,
+    /// `unauthorized`, ...), on every line.
+    pub outcome: &'static str,
     /// What the exchange did; none for a request refused before it began.
     pub exchange: Option<ExchangeLine>,
 }
@@ -88,6 +91,7 @@ impl AccessLog for TracingAccessLog {
                 model = line.model,
                 decision = line.decision.as_str(),
                 status = line.status,
+                outcome = line.outcome,
                 "request"
             );
             return;
@@ -109,7 +113,7 @@ impl AccessLog for TracingAccessLog {
             output_tokens,
             waited_ms = exchange.report.waited_ms,
             status = line.status,
-            outcome = exchange.report.outcome,
+            outcome = line.outcome,
             error = exchange.error(),
             ms = exchange.ms,
             "request"

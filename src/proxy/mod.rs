@@ -1144,7 +1144,7 @@ fn record_refusal(
     who: Option<(&str, &str)>,
     model_label: &str,
     (status, code): (u16, &str),
-    outcome: &str,
+    outcome: &'static str,
 ) {
     let (tenant, model) = who.unwrap_or(("", ""));
     proxy.metrics.request("", model_label, outcome, status);
@@ -1156,6 +1156,7 @@ fn record_refusal(
         model: model.to_string(),
         decision: format!("refused {code}"),
         status,
+        outcome,
         exchange: None,
     });
 }
@@ -1194,6 +1195,7 @@ impl RequestLog {
             model: self.model,
             decision: self.decision,
             status: report.status,
+            outcome: report.outcome,
             exchange: Some(ExchangeLine {
                 ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 report,
