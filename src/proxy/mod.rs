@@ -457,7 +457,10 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
                             &request_id,
                             404,
                             "model_not_found",
-                            &format!("the model `{id}` does not exist or this key may not call it"),
+                            &format!(
+                                "the model `{}` does not exist or this key may not call it",
+                                redact(&id)
+                            ),
                         ),
                     }
                 }
