@@ -7,7 +7,9 @@
 use std::borrow::Cow;
 
 /// How the API keys of common providers begin.
-const PREFIXES: [&str; 7] = ["sk-", "sk_live_", "AKIA", "ghp_", "xoxb-", "xoxp-", "AIza"];
+const PREFIXES: [&str; 8] = [
+    "sk-", "sk_live_", "AKIA", "ghp_", "xoxb-", "xoxp-", "AIza", "gsk_",
+];
 
 /// Shorter strings with these prefixes are ordinary words and ids.
 const MIN_LEN: usize = 16;
@@ -96,7 +98,12 @@ mod tests {
         ] {
             assert!(!looks_like_generated_key(name), "{name}");
         }
-        for key in ["sk-proj-4fQ2nX8vLp0aZ7tR1mK9wB3c", "AKIAIOSFODNN7EXAMPLE2"] {
+        for key in [
+            "sk-proj-4fQ2nX8vLp0aZ7tR1mK9wB3c",
+            "AKIAIOSFODNN7EXAMPLE2",
+            // Groq's keys.
+            "gsk_8Yf3kLq0Zt2WbX9nPc4VdR7mJh1sAe6u",
+        ] {
             assert!(looks_like_generated_key(key), "{key}");
         }
     }
