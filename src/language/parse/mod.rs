@@ -91,12 +91,14 @@ impl<'t> Recovery<'t> {
             .filter_map(|problem| problem.primary.as_ref().map(|label| label.span))
             .collect();
         let sections = recover::sections(text, &scan);
+        let mut shown = scan.problems;
+        recover::limit_bracket_problems(&mut shown);
         let mut recovery = Recovery {
             source,
             text,
             delimiter_problems,
             parsed: Parsed {
-                diagnostics: scan.problems,
+                diagnostics: shown,
                 ..Parsed::default()
             },
         };

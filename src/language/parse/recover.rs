@@ -198,7 +198,6 @@ pub fn scan(source: SourceId, base: usize, text: &str) -> Scan {
             .help(format!("add `{}` where it ends", closer(open))),
         );
     }
-    limit_bracket_problems(&mut result.problems);
     result
 }
 
@@ -207,8 +206,9 @@ pub fn scan(source: SourceId, base: usize, text: &str) -> Scan {
 const MAX_BRACKET_PROBLEMS: usize = 20;
 
 /// Keeps the first [`MAX_BRACKET_PROBLEMS`] bracket problems, and says how
-/// many more there were where the first left out is.
-fn limit_bracket_problems(problems: &mut Vec<Diagnostic>) {
+/// many more there were where the first left out is. Only what is shown is
+/// cut: every problem still holds back the syntax errors it explains.
+pub fn limit_bracket_problems(problems: &mut Vec<Diagnostic>) {
     let mut seen = 0usize;
     let mut first_left_out = None;
     problems.retain(|problem| {
@@ -369,14 +369,14 @@ mod tests {
     #[test]
     fn a_flood_of_bracket_problems_is_cut_short() {
         let text = "(".repeat(1000);
-        let scan = scan(id(), 0, &text);
-        let brackets = scan
-            .problems
+        let mut problems = scan(id(), 0, &text).problems;
+        limit_bracket_problems(&mut problems);
+        let brackets = problems
             .iter()
             .filter(|p| p.code == codes::UNCLOSED_BLOCK)
             .count();
         assert_eq!(brackets, MAX_BRACKET_PROBLEMS + 1);
-        let last = scan.problems.last().map(|p| p.message.as_str());
+        let last = problems.last().map(|p| p.message.as_str());
         assert_eq!(
             last,
             Some("980 more brackets do not match; the first 20 are shown")

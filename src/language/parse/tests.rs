@@ -563,3 +563,14 @@ fn syntax_errors_say_what_was_expected() {
     assert!(message.contains("`else`"), "{message}");
     assert!(message.contains("found `els`"), "{message}");
 }
+
+#[test]
+fn bracket_problems_past_the_shown_ones_still_hold_back_their_syntax_errors() {
+    // Thirty items, each with a stray `)`: twenty bracket errors and a
+    // count are shown, and no item gets a syntax error on top.
+    let text: String = (0..30).map(|n| format!("let stray{n} = 1)\n")).collect();
+    let parsed = parse_text(&text);
+    let codes: Vec<&str> = parsed.diagnostics.iter().map(|d| d.code.id).collect();
+    assert_eq!(codes.len(), 21, "{codes:?}");
+    assert!(codes.iter().all(|code| *code == "E0103"), "{codes:?}");
+}
