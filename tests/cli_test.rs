@@ -312,6 +312,11 @@ fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
             format!("policy: {policy}\ncases:\n  - name: a\n    kye: acme-default\n"),
             ":4:5: `kye` is not a field here; did you mean `key`?",
         ),
+        // A key pasted where a field's name goes is masked.
+        (
+            format!("policy: {policy}\ncases:\n  - name: a\n    {PASTED_KEY}: 1\n"),
+            ":4:5: `sk-************************` is not a field here",
+        ),
     ] {
         let (output, file) = run_cases("unreadable-cases", "bad.tests.yaml", &text);
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -322,5 +327,6 @@ fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
             "expected `{expected}` in:\n{stdout}"
         );
         assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
+        assert!(!stdout.contains(PASTED_KEY), "{stdout}");
     }
 }

@@ -89,14 +89,17 @@ pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
         },
         None => read.message,
     };
-    match error.location().filter(|location| location.line() > 0) {
+    let said = match error.location().filter(|location| location.line() > 0) {
         Some(location) => format!(
             "{file}:{}:{}: {message}",
             location.line(),
             location.column()
         ),
         None => format!("{file}: {message}"),
-    }
+    };
+    // The library quotes what it read (a field's name, a duplicate key):
+    // a key pasted there is masked, as every diagnostic masks it.
+    crate::diagnostics::redact::redact(&said).into_owned()
 }
 
 /// The YAML library's message as someone writing the file needs it: what
