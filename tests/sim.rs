@@ -789,7 +789,7 @@ async fn the_sim_endpoints_read_clear_and_replace() {
     assert!(record[0]["headers"].is_object());
 
     // Paths that name no provider are not recorded.
-    for path in ["/", "/_sim"] {
+    for path in ["/", "/_sim", "//x", "/_foo/v1/chat/completions", "/_simx"] {
         let answer = client.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(answer.status(), 404, "{path}");
     }

@@ -195,9 +195,11 @@ async fn handle(
     if let Some(route) = parts.uri.path().strip_prefix("/_sim/") {
         return Ok(control(&shared, &parts.method, route, body));
     }
-    // No provider's path (a provider's name never starts with `_`): not
-    // recorded, and answered as an unknown control endpoint.
-    if matches!(parts.uri.path(), "/" | "/_sim") {
+    // No provider's path (a provider's name is never empty and never
+    // starts with `_`): not recorded, and answered as an unknown control
+    // endpoint.
+    let (provider, _) = split_provider(parts.uri.path());
+    if provider.is_empty() || provider.starts_with('_') {
         return Ok(control(&shared, &parts.method, "", body));
     }
     match shared.plan(&parts, body) {
