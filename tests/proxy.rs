@@ -1761,7 +1761,7 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
     let errors: Vec<String> = log
         .lines()
         .iter()
-        .map(|line| line.exchange.as_ref().map_or("", |e| e.error()).to_string())
+        .map(|line| line.error().to_string())
         .collect();
     assert_eq!(errors, ["", "upstream_failed"]);
 
@@ -1774,8 +1774,19 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
     assert_eq!(refused.header("x-served-by"), None);
     // Its line says so, as the metrics count it.
     until("the refusal is logged", || log.lines().len() == 3).await;
-    let outcomes: Vec<&str> = log.lines().iter().map(|line| line.outcome).collect();
-    assert_eq!(outcomes, ["served", "error", "refused"]);
+    let lines = log.lines();
+    let outcomes: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|line| (line.outcome, line.error()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("served", ""),
+            ("error", "upstream_failed"),
+            ("refused", "unknown_model")
+        ]
+    );
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "b", "a", "b"]);
     gateway.stop().await;
@@ -2690,6 +2701,19 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
         assert_eq!(missing.status, 404, "{id}: {}", missing.text);
         assert_eq!(openai_error(&missing).0, "model_not_found", "{id}");
     }
+    // An id is read with its `%XX` escapes decoded, and one shaped like a
+    // key is not repeated.
+    let escaped = Reply::of(client.get(format!("{models_url}/%6D")).bearer_auth(KEY)).await;
+    assert_eq!(escaped.json, all.json["data"][0], "{}", escaped.text);
+    let pasted = "sk-proj-ABCDEFGHIJ0123456789";
+    let missing = Reply::of(
+        client
+            .get(format!("{models_url}/{pasted}"))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(missing.status, 404, "{}", missing.text);
+    assert!(!missing.text.contains(pasted), "{}", missing.text);
     let anonymous = Reply::of(client.get(format!("{models_url}/m"))).await;
     assert_eq!(anonymous.status, 401, "{}", anonymous.text);
     let posted = Reply::of(client.post(format!("{models_url}/m")).bearer_auth(KEY)).await;

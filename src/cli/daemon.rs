@@ -237,11 +237,12 @@ fn write_request_line(out: &mut String, line: &RequestLine, json: bool) -> fmt::
         fields.number("waited_ms", exchange.report.waited_ms)?;
         fields.number("status", line.status.into())?;
         fields.text("outcome", line.outcome)?;
-        fields.text("error", exchange.error())?;
+        fields.text("error", line.error())?;
         fields.number("ms", exchange.ms)?;
     } else {
         fields.number("status", line.status.into())?;
         fields.text("outcome", line.outcome)?;
+        fields.text("error", line.error())?;
     }
     if json {
         out.write_str("},\"target\":")?;
@@ -426,6 +427,7 @@ mod tests {
             decision: String::from("plan a,b (at most 3) \"x\"\\"),
             status: 200,
             outcome: "served",
+            error: None,
             exchange: Some(ExchangeLine {
                 report: Report {
                     status: 200,
@@ -452,6 +454,7 @@ mod tests {
             }),
             status: 503,
             outcome: "error",
+            error: Some(String::from("provider_overloaded")),
             ..served.clone()
         };
         let refused = RequestLine {
@@ -460,6 +463,7 @@ mod tests {
             decision: String::from("refused unauthorized"),
             status: 401,
             outcome: "unauthorized",
+            error: Some(String::from("invalid_api_key")),
             exchange: None,
             ..served.clone()
         };

@@ -29,8 +29,18 @@ pub struct RequestLine {
     /// As `switchyard_requests_total` counts it (`served`, `refused`,
     /// `unauthorized`, ...), on every line.
     pub outcome: &'static str,
+    /// The code of the error the proxy answered with, if it answered one
+    /// (a provider's own answer passed through is not one).
+    pub error: Option<String>,
     /// What the exchange did; none for a request refused before it began.
     pub exchange: Option<ExchangeLine>,
+}
+
+impl RequestLine {
+    /// The code of the error the proxy answered with; empty when none.
+    pub fn error(&self) -> &str {
+        self.error.as_deref().unwrap_or("")
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -54,11 +64,6 @@ impl ExchangeLine {
             )?;
         }
         Ok(())
-    }
-
-    /// The code of the error the proxy answered with; empty when none.
-    pub fn error(&self) -> &str {
-        self.report.error.as_deref().unwrap_or("")
     }
 
     pub fn served_by(&self) -> &str {
@@ -92,6 +97,7 @@ impl AccessLog for TracingAccessLog {
                 decision = line.decision.as_str(),
                 status = line.status,
                 outcome = line.outcome,
+                error = line.error(),
                 "request"
             );
             return;
@@ -114,7 +120,7 @@ impl AccessLog for TracingAccessLog {
             waited_ms = exchange.report.waited_ms,
             status = line.status,
             outcome = line.outcome,
-            error = exchange.error(),
+            error = line.error(),
             ms = exchange.ms,
             "request"
         );

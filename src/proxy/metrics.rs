@@ -379,16 +379,21 @@ mod tests {
     #[test]
     fn every_family_says_what_it_counts() {
         let metrics = Metrics::new();
+        // One event of every kind, so that every family has a series.
         metrics.request("a", "m", "served", 200);
         metrics.first_byte("a", 0.1);
         metrics.decision(0.001);
+        metrics.attempts(1);
+        metrics.upstream("a", "ok", 0.2);
+        metrics.capacity_wait();
+        metrics.pause("provider");
         let text = metrics.render();
         let families: Vec<&str> = text
             .lines()
             .filter_map(|line| line.strip_prefix("# TYPE "))
             .filter_map(|rest| rest.split_whitespace().next())
             .collect();
-        assert!(families.len() >= 8, "{text}");
+        assert_eq!(families.len(), 10, "{text}");
         for family in families {
             assert!(
                 text.lines()

@@ -17,7 +17,7 @@ pub mod wire;
 
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
-use crate::diagnostics::redact::{looks_like_secret, redact};
+use crate::diagnostics::redact::redact;
 use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate, reads_body_member};
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
@@ -37,6 +37,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics::Metrics;
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
@@ -549,7 +550,7 @@ fn not_found(wire: WireFormat, request_id: &str, path: &str) -> Response<ProxyBo
         request_id,
         404,
         "not_found",
-        &format!("no endpoint at {path}"),
+        &format!("no endpoint at {}", redact(path)),
     )
 }
 
@@ -574,7 +575,7 @@ fn method_not_allowed(
 
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.
 /// The id is logged and sent on to providers, so one that is the client's
-/// key, or looks like an API key, is not taken.
+/// key, or holds a word that looks like an API key, is not taken.
 fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(header_names::REQUEST_ID)
@@ -585,7 +586,7 @@ fn request_id(headers: &HeaderMap) -> String {
                 && id
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-                && !looks_like_secret(id)
+                && matches!(redact(id), Cow::Borrowed(_))
                 && presented_key(headers) != Some(id)
         })
         .map_or_else(new_request_id, str::to_string)
@@ -1160,6 +1161,7 @@ fn record_refusal(
         decision: format!("refused {code}"),
         status,
         outcome,
+        error: Some(code.to_string()),
         exchange: None,
     });
 }
@@ -1199,6 +1201,7 @@ impl RequestLog {
             decision: self.decision,
             status: report.status,
             outcome: report.outcome,
+            error: report.error.clone(),
             exchange: Some(ExchangeLine {
                 ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 report,
@@ -1261,6 +1264,9 @@ mod tests {
         ]);
         assert!(id.starts_with("req_"), "{id}");
         let id = with(&[("x-request-id", "sk-proj-ABCDEFGHIJ0123456789")]);
+        assert!(id.starts_with("req_"), "{id}");
+        // Anywhere in the id, not only at its start.
+        let id = with(&[("x-request-id", "trace:sk-proj-ABCDEFGHIJ0123456789")]);
         assert!(id.starts_with("req_"), "{id}");
     }
 
