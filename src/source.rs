@@ -191,8 +191,10 @@ mod tests {
         assert_eq!(read_text(&file, 10).unwrap(), "0123456789");
         let error = read_text(&file, 9).unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::FileTooLarge);
-        let endless = read_text(Path::new("/dev/zero"), 1 << 20).unwrap_err();
-        assert_eq!(endless.to_string(), "it is larger than 1 MiB");
+        if cfg!(unix) {
+            let endless = read_text(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+            assert_eq!(endless.to_string(), "it is larger than 1 MiB");
+        }
         std::fs::write(&file, b"\xff\xfe").unwrap();
         let error = read_text(&file, 100).unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);

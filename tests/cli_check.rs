@@ -358,6 +358,7 @@ fn an_unknown_flag_is_a_usage_error() {
     assert_eq!(code(&output), 2, "{}", stderr(&output));
 }
 
+#[cfg(unix)]
 #[test]
 fn a_data_path_to_an_endless_device_is_refused_at_the_size_limit() {
     // `/dev/zero` never ends: read whole, it would fill memory.
