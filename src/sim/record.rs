@@ -1,5 +1,6 @@
 //! The record of every request the sim received, for tests to read.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 use std::collections::{BTreeMap, VecDeque};
@@ -10,8 +11,20 @@ const RECORD_LIMIT: usize = 10_000;
 
 /// Bodies kept, in bytes as received: a body may be up to 8 MiB, and ten
 /// thousand of those would not fit in memory. The newest request is kept
-/// whatever its size.
+/// whatever its size. Bodies are kept as received and read as JSON when
+/// the record is read, so the bytes counted are the bytes held (a tree of
+/// an array of small numbers takes many times its text).
 const RECORD_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// A body as the record shows it: parsed JSON, else its text, else null
+/// when there is none or it is empty.
+pub fn body_json(body: Option<&Bytes>) -> Json {
+    match body {
+        Some(bytes) if !bytes.is_empty() => serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Json::String(String::from_utf8_lossy(bytes).into_owned())),
+        _ => Json::Null,
+    }
+}
 
 /// One request as the sim received it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,33 +59,39 @@ impl RecordedRequest {
     }
 }
 
-/// The most recent requests, oldest first, each with its body's size.
+/// The most recent requests, oldest first, each with its body as received
+/// (the request's own `body` is filled in when the record is read).
 #[derive(Debug, Default)]
 pub struct Record {
-    requests: VecDeque<(usize, RecordedRequest)>,
+    requests: VecDeque<(Option<Bytes>, RecordedRequest)>,
     body_bytes: usize,
 }
 
 impl Record {
-    /// Adds a request whose body had `body_bytes` bytes, dropping the
-    /// oldest while the record holds too many requests or bytes.
-    pub fn push(&mut self, request: RecordedRequest, body_bytes: usize) {
+    /// Adds a request and its body, dropping the oldest while the record
+    /// holds too many requests or bytes.
+    pub fn push(&mut self, mut request: RecordedRequest, body: Option<Bytes>) {
+        let size = body.as_ref().map_or(0, Bytes::len);
         while !self.requests.is_empty()
             && (self.requests.len() >= RECORD_LIMIT
-                || self.body_bytes.saturating_add(body_bytes) > RECORD_BODY_BYTES)
+                || self.body_bytes.saturating_add(size) > RECORD_BODY_BYTES)
         {
-            if let Some((bytes, _)) = self.requests.pop_front() {
-                self.body_bytes -= bytes;
+            if let Some((dropped, _)) = self.requests.pop_front() {
+                self.body_bytes -= dropped.as_ref().map_or(0, Bytes::len);
             }
         }
-        self.body_bytes += body_bytes;
-        self.requests.push_back((body_bytes, request));
+        request.body = Json::Null;
+        self.body_bytes += size;
+        self.requests.push_back((body, request));
     }
 
     pub fn to_vec(&self) -> Vec<RecordedRequest> {
         self.requests
             .iter()
-            .map(|(_, request)| request.clone())
+            .map(|(body, request)| RecordedRequest {
+                body: body_json(body.as_ref()),
+                ..request.clone()
+            })
             .collect()
     }
 
@@ -104,11 +123,15 @@ mod tests {
         record.to_vec().into_iter().map(|r| r.provider).collect()
     }
 
+    fn body(bytes: usize) -> Option<Bytes> {
+        Some(Bytes::from(vec![b' '; bytes]))
+    }
+
     #[test]
     fn the_record_keeps_the_latest_within_its_count_and_bytes() {
         let mut record = Record::default();
         for n in 0..RECORD_LIMIT + 5 {
-            record.push(request(n), 1);
+            record.push(request(n), body(1));
         }
         let kept = providers(&record);
         assert_eq!(kept.len(), RECORD_LIMIT);
@@ -117,16 +140,35 @@ mod tests {
         let mut record = Record::default();
         let big = RECORD_BODY_BYTES / 3;
         for n in 0..5 {
-            record.push(request(n), big);
+            record.push(request(n), body(big));
         }
         assert_eq!(providers(&record), ["p2", "p3", "p4"]);
         // One body over the whole budget is still recorded, alone.
-        record.push(request(5), RECORD_BODY_BYTES * 2);
+        record.push(request(5), body(RECORD_BODY_BYTES * 2));
         assert_eq!(providers(&record), ["p5"]);
-        record.push(request(6), 1);
+        record.push(request(6), body(1));
         assert_eq!(providers(&record), ["p6"]);
         record.clear();
-        record.push(request(7), RECORD_BODY_BYTES);
+        record.push(request(7), body(RECORD_BODY_BYTES));
         assert_eq!(providers(&record), ["p7"]);
+    }
+
+    #[test]
+    fn bodies_are_read_when_the_record_is() {
+        let mut record = Record::default();
+        record.push(request(0), Some(Bytes::from_static(b"{\"model\": \"m\"}")));
+        record.push(request(1), Some(Bytes::from_static(b"not json")));
+        record.push(request(2), Some(Bytes::new()));
+        record.push(request(3), None);
+        let bodies: Vec<Json> = record.to_vec().into_iter().map(|r| r.body).collect();
+        assert_eq!(
+            bodies,
+            [
+                serde_json::json!({"model": "m"}),
+                Json::from("not json"),
+                Json::Null,
+                Json::Null
+            ]
+        );
     }
 }

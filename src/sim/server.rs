@@ -2,7 +2,7 @@
 //! choosing the scenario step, and playing it out in time.
 
 use super::body::{Feed, Gone, SimBody, read_limited};
-use super::record::{Record, RecordedRequest};
+use super::record::{Record, RecordedRequest, body_json};
 use super::scenario::{Scenario, SequenceKey, Settings};
 use super::step::{Action, Ending, ErrorReply, Step, Success};
 use super::wire::{self, Answer, Endpoint, StreamEvents};
@@ -322,12 +322,7 @@ impl Shared {
     fn plan(&self, parts: &Parts, body: Option<Bytes>) -> Plan {
         let path = parts.uri.path();
         let (provider, rest) = split_provider(path);
-        let json = match &body {
-            Some(bytes) if bytes.is_empty() => Json::Null,
-            Some(bytes) => serde_json::from_slice(bytes)
-                .unwrap_or_else(|_| Json::String(String::from_utf8_lossy(bytes).into_owned())),
-            None => Json::Null,
-        };
+        let json = body_json(body.as_ref());
         let model = json.get("model").and_then(Json::as_str).map(str::to_string);
         let endpoint = Endpoint::from_path(rest);
         let stream = endpoint.is_some_and(|endpoint| endpoint != Endpoint::Embeddings)
@@ -352,7 +347,6 @@ impl Shared {
             model.as_deref().unwrap_or("-"),
             step.as_deref().unwrap_or("-"),
         );
-        let body_bytes = body.as_ref().map_or(0, Bytes::len);
         state.record.push(
             RecordedRequest {
                 provider: provider.to_string(),
@@ -361,11 +355,11 @@ impl Shared {
                 path: path.to_string(),
                 at_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 stream,
-                body: json.clone(),
+                body: Json::Null,
                 headers: header_map(parts),
                 step,
             },
-            body_bytes,
+            body,
         );
         drop(state);
         match decision {
