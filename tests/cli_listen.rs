@@ -172,3 +172,38 @@ fn serve_says_so_when_no_credential_can_be_used() {
     );
     assert!(!stderr.contains("variable=NOIRDOC_IONOS_KEY"), "{stderr}");
 }
+
+#[test]
+fn a_scenario_that_does_not_read_is_shown_at_its_place() {
+    let dir = std::env::temp_dir().join(format!("switchyard-bad-scenario-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let scenario = dir.join("bad.yaml");
+    std::fs::write(
+        &scenario,
+        "providers:\n  a:\n    sequence: [\"503 retry_afte=2s\"]\n",
+    )
+    .unwrap();
+    let output = Command::new(BIN)
+        .args(["sim", "--listen", "127.0.0.1:0", "--scenario"])
+        .arg(&scenario)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr
+            .contains("error[E0901]: `retry_afte` is not a step word; did you mean `retry_after`?"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("bad.yaml:3:21"), "{stderr}");
+    assert!(
+        stderr.contains("3 |     sequence: [\"503 retry_afte=2s\"]"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("^^^^^^^^^^ here"), "{stderr}");
+    assert!(
+        stderr.contains("= help: docs/sim.md describes what a scenario holds"),
+        "{stderr}"
+    );
+}

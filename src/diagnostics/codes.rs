@@ -3,7 +3,8 @@
 //! Codes are stable: once released a code keeps its meaning and is never
 //! reused, even if the check behind it is removed. Bands follow the pipeline:
 //! E01xx syntax, E02xx data files, E03xx names, E04xx types, E05xx structure
-//! and conflicts, W06xx warnings.
+//! and conflicts, W06xx warnings; E09xx files of the other commands (the
+//! sim's scenarios).
 
 use super::Severity;
 
@@ -80,6 +81,7 @@ codes! {
     SHADOWED_RULE = "W0601", Warning, "a rule can never apply because earlier rules always take its cases";
     UNUSED_DEFINITION = "W0602", Warning, "a definition, input or sort is never used";
     CONSTANT_CONDITION = "W0603", Warning, "a condition is always true or always false";
+    BAD_SCENARIO = "E0901", Error, "a scenario file for `switchyard sim` does not read as docs/sim.md describes";
 }
 
 /// Looks a code up by its id, such as `E0302`.
