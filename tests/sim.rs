@@ -857,7 +857,7 @@ async fn the_sim_endpoints_read_clear_and_replace() {
 
 #[test]
 fn scenario_errors_name_file_line_and_column() {
-    let error = |text: &str| Scenario::parse(text, "bad.yaml").unwrap_err();
+    let error = |text: &str| Scenario::parse(text, "bad.yaml").unwrap_err().to_string();
     assert_eq!(
         error("providers:\n  a:\n    sequence: [\"503 retry_after=2s\", \"reste\"]\n"),
         "bad.yaml:3:39: `reste` is not a step word; did you mean `reset`?"

@@ -80,7 +80,7 @@ fuzz_target!(|bytes: &[u8]| {
             Err(error) => {
                 // The wrapper itself is always valid: any error is the step's.
                 assert!(
-                    error.starts_with("step.yaml:3:"),
+                    error.to_string().starts_with("step.yaml:3:"),
                     "the step wrapper did not parse: {error}\n{wrapped}"
                 );
             }

@@ -63,8 +63,9 @@ impl Tour {
     /// The tour built into this binary.
     pub fn shipped() -> Result<Tour, String> {
         let text = shipped_file(TOUR).ok_or("the binary was built without policies/demo.yaml")?;
-        serde_saphyr::from_str(text)
-            .map_err(|error| crate::data::yaml_error(&format!("policies/{TOUR}"), &error))
+        serde_saphyr::from_str(text).map_err(|error| {
+            crate::data::yaml_error(&format!("policies/{TOUR}"), &error).to_string()
+        })
     }
 
     /// The files to serve, by path inside the policy directory: the policy

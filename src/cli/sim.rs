@@ -3,6 +3,7 @@
 use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::daemon::fail;
 use super::exit;
+use crate::data::FileProblem;
 use crate::diagnostics::render::{self, Style};
 use crate::diagnostics::{Diagnostic, codes, io_reason};
 use crate::sim::{self, Scenario};
@@ -34,7 +35,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
     let scenario = match Scenario::parse(&text, &shown) {
         Ok(scenario) => scenario,
         Err(problem) => {
-            eprintln!("{}", scenario_problem(&shown, &text, &problem));
+            eprintln!("{}", scenario_problem(&text, &problem));
             return ExitCode::from(exit::PROBLEMS);
         }
     };
@@ -105,42 +106,25 @@ async fn shutdown_signal() {
 }
 
 /// A scenario that does not parse, as a diagnostic: `E0901`, the source
-/// line with a caret under the place the problem names (`FILE:LINE:COL:
-/// …`, as the sim's own endpoint reports it too), and where scenarios are
-/// described.
-fn scenario_problem(file: &str, text: &str, problem: &str) -> String {
+/// line with a caret under the word at the problem's place, and where
+/// scenarios are described.
+fn scenario_problem(text: &str, problem: &FileProblem) -> String {
     let mut sources = SourceMap::new();
-    let id = sources.add(file, text);
-    let rest = problem.strip_prefix(file).unwrap_or(problem);
-    let place = rest.strip_prefix(':').and_then(|rest| {
-        let (line, rest) = rest.split_once(':')?;
-        let (column, message) = rest.split_once(": ")?;
-        Some((
-            line.parse::<usize>().ok()?,
-            column.parse::<usize>().ok()?,
-            message,
-        ))
-    });
-    let diagnostic =
-        match place {
-            Some((line, column, message)) => {
-                let start = sources.file(id).map_or(0, |f| f.offset_of(line, column));
-                // Under the word the problem starts at.
-                let end = text.get(start..).map_or(start, |after| {
-                    start
-                        + after
-                            .find(|c: char| c.is_whitespace() || ",:=\"[]{}".contains(c))
-                            .unwrap_or(after.len())
-                });
-                Diagnostic::new(codes::BAD_SCENARIO, message).at(
-                    id,
-                    Span::new(start, end.max(start)),
-                    "here",
-                )
-            }
-            None => Diagnostic::new(codes::BAD_SCENARIO, rest.strip_prefix(": ").unwrap_or(rest))
-                .at(id, Span::new(0, 0), "in this file"),
-        };
+    let id = sources.add(problem.file.as_str(), text);
+    let diagnostic = Diagnostic::new(codes::BAD_SCENARIO, problem.message.as_str());
+    let diagnostic = match problem.place {
+        Some((line, column)) => {
+            let start = sources.file(id).map_or(0, |f| f.offset_of(line, column));
+            let end = text.get(start..).map_or(start, |after| {
+                start
+                    + after
+                        .find(|c: char| c.is_whitespace() || ",:=\"[]{}".contains(c))
+                        .unwrap_or(after.len())
+            });
+            diagnostic.at(id, Span::new(start, end), "here")
+        }
+        None => diagnostic.at(id, Span::new(0, 0), "in this file"),
+    };
     render::human(
         &diagnostic.help("docs/sim.md describes what a scenario holds"),
         &sources,

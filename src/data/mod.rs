@@ -12,6 +12,7 @@ pub use load::{Reading, load, load_reading, load_texts, read_source};
 pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;
 // For the sim's scenario files; unused (a warning) in a build without the sim.
+pub use yaml::FileProblem;
 #[cfg(feature = "server")]
 pub(crate) use yaml::SpannedMap;
 pub(crate) use yaml::yaml_error;

@@ -66,9 +66,41 @@ impl YamlError {
     }
 }
 
-/// A YAML or schema error as `file:line:col: message`; an unknown field
-/// gets a suggestion or the list of fields allowed where it is.
-pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
+/// A problem in a file a command reads: where, when known (line and
+/// column, from 1), and what. Shown as `FILE:LINE:COL: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileProblem {
+    pub file: String,
+    pub place: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl FileProblem {
+    pub fn at(file: &str, place: Option<(usize, usize)>, message: impl fmt::Display) -> Self {
+        FileProblem {
+            file: file.to_string(),
+            place,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.place {
+            Some((line, column)) => write!(f, "{}:{line}:{column}: {}", self.file, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+fn whole(number: u64) -> usize {
+    usize::try_from(number).unwrap_or(usize::MAX)
+}
+
+/// A YAML or schema error; an unknown field gets a suggestion or the list
+/// of fields allowed where it is.
+pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> FileProblem {
     let read = YamlError::of(error);
     let message = match &read.unknown_field {
         Some(unknown) => match unknown.suggestion() {
@@ -89,17 +121,13 @@ pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> String {
         },
         None => read.message,
     };
-    let said = match error.location().filter(|location| location.line() > 0) {
-        Some(location) => format!(
-            "{file}:{}:{}: {message}",
-            location.line(),
-            location.column()
-        ),
-        None => format!("{file}: {message}"),
-    };
+    let place = error
+        .location()
+        .filter(|location| location.line() > 0)
+        .map(|location| (whole(location.line()), whole(location.column())));
     // The library quotes what it read (a field's name, a duplicate key):
     // a key pasted there is masked, as every diagnostic masks it.
-    crate::diagnostics::redact::redact(&said).into_owned()
+    FileProblem::at(file, place, crate::diagnostics::redact::redact(&message))
 }
 
 /// The YAML library's message as someone writing the file needs it: what

@@ -321,15 +321,21 @@ mod tests {
     use crate::diagnostics::codes;
     use crate::source::Span;
 
-    #[test]
-    fn renders_location_caret_and_help() {
+    /// A misspelt attribute in a one-file policy, with `help`.
+    fn misspelt_attribute(help: &str) -> (Diagnostic, SourceMap) {
         let mut sources = SourceMap::new();
         let text = "order {\n  by provider.prioritty desc\n}\n";
         let id = sources.add("p.policy", text);
         let start = text.find("provider.").unwrap();
         let diagnostic = Diagnostic::new(codes::UNKNOWN_ATTRIBUTE, "unknown attribute")
             .at(id, Span::new(start, start + 18), "not a provider attribute")
-            .help("did you mean provider.priority?");
+            .help(help);
+        (diagnostic, sources)
+    }
+
+    #[test]
+    fn renders_location_caret_and_help() {
+        let (diagnostic, sources) = misspelt_attribute("did you mean provider.priority?");
         let out = human(&diagnostic, &sources, Style::Plain);
         assert!(out.starts_with("error[E0302]: unknown attribute"), "{out}");
         assert!(out.contains("--> p.policy:2:6"), "{out}");
@@ -345,13 +351,7 @@ mod tests {
 
     #[test]
     fn one_line_keeps_code_location_message_and_help_on_one_line() {
-        let mut sources = SourceMap::new();
-        let text = "order {\n  by provider.prioritty desc\n}\n";
-        let id = sources.add("p.policy", text);
-        let start = text.find("provider.").unwrap();
-        let diagnostic = Diagnostic::new(codes::UNKNOWN_ATTRIBUTE, "unknown attribute")
-            .at(id, Span::new(start, start + 18), "not a provider attribute")
-            .help("did you mean\nprovider.priority?");
+        let (diagnostic, sources) = misspelt_attribute("did you mean\nprovider.priority?");
         assert_eq!(
             one_line(&diagnostic, &sources),
             "error[E0302] p.policy:2:6: unknown attribute (help: did you mean provider.priority?)"

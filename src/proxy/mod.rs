@@ -392,7 +392,8 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
     let method = request.method().clone();
     // An endpoint's answers are in its own wire format; the others in the
     // one the client's headers ask for.
-    let wire = match Endpoint::from_path(&path) {
+    let endpoint = Endpoint::from_path(&path);
+    let wire = match endpoint {
         Some(endpoint) => endpoint.wire(),
         None if request
             .headers()
@@ -429,46 +430,19 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
             "text/plain; version=0.0.4",
             ProxyBody::full(proxy.metrics.render()),
         ),
-        (_, "/v1/models") if reads => match authenticate(&snapshot, request.headers()) {
-            Ok(caller) => {
-                let health = StateView {
-                    state: &proxy.state,
-                    snapshot: &snapshot,
-                };
-                let listing = models::list(&snapshot, caller, wire, &health);
-                respond::json(200, &request_id, &listing)
-            }
-            Err(refusal) => unauthorized(wire, &request_id, refusal),
-        },
-        (_, path) if reads && path.starts_with(MODEL_PATH) => {
+        (_, path) if reads && (path == "/v1/models" || path.starts_with(MODEL_PATH)) => {
             match authenticate(&snapshot, request.headers()) {
                 Ok(caller) => {
-                    let id = path
-                        .get(MODEL_PATH.len()..)
-                        .and_then(percent_decoded)
-                        .unwrap_or_default();
                     let health = StateView {
                         state: &proxy.state,
                         snapshot: &snapshot,
                     };
-                    match models::one(&snapshot, caller, wire, &health, &id) {
-                        Some(entry) => respond::json(200, &request_id, &entry),
-                        None => respond::builtin_error(
-                            wire,
-                            &request_id,
-                            404,
-                            "model_not_found",
-                            &format!(
-                                "the model `{}` does not exist or this key may not call it",
-                                redact(&id)
-                            ),
-                        ),
-                    }
+                    model_listing(&snapshot, caller, wire, &health, &request_id, path)
                 }
                 Err(refusal) => unauthorized(wire, &request_id, refusal),
             }
         }
-        (method, path) => match Endpoint::from_path(path) {
+        (method, path) => match endpoint {
             Some(endpoint) if method == Method::POST => {
                 return complete(proxy, snapshot, request, endpoint, request_id, cut).await;
             }
@@ -484,6 +458,35 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
     drain_unread(request, proxy.limits.max_body_bytes);
     let version = policy_version(&proxy, &snapshot);
     Handled::Answered(finish(response, version.as_ref(), wire))
+}
+
+/// `GET /v1/models`, or one model of it at `/v1/models/{id}`.
+fn model_listing(
+    snapshot: &Snapshot,
+    caller: Caller,
+    wire: WireFormat,
+    health: &StateView<'_>,
+    request_id: &str,
+    path: &str,
+) -> Response<ProxyBody> {
+    let Some(escaped) = path.strip_prefix(MODEL_PATH) else {
+        let listing = models::list(snapshot, caller, wire, health);
+        return respond::json(200, request_id, &listing);
+    };
+    let id = percent_decoded(escaped).unwrap_or_default();
+    match models::one(snapshot, caller, wire, health, &id) {
+        Some(entry) => respond::json(200, request_id, &entry),
+        None => respond::builtin_error(
+            wire,
+            request_id,
+            404,
+            "model_not_found",
+            &format!(
+                "the model `{}` does not exist or this key may not call it",
+                redact(&id)
+            ),
+        ),
+    }
 }
 
 /// Where `GET` reads one model of `/v1/models`: `/v1/models/{id}`.

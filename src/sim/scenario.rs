@@ -4,7 +4,7 @@
 
 use super::step::{Step, parse_step};
 use crate::data::schema::{parse_duration, why_not_a_duration};
-use crate::data::{SpannedMap, yaml_error};
+use crate::data::{FileProblem, SpannedMap, yaml_error};
 use serde::Deserialize;
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
@@ -138,9 +138,9 @@ pub struct Scenario {
 impl Scenario {
     /// Parses a scenario. `file` names the text in errors, which read
     /// `file:line:col: what is wrong`.
-    pub fn parse(text: &str, file: &str) -> Result<Scenario, String> {
+    pub fn parse(text: &str, file: &str) -> Result<Scenario, FileProblem> {
         if text.len() > MAX_SCENARIO_BYTES {
-            return Err(format!("{file}: a scenario is at most 1 MiB"));
+            return Err(FileProblem::at(file, None, "a scenario is at most 1 MiB"));
         }
         let raw: RawScenario = serde_saphyr::from_str_with_options(text, yaml_options())
             .map_err(|error| yaml_error(file, &error))?;
@@ -150,8 +150,10 @@ impl Scenario {
             None => BUILT_IN,
         };
         if raw.providers.0.is_empty() {
-            return Err(format!(
-                "{file}: a scenario needs at least one provider under `providers`"
+            return Err(FileProblem::at(
+                file,
+                None,
+                "a scenario needs at least one provider under `providers`",
             ));
         }
         let mut providers = Vec::new();
@@ -392,36 +394,40 @@ fn columns_to(source: &str, offset: usize) -> Option<u64> {
 }
 
 /// The text being parsed, to turn YAML locations into `file:line:col`.
+/// A line or column as the YAML library counts it.
+fn whole(number: u64) -> usize {
+    usize::try_from(number).unwrap_or(usize::MAX)
+}
+
 struct Place<'a> {
     file: &'a str,
     text: &'a str,
 }
 
 impl Place<'_> {
-    fn error(&self, location: &Location, message: impl fmt::Display) -> String {
-        format!(
-            "{}:{}:{}: {message}",
+    fn error(&self, location: &Location, message: impl fmt::Display) -> FileProblem {
+        FileProblem::at(
             self.file,
-            location.line(),
-            location.column()
+            Some((whole(location.line()), whole(location.column()))),
+            message,
         )
     }
 
     /// An error at a character offset inside a string value: where that
     /// character is written, or the value's start where the value does not
     /// stay on its first line.
-    fn error_inside(&self, location: &Location, offset: usize, message: &str) -> String {
+    fn error_inside(&self, location: &Location, offset: usize, message: &str) -> FileProblem {
         let written = location
             .span()
             .byte_offset()
             .and_then(|at| usize::try_from(at).ok())
             .and_then(|at| self.text.get(at..))
             .and_then(|source| columns_to(source, offset));
-        let column = location.column() + written.unwrap_or(0);
-        format!("{}:{}:{column}: {message}", self.file, location.line())
+        let column = whole(location.column().saturating_add(written.unwrap_or(0)));
+        FileProblem::at(self.file, Some((whole(location.line()), column)), message)
     }
 
-    fn check_provider_name(&self, name: &Spanned<String>) -> Result<(), String> {
+    fn check_provider_name(&self, name: &Spanned<String>) -> Result<(), FileProblem> {
         let valid = !name.value.is_empty()
             && !name.value.starts_with('_')
             && name
@@ -442,7 +448,7 @@ impl Place<'_> {
         }
     }
 
-    fn overrides(&self, raw: &RawSettings<'_>) -> Result<Overrides, String> {
+    fn overrides(&self, raw: &RawSettings<'_>) -> Result<Overrides, FileProblem> {
         let chunks = match raw.chunks {
             // Read as a number, so that any number out of range (10^12, -3,
             // 2.5) gets the range, not a type error.
@@ -472,7 +478,7 @@ impl Place<'_> {
         })
     }
 
-    fn duration(&self, raw: Option<&Spanned<String>>) -> Result<Option<Duration>, String> {
+    fn duration(&self, raw: Option<&Spanned<String>>) -> Result<Option<Duration>, FileProblem> {
         let Some(raw) = raw else { return Ok(None) };
         match parse_duration(&raw.value) {
             Some(millis) => Ok(Some(Duration::from_millis(millis))),
@@ -487,7 +493,7 @@ impl Place<'_> {
         &self,
         sequence: Option<&Spanned<Vec<Spanned<String>>>>,
         repeat: Option<&Spanned<bool>>,
-    ) -> Result<Option<Sequence>, String> {
+    ) -> Result<Option<Sequence>, FileProblem> {
         let Some(sequence) = sequence else {
             if let Some(repeat) = repeat {
                 return Err(self.error(
@@ -531,7 +537,7 @@ mod tests {
     fn error(text: &str) -> String {
         match Scenario::parse(text, "s.yaml") {
             Ok(scenario) => panic!("parses: {scenario:?}"),
-            Err(error) => error,
+            Err(error) => error.to_string(),
         }
     }
 

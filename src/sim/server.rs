@@ -230,7 +230,9 @@ fn control(
         ("scenario", &Method::POST) => {
             let text = body.as_deref().map(String::from_utf8_lossy);
             let parsed = match text {
-                Some(text) => Scenario::parse(&text, "scenario"),
+                Some(text) => {
+                    Scenario::parse(&text, "scenario").map_err(|problem| problem.to_string())
+                }
                 None => Err(String::from("scenario: a scenario is at most 1 MiB")),
             };
             match parsed {
