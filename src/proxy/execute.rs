@@ -329,7 +329,10 @@ impl Exchange {
         cut: Arc<ConnectionCut>,
     ) -> impl Future<Output = ()> + Send {
         async move {
-            let was_cut = {
+            // An exchange that starts after the drain ran out (its body was
+            // still arriving) is cut before its first step, even when its
+            // connection's task has not yet been told of the cut.
+            let was_cut = self.proxy.drain_over() || {
                 let mut executing = std::pin::pin!(self.execute(&mut link));
                 // The cut first: a request whose exchange starts after it
                 // (its body still arriving when the drain ran out) must not
