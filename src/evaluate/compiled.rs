@@ -13,8 +13,9 @@
 //! and the property tests and the `request` fuzz target check that it
 //! decides as `evaluate` does.
 
-use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison};
+use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison, rounded};
 use super::order::Direction;
+use super::shape::{Shape, Shapes};
 use super::{Caller, Endpoint, RequestState};
 use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
 use crate::language::ast::{Aggregate, BinaryOp};
@@ -22,6 +23,7 @@ use crate::language::check::EnumTy;
 use crate::language::ir::{Function, OrderPart, Program, Read, SortKeySpec, Term, TermKind, Who};
 use crate::value::Value;
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::fmt;
 use std::sync::Arc;
 
@@ -91,9 +93,9 @@ pub struct Key {
 }
 
 impl Key {
-    fn of(spec: &SortKeySpec) -> Key {
+    fn of(spec: &SortKeySpec, shapes: &Shapes) -> Key {
         Key {
-            code: compile(&spec.term),
+            code: compile(&spec.term, shapes),
             descending: spec.descending,
             nulls_first: spec.nulls_first,
         }
@@ -131,9 +133,11 @@ impl Compiled {
     /// `static_slots` slots of the snapshot's static table; the rankings
     /// take the slots after them.
     pub fn of(program: &Program, guards: &[Guard], static_slots: usize) -> Compiled {
+        let shapes = &Shapes::of(program);
         let mut rankings = Rankings {
             first_slot: static_slots,
             runs: Vec::new(),
+            shapes,
         };
         let fixed = program
             .order
@@ -155,7 +159,7 @@ impl Compiled {
                     .order
                     .iter()
                     .map(|part| match part {
-                        OrderPart::By(spec) => Part::By(Key::of(spec)),
+                        OrderPart::By(spec) => Part::By(Key::of(spec, shapes)),
                         OrderPart::UseSort { selector, sorts } => Part::UseSort {
                             selector: selector.clone(),
                             sorts: sorts
@@ -171,15 +175,18 @@ impl Compiled {
             steps: program
                 .steps
                 .iter()
-                .map(|step| compile(&step.condition))
+                .map(|step| compile(&step.condition, shapes))
                 .collect(),
-            guards: guards.iter().map(|guard| guard.map(&mut compile)).collect(),
+            guards: guards
+                .iter()
+                .map(|guard| guard.map(&mut |term| compile(term, shapes)))
+                .collect(),
             settled_by_key: Vec::new(),
             settled_by_endpoint: Vec::new(),
             lets: program
                 .lets
                 .iter()
-                .map(|spec| compile(&spec.term))
+                .map(|spec| compile(&spec.term, shapes))
                 .collect(),
             order,
             reorder: rankings.key_list(&program.failover.reorder),
@@ -329,17 +336,21 @@ impl fmt::Debug for Compiled {
 }
 
 /// The rankings found while compiling the sort keys.
-struct Rankings {
+struct Rankings<'s> {
     /// The static slot of the first ranking.
     first_slot: usize,
     runs: Vec<Ranking>,
+    shapes: &'s Shapes,
 }
 
-impl Rankings {
+impl Rankings<'_> {
     /// Compiles sort keys, with a ranked form when they hold a run of two
     /// or more catalog-only keys.
     fn key_list(&mut self, specs: &[SortKeySpec]) -> KeyList {
-        let keys = specs.iter().map(Key::of).collect();
+        let keys = specs
+            .iter()
+            .map(|spec| Key::of(spec, self.shapes))
+            .collect();
         let mut ranked = RankedKeys {
             keys: Vec::new(),
             rankings: Vec::new(),
@@ -351,7 +362,7 @@ impl Rankings {
                 .take_while(|spec| matches!(spec.term.kind, TermKind::Static(..)))
                 .count();
             if run < 2 {
-                ranked.keys.push(Key::of(first));
+                ranked.keys.push(Key::of(first, self.shapes));
                 rest = rest.get(1..).unwrap_or_default();
                 continue;
             }
@@ -467,8 +478,11 @@ fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
     }
 }
 
-/// A term's compiled form.
-fn compile(term: &Term) -> Node {
+/// A term's compiled form. Where the checked types say an operator's
+/// operands are numbers or booleans, its node computes with them plainly
+/// ([`Shape`]).
+fn compile(term: &Term, shapes: &Shapes) -> Node {
+    let compile = |term: &Term| compile(term, shapes);
     match &term.kind {
         TermKind::Const(value) => Box::new(Constant(value.clone())),
         TermKind::Static(slot, inner) => Box::new(Precomputed {
@@ -493,13 +507,31 @@ fn compile(term: &Term) -> Node {
         }
         TermKind::Read(read) => Box::new(RequestRead(read.clone())),
         TermKind::Not(inner) => Box::new(Not(compile(inner))),
-        TermKind::Binary(op, lhs, rhs) => {
-            let (lhs, rhs) = (compile(lhs), compile(rhs));
+        TermKind::Binary(op, lhs_term, rhs_term) => {
+            let (lhs, rhs) = (compile(lhs_term), compile(rhs_term));
+            let shape = |term: &Term| shapes.of_term(term);
+            let both = |test: fn(Shape) -> bool| test(shape(lhs_term)) && test(shape(rhs_term));
+            let ordering = matches!(
+                op,
+                BinaryOp::Eq
+                    | BinaryOp::Ne
+                    | BinaryOp::Lt
+                    | BinaryOp::Le
+                    | BinaryOp::Gt
+                    | BinaryOp::Ge
+            );
             match op {
                 BinaryOp::And => Box::new(And(lhs, rhs)),
                 BinaryOp::Or => Box::new(Or(lhs, rhs)),
                 BinaryOp::Implies => Box::new(Implies(lhs, rhs)),
+                op if ordering && both(Shape::numeric) => {
+                    Box::new(CompareNumbers { op: *op, lhs, rhs })
+                }
+                op if ordering && both(Shape::boolean) => {
+                    Box::new(CompareBooleans { op: *op, lhs, rhs })
+                }
                 op if is_comparison(*op) => Box::new(Compare { op: *op, lhs, rhs }),
+                op if both(Shape::numeric) => Box::new(NumberArithmetic { op: *op, lhs, rhs }),
                 op => Box::new(Arithmetic { op: *op, lhs, rhs }),
             }
         }
@@ -508,6 +540,14 @@ fn compile(term: &Term) -> Node {
             then: compile(then),
             otherwise: compile(otherwise),
         }),
+        TermKind::Call(function @ (Function::Coalesce | Function::Min | Function::Max), args)
+            if args.iter().all(|arg| shapes.of_term(arg).numeric()) =>
+        {
+            Box::new(NumberCall {
+                function: *function,
+                args: args.iter().map(compile).collect(),
+            })
+        }
         TermKind::Call(function, args) => Box::new(Call {
             function: *function,
             args: args.iter().map(compile).collect(),
@@ -552,6 +592,21 @@ impl Operand for Constant {
     fn value<'t, 'a: 't>(&'t self, _: &mut Machine<'a>, _: &Focus) -> Cow<'t, Value> {
         Cow::Borrowed(&self.0)
     }
+
+    fn truth(&self, _: &mut Machine<'_>, _: &Focus) -> bool {
+        matches!(self.0, Value::Bool(true))
+    }
+
+    fn boolean(&self, _: &mut Machine<'_>, _: &Focus) -> Option<bool> {
+        match self.0 {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn number(&self, _: &mut Machine<'_>, _: &Focus) -> Option<f64> {
+        self.0.as_number()
+    }
 }
 
 /// A catalog-only part, read from the snapshot's table; evaluated for a
@@ -566,6 +621,13 @@ impl Operand for Precomputed {
         match machine.precomputed(self.slot, focus) {
             Some(value) => Cow::Borrowed(value),
             None => machine.eval_ref(&self.inner, focus),
+        }
+    }
+
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        match machine.precomputed(self.slot, focus) {
+            Some(value) => value.as_number(),
+            None => machine.eval_ref(&self.inner, focus).as_number(),
         }
     }
 }
@@ -588,6 +650,21 @@ struct Definition(usize);
 impl Operand for Definition {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         Cow::Owned(machine.definition(self.0, focus, true))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        machine.definition_read(self.0, focus, |value| matches!(value, Value::Bool(true)))
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        machine.definition_read(self.0, focus, |value| match value {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })
+    }
+
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        machine.definition_read(self.0, focus, Value::as_number)
     }
 }
 
@@ -633,6 +710,10 @@ impl Operand for CredentialOwned {
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         CredentialOwned::of(machine, focus).unwrap_or(false)
     }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        CredentialOwned::of(machine, focus)
+    }
 }
 
 /// The request's endpoint, wire format or kind: read per candidate where a
@@ -666,7 +747,11 @@ impl Operand for Not {
     }
 
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
-        matches!(*self.0.value(machine, focus), Value::Bool(false))
+        self.0.boolean(machine, focus) == Some(false)
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        self.0.boolean(machine, focus).map(|b| !b)
     }
 }
 
@@ -680,6 +765,10 @@ impl Operand for And {
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         self.0.truth(machine, focus) && self.1.truth(machine, focus)
     }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
+    }
 }
 
 struct Or(Node, Node);
@@ -692,6 +781,10 @@ impl Operand for Or {
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         self.0.truth(machine, focus) || self.1.truth(machine, focus)
     }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
+    }
 }
 
 struct Implies(Node, Node);
@@ -703,6 +796,10 @@ impl Operand for Implies {
 
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         !self.0.truth(machine, focus) || self.1.truth(machine, focus)
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
     }
 }
 
@@ -722,6 +819,10 @@ impl Operand for Compare {
         let b = self.rhs.value(machine, focus);
         holds(self.op, &a, &b)
     }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
+    }
 }
 
 struct Arithmetic {
@@ -738,19 +839,136 @@ impl Operand for Arithmetic {
     }
 }
 
+/// A comparison of two numbers (or absent values): `==` and `!=` as for
+/// any values, the orderings only between two numbers.
+struct CompareNumbers {
+    op: BinaryOp,
+    lhs: Node,
+    rhs: Node,
+}
+
+impl Operand for CompareNumbers {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        let a = self.lhs.number(machine, focus);
+        let b = self.rhs.number(machine, focus);
+        ordered(self.op, a, b, |a, b| a.partial_cmp(b))
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
+    }
+}
+
+/// A comparison of two booleans (or absent values).
+struct CompareBooleans {
+    op: BinaryOp,
+    lhs: Node,
+    rhs: Node,
+}
+
+impl Operand for CompareBooleans {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(Value::Bool(self.truth(machine, focus)))
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        let a = self.lhs.boolean(machine, focus);
+        let b = self.rhs.boolean(machine, focus);
+        ordered(self.op, a, b, |a, b| Some(a.cmp(b)))
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        Some(self.truth(machine, focus))
+    }
+}
+
+/// Whether `op` holds between two values of one plain type, as [`holds`]
+/// decides it for the values: absent equals only absent, and orders
+/// nothing.
+fn ordered<T: PartialEq>(
+    op: BinaryOp,
+    a: Option<T>,
+    b: Option<T>,
+    compare: impl Fn(&T, &T) -> Option<Ordering>,
+) -> bool {
+    let ordering = || match (&a, &b) {
+        (Some(a), Some(b)) => compare(a, b),
+        _ => None,
+    };
+    match op {
+        BinaryOp::Eq => a == b,
+        BinaryOp::Ne => a != b,
+        BinaryOp::Lt => ordering() == Some(Ordering::Less),
+        BinaryOp::Le => matches!(ordering(), Some(Ordering::Less | Ordering::Equal)),
+        BinaryOp::Gt => ordering() == Some(Ordering::Greater),
+        BinaryOp::Ge => matches!(ordering(), Some(Ordering::Greater | Ordering::Equal)),
+        _ => false,
+    }
+}
+
+/// Arithmetic on two numbers (or absent values), as [`arithmetic`] does it.
+struct NumberArithmetic {
+    op: BinaryOp,
+    lhs: Node,
+    rhs: Node,
+}
+
+impl Operand for NumberArithmetic {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(
+            self.number(machine, focus)
+                .map_or(Value::Null, Value::Number),
+        )
+    }
+
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        let a = self.lhs.number(machine, focus)?;
+        let b = self.rhs.number(machine, focus)?;
+        rounded(match self.op {
+            BinaryOp::Add => a + b,
+            BinaryOp::Sub => a - b,
+            BinaryOp::Mul => a * b,
+            BinaryOp::Div if b != 0.0 => a / b,
+            _ => return None,
+        })
+    }
+}
+
 struct If {
     condition: Node,
     then: Node,
     otherwise: Node,
 }
 
+impl If {
+    fn branch(&self, machine: &mut Machine<'_>, focus: &Focus) -> &Node {
+        if self.condition.truth(machine, focus) {
+            &self.then
+        } else {
+            &self.otherwise
+        }
+    }
+}
+
 impl Operand for If {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
-        if self.condition.truth(machine, focus) {
-            self.then.value(machine, focus)
-        } else {
-            self.otherwise.value(machine, focus)
-        }
+        self.branch(machine, focus).value(machine, focus)
+    }
+
+    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        self.branch(machine, focus).truth(machine, focus)
+    }
+
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        self.branch(machine, focus).boolean(machine, focus)
+    }
+
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        self.branch(machine, focus).number(machine, focus)
     }
 }
 
@@ -762,6 +980,40 @@ struct Call {
 impl Operand for Call {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         machine.call(self.function, &self.args, focus)
+    }
+}
+
+/// `coalesce`, `min` or `max` of numbers (or absent values), as
+/// [`Machine::call`] computes them.
+struct NumberCall {
+    function: Function,
+    args: Vec<Node>,
+}
+
+impl Operand for NumberCall {
+    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
+        Cow::Owned(
+            self.number(machine, focus)
+                .map_or(Value::Null, Value::Number),
+        )
+    }
+
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        let want = match self.function {
+            Function::Min => Ordering::Less,
+            Function::Max => Ordering::Greater,
+            // `coalesce` stops at the first present value.
+            _ => return self.args.iter().find_map(|arg| arg.number(machine, focus)),
+        };
+        let mut best: Option<f64> = None;
+        for arg in &self.args {
+            if let Some(n) = arg.number(machine, focus)
+                && best.is_none_or(|best| n.partial_cmp(&best) == Some(want))
+            {
+                best = Some(n);
+            }
+        }
+        best
     }
 }
 
@@ -862,5 +1114,106 @@ struct ToEnum {
 impl Operand for ToEnum {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         Cow::Owned(machine.enum_member(&self.target, &self.inner, focus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{AllSecrets, compile_file};
+    use crate::source::Span;
+    use proptest::prelude::*;
+
+    fn constant(value: Value) -> Term {
+        Term::constant(value, Span::default())
+    }
+
+    fn leaf() -> impl Strategy<Value = Term> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-4i32..5).prop_map(|n| Value::Number(f64::from(n) / 2.0)),
+            Just(Value::Number(1e300)),
+            Just(Value::Duration(1500)),
+            Just(Value::string("x")),
+        ]
+        .prop_map(constant)
+    }
+
+    fn operator() -> impl Strategy<Value = BinaryOp> {
+        proptest::sample::select(vec![
+            BinaryOp::And,
+            BinaryOp::Or,
+            BinaryOp::Implies,
+            BinaryOp::Eq,
+            BinaryOp::Ne,
+            BinaryOp::Lt,
+            BinaryOp::Le,
+            BinaryOp::Gt,
+            BinaryOp::Ge,
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+        ])
+    }
+
+    fn function() -> impl Strategy<Value = Function> {
+        proptest::sample::select(vec![
+            Function::Coalesce,
+            Function::Min,
+            Function::Max,
+            Function::Clamp,
+            Function::Present,
+        ])
+    }
+
+    /// Terms over numbers, booleans and absent values, with a few values of
+    /// other types mixed in, so nodes of every shape meet each other.
+    fn term() -> impl Strategy<Value = Term> {
+        let node = |kind| Term::new(kind, Span::default());
+        leaf().prop_recursive(5, 48, 3, move |inner| {
+            prop_oneof![
+                (operator(), inner.clone(), inner.clone()).prop_map(move |(op, a, b)| node(
+                    TermKind::Binary(op, Box::new(a), Box::new(b))
+                )),
+                (inner.clone(), inner.clone(), inner.clone()).prop_map(move |(c, t, e)| node(
+                    TermKind::If(Box::new(c), Box::new(t), Box::new(e))
+                )),
+                inner
+                    .clone()
+                    .prop_map(move |a| node(TermKind::Not(Box::new(a)))),
+                inner
+                    .clone()
+                    .prop_map(move |a| node(TermKind::Negate(Box::new(a)))),
+                (function(), proptest::collection::vec(inner, 1..4))
+                    .prop_map(move |(function, args)| node(TermKind::Call(function, args))),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn compiled_terms_mean_what_the_interpreter_does(term in term()) {
+            static SNAPSHOT: std::sync::LazyLock<Snapshot> = std::sync::LazyLock::new(|| {
+                let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("policies/noirdoc.policy");
+                compile_file(&path, &AllSecrets).expect("noirdoc compiles")
+            });
+            let snapshot = &*SNAPSHOT;
+            let request = RequestState::placeholder();
+            let mut machine = Machine::new(snapshot, &request, &[], &[]);
+            let focus = Focus::default();
+            let node = compile(&term, &Shapes::of(&snapshot.program));
+            let expected = machine.eval(&term, &focus);
+            prop_assert_eq!(&*node.value(&mut machine, &focus), &expected);
+            prop_assert_eq!(node.number(&mut machine, &focus), expected.as_number());
+            let boolean = match expected {
+                Value::Bool(b) => Some(b),
+                _ => None,
+            };
+            prop_assert_eq!(node.boolean(&mut machine, &focus), boolean);
+            prop_assert_eq!(node.truth(&mut machine, &focus), boolean == Some(true));
+        }
     }
 }

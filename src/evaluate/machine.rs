@@ -71,6 +71,20 @@ pub(crate) trait Operand: Send + Sync {
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         matches!(*self.value(machine, focus), Value::Bool(true))
     }
+
+    /// The value if it is a boolean. Compiled nodes whose terms the checker
+    /// typed as booleans answer without building a value.
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        match *self.value(machine, focus) {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The value if it is a number; likewise for terms typed as numbers.
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        self.value(machine, focus).as_number()
+    }
 }
 
 impl Operand for Term {
@@ -94,6 +108,16 @@ impl<T: Operand + ?Sized> Operand for Box<T> {
     #[inline]
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
         (**self).truth(machine, focus)
+    }
+
+    #[inline]
+    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
+        (**self).boolean(machine, focus)
+    }
+
+    #[inline]
+    fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
+        (**self).number(machine, focus)
     }
 }
 
@@ -290,6 +314,21 @@ impl<'a> Machine<'a> {
             return value.clone();
         }
         self.let_uncached(index, slot, focus, compiled)
+    }
+
+    /// What `read` makes of definition `index`'s value for this focus,
+    /// without copying a cached value.
+    pub(crate) fn definition_read<R>(
+        &mut self,
+        index: usize,
+        focus: &Focus,
+        read: impl FnOnce(&Value) -> R,
+    ) -> R {
+        let slot = self.let_slot(index, focus);
+        if let Some(value) = slot.and_then(|slot| self.cached(slot)) {
+            return read(value);
+        }
+        read(&self.let_uncached(index, slot, focus, true))
     }
 
     /// A catalog-only part's value for the focused candidate, when the
@@ -763,14 +802,23 @@ impl<'a> Machine<'a> {
             {
                 continue;
             }
+            // Counts and quantifiers ask only for truth, which builds no value.
+            if matches!(
+                function,
+                Aggregate::CountOf | Aggregate::AllOf | Aggregate::AnyOf
+            ) {
+                let truth = value.truth(self, &inner);
+                match function {
+                    // Terms are pure: the first value that decides ends the walk.
+                    Aggregate::AllOf if !truth => return Value::Bool(false),
+                    Aggregate::AnyOf if truth => return Value::Bool(true),
+                    _ => count += usize::from(truth),
+                }
+                continue;
+            }
             let value = value.value(self, &inner);
-            let truth = matches!(*value, Value::Bool(true));
             match function {
-                Aggregate::CountOf => count += usize::from(truth),
-                // Terms are pure: the first value that decides ends the walk.
-                Aggregate::AllOf if !truth => return Value::Bool(false),
-                Aggregate::AnyOf if truth => return Value::Bool(true),
-                Aggregate::AllOf | Aggregate::AnyOf => {}
+                Aggregate::CountOf | Aggregate::AllOf | Aggregate::AnyOf => {}
                 Aggregate::ListOf => list.push(value.into_owned()),
                 Aggregate::MinOf | Aggregate::MaxOf => {
                     if !value.is_null() && (best.is_null() || value.compare(&best) == Some(want)) {
@@ -1167,11 +1215,16 @@ fn text(value: Option<Arc<str>>) -> Value {
 /// Arithmetic results are kept to nine decimal places, so prices that are
 /// equal on paper compare equal (3 × 0.20 + 0.60 == 3 × 0.25 + 0.45).
 fn number(n: f64) -> Value {
+    rounded(n).map_or(Value::Null, Value::Number)
+}
+
+/// An arithmetic result as [`number`] keeps it; absent if not finite.
+pub(crate) fn rounded(n: f64) -> Option<f64> {
     if !n.is_finite() {
-        return Value::Null;
+        return None;
     }
     let rounded = (n * 1e9).round() / 1e9;
-    Value::Number(if rounded.is_finite() { rounded } else { n })
+    Some(if rounded.is_finite() { rounded } else { n })
 }
 
 /// A duration from fractional milliseconds: rounded, at least zero.

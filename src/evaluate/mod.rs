@@ -15,6 +15,7 @@ mod inputs;
 pub(crate) mod machine;
 mod merge;
 pub(crate) mod order;
+mod shape;
 
 pub use execution::{
     Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts, default_type,
