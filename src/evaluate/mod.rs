@@ -424,7 +424,10 @@ fn decide(
             None => execution::builtin_refusal(400, "invalid_request_body", problem),
         });
     };
-    let model: Arc<str> = Arc::from(body.get("model").and_then(Json::as_str).unwrap_or(""));
+    let model = requested_model(
+        snapshot,
+        body.get("model").and_then(Json::as_str).unwrap_or(""),
+    );
     if tracing {
         trace.model = model.to_string();
     }
@@ -557,9 +560,9 @@ fn decide(
     // ranks of sort keys) applies only if every candidate has a row.
     let in_catalog = candidates.iter().all(|c| c.static_row.is_some());
 
-    // Eligibility.
+    // Eligibility. What a step keeps is a subsequence of what it found, so
+    // it is kept in place.
     let mut remaining: Vec<usize> = (0..candidates.len()).collect();
-    let mut kept: Vec<usize> = Vec::with_capacity(candidates.len());
     // Whether the machine's set differs from `remaining`: most steps keep
     // every candidate, and then the set is not compared again.
     let mut set_changed = false;
@@ -568,7 +571,14 @@ fn decide(
         if set_changed {
             machine.set_candidates(&remaining);
         }
-        kept.clear();
+        let found = remaining.len();
+        // An exclusive preference that nothing satisfies keeps everything.
+        let exclusive = step.kind == StepKind::PreferExclusively;
+        let mut removed_by_step = |candidate: usize| {
+            if let Some(entry) = trace.candidates.get_mut(candidate) {
+                entry.removed_by = Some(step_index);
+            }
+        };
         // A condition the request alone settles is not asked per candidate
         // (for a single candidate, asking is no dearer than settling).
         let settled = if remaining.len() > 1 {
@@ -583,8 +593,14 @@ fn decide(
             None
         };
         match settled {
-            Some(true) => kept.extend_from_slice(&remaining),
-            Some(false) => {}
+            Some(true) => {}
+            Some(false) if exclusive => {}
+            Some(false) => {
+                if tracing {
+                    remaining.iter().for_each(|c| removed_by_step(*c));
+                }
+                remaining.clear();
+            }
             None => {
                 let condition: &dyn Operand = match compiled.and_then(|c| c.steps.get(step_index)) {
                     Some(code) => code,
@@ -594,27 +610,26 @@ fn decide(
                 let by_row = compiled
                     .filter(|_| in_catalog)
                     .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
-                kept.extend(remaining.iter().copied().filter(|candidate| {
+                let mut keeps = |candidate: usize| {
                     let looked_up = by_row.and_then(|by_row| {
-                        let row = candidates.get(*candidate)?.static_row?;
+                        let row = candidates.get(candidate)?.static_row?;
                         by_row.get(snapshot.statics.row_index(row)).copied()
                     });
                     looked_up
-                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
-                }));
-            }
-        }
-        // An exclusive preference that nothing satisfies keeps everything.
-        if kept.is_empty() && step.kind == StepKind::PreferExclusively {
-            kept.extend_from_slice(&remaining);
-        }
-        let next = &kept;
-        if tracing {
-            for candidate in remaining.iter().filter(|c| !next.contains(c)) {
-                if let Some(entry) = trace.candidates.get_mut(*candidate) {
-                    entry.removed_by = Some(step_index);
+                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(candidate)))
+                };
+                if !exclusive || remaining.iter().any(|c| keeps(*c)) {
+                    remaining.retain(|c| {
+                        let kept = keeps(*c);
+                        if tracing && !kept {
+                            removed_by_step(*c);
+                        }
+                        kept
+                    });
                 }
             }
+        }
+        if tracing {
             let label = match &step.kind {
                 StepKind::Require(error) => {
                     format!("require … else {}", execution::error_name(snapshot, *error))
@@ -624,19 +639,17 @@ fn decide(
             trace.steps.push(StepTrace {
                 span: step.span,
                 label,
-                kept: next.len(),
-                removed: remaining.len() - next.len(),
+                kept: remaining.len(),
+                removed: found - remaining.len(),
             });
         }
-        if next.is_empty()
+        if remaining.is_empty()
             && let StepKind::Require(error) = step.kind
         {
             trace.refused = Some(format!("no candidate passed step {}", step_index + 1));
             return Err(execution::refusal_with(snapshot, error, &mut machine, None));
         }
-        // What a step keeps is a subsequence of what it found.
-        set_changed = next.len() != remaining.len();
-        std::mem::swap(&mut remaining, &mut kept);
+        set_changed = remaining.len() != found;
     }
 
     // Order, then balance.
@@ -715,11 +728,12 @@ fn decide(
             }
         }
     }
+    // The machine's set is done with: its room holds the ranks.
+    let mut rank = std::mem::take(&mut machine.set);
     drop(machine);
     drop(health);
     // The candidates move into the plan in attempt order, in place: the
     // unplanned dropped, then each moved to its position.
-    let mut rank = kept;
     rank.clear();
     rank.resize(candidates.len(), usize::MAX);
     for (position, candidate) in ordered.iter().enumerate() {
@@ -751,6 +765,19 @@ fn decide(
         budget_ms,
         capacity_wait_ms,
     })
+}
+
+/// The requested model's id as the request holds it: the catalog's own
+/// text when it is a model's id, so the request shares it.
+fn requested_model(snapshot: &Snapshot, name: &str) -> Arc<str> {
+    let shared = match snapshot.model_named(name) {
+        Some(crate::compile::ModelName::Model(model)) => snapshot.interned.model_id.get(*model),
+        _ => None,
+    };
+    match shared {
+        Some(Value::String(id)) if **id == *name => id.clone(),
+        _ => Arc::from(name),
+    }
 }
 
 /// `defaults.NAME`: the first layer that sets it, else its declared default.
