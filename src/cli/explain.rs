@@ -364,7 +364,7 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
             json!({
                 "provider": snapshot.provider(c.candidate.provider).map(|p| p.id.clone()),
                 "credential": snapshot.credential(c.candidate.provider, c.candidate.credential).map(|c| c.id.clone()),
-                "upstream_model": c.candidate.upstream_model.as_ref(),
+                "upstream_model": c.candidate.upstream_model(snapshot).as_ref(),
                 "position": c.position,
                 "removed_by_step": c.removed_by.map(|s| s + 1),
                 "keys": c.keys.iter().map(Value::to_json).collect::<Vec<_>>(),

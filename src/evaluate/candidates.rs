@@ -27,7 +27,6 @@ struct RouteChoice {
     provider: usize,
     /// `Some` when a pin names one credential.
     credential: Option<usize>,
-    upstream_model: Arc<str>,
     requested: Requested,
     /// Where the route's first credential's row of precomputed parts starts.
     static_row: Option<usize>,
@@ -243,7 +242,6 @@ impl RouteChoice {
             route: self.route,
             provider: self.provider,
             credential,
-            upstream_model: self.upstream_model.clone(),
             requested: self.requested.clone(),
             static_row: self
                 .static_row
@@ -259,7 +257,6 @@ impl RouteChoice {
             route: self.route,
             provider: self.provider,
             credential,
-            upstream_model: self.upstream_model,
             requested: self.requested,
             static_row: self
                 .static_row
@@ -276,18 +273,11 @@ fn route_choice(
     credential: Option<usize>,
     requested: Requested,
 ) -> RouteChoice {
-    let upstream_model = snapshot
-        .interned
-        .route_upstream
-        .get(model)
-        .and_then(|routes| routes.get(route))
-        .map_or_else(|| requested.id.clone(), Arc::clone);
     RouteChoice {
         model: Some(model),
         route: Some(route),
         provider,
         credential,
-        upstream_model,
         requested,
         static_row: snapshot.statics.row(Some(model), Some(route), 0),
     }
@@ -317,7 +307,6 @@ fn resolve_unknown(
             route: None,
             provider,
             credential: 0,
-            upstream_model: id.clone(),
             requested: Requested {
                 index: *position,
                 kind: ResolutionKind::Unknown,
@@ -342,7 +331,6 @@ fn resolve_unknown(
                 route: None,
                 provider: chosen.provider,
                 credential: None,
-                upstream_model: id.clone(),
                 requested: chosen.requested.clone(),
                 static_row: None,
             });

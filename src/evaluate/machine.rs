@@ -1022,7 +1022,7 @@ impl<'a> Machine<'a> {
             Read::ProviderAttr(attr) => {
                 return borrowed(provider().and_then(|p| p.attributes.get(*attr)));
             }
-            Read::RouteUpstreamModel => Value::String(candidate.upstream_model.clone()),
+            Read::RouteUpstreamModel => Value::String(candidate.upstream_model(snapshot).clone()),
             Read::RoutePrice(field) => {
                 let price = route().map(|r| r.price).unwrap_or_default();
                 let value = match field {

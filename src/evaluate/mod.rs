@@ -268,7 +268,6 @@ pub struct Candidate {
     pub route: Option<usize>,
     pub provider: usize,
     pub credential: usize,
-    pub upstream_model: Arc<str>,
     pub requested: Requested,
     /// Where its route and credential's precomputed catalog parts start in
     /// the snapshot's table, found once when the candidate is made so a
@@ -277,6 +276,17 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// The model name its provider is sent: its route's upstream model, or
+    /// for an id the catalog does not know, the id as the client sent it.
+    /// Read from the snapshot rather than kept per candidate, so a
+    /// candidate counts no reference to it.
+    pub fn upstream_model<'s>(&'s self, snapshot: &'s Snapshot) -> &'s Arc<str> {
+        self.model
+            .zip(self.route)
+            .and_then(|(model, route)| snapshot.interned.route_upstream.get(model)?.get(route))
+            .unwrap_or(&self.requested.id)
+    }
+
     /// A catalog route with one of its provider's credentials, requested by
     /// its own id, for computing the precomputed table itself (so it has no
     /// row in it yet).
@@ -291,7 +301,6 @@ impl Candidate {
             route: Some(route_index),
             provider: route.provider,
             credential,
-            upstream_model: Arc::from(route.upstream_model.as_str()),
             requested: Requested {
                 index: 0,
                 kind: ResolutionKind::Bare,
@@ -828,6 +837,6 @@ pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
         "{} ({}) {}",
         provider.map_or("?", |p| p.id.as_str()),
         credential.map_or("?", |c| c.id.as_str()),
-        candidate.upstream_model
+        candidate.upstream_model(snapshot)
     )
 }

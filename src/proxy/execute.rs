@@ -646,7 +646,7 @@ impl Exchange {
             .plan
             .candidates
             .get(index)
-            .map(|c| super::logged_model(&c.upstream_model));
+            .map(|c| super::logged_model(c.upstream_model(&self.snapshot)));
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {

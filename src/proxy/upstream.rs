@@ -153,7 +153,7 @@ impl Outgoing {
         );
         let mut opening = Vec::with_capacity(64);
         opening.extend_from_slice(b"{\"model\":");
-        serde_json::to_writer(&mut opening, candidate.upstream_model.as_ref()).ok()?;
+        serde_json::to_writer(&mut opening, candidate.upstream_model(snapshot).as_ref()).ok()?;
         let body = if self.members.is_empty() {
             opening.push(b'}');
             reqwest::Body::from(opening)
