@@ -14,7 +14,7 @@
 //! decides as `evaluate` does.
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison, rounded};
-use super::order::Direction;
+use super::order::{Direction, Plain};
 use super::shape::{Shape, Shapes};
 use super::{Caller, Endpoint, RequestState};
 use crate::compile::{Guard, Snapshot, endpoint_member, kind_member, wire_member};
@@ -88,6 +88,9 @@ pub struct Ranking {
 /// A sort key, compiled.
 pub struct Key {
     code: Node,
+    /// What its values can be, so that numbers and booleans are read
+    /// plainly.
+    shape: Shape,
     pub descending: bool,
     pub nulls_first: bool,
 }
@@ -96,6 +99,7 @@ impl Key {
     fn of(spec: &SortKeySpec, shapes: &Shapes) -> Key {
         Key {
             code: compile(&spec.term, shapes),
+            shape: shapes.of_term(&spec.term),
             descending: spec.descending,
             nulls_first: spec.nulls_first,
         }
@@ -103,6 +107,22 @@ impl Key {
 
     pub fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         self.code.value(machine, focus)
+    }
+
+    /// The value read plainly, when the key's shape allows.
+    pub fn plain(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<Plain> {
+        Some(match self.shape {
+            Shape::Absent => Plain::Absent,
+            Shape::Number => self
+                .code
+                .number(machine, focus)
+                .map_or(Plain::Absent, Plain::Number),
+            Shape::Boolean => self
+                .code
+                .boolean(machine, focus)
+                .map_or(Plain::Absent, Plain::Bool),
+            Shape::Any => return None,
+        })
     }
 }
 
@@ -398,6 +418,8 @@ impl Rankings<'_> {
                     slot: self.first_slot + index,
                     inner: absent,
                 }),
+                // Ranks are numbers.
+                shape: Shape::Number,
                 descending: false,
                 nulls_first: false,
             });

@@ -16,6 +16,20 @@ pub trait KeyOrder {
 /// A sort key: as written (interpreted) or compiled.
 pub trait SortKey: KeyOrder {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value>;
+
+    /// The value without building a [`Value`], for a key whose type lets
+    /// it be read plainly; `None` for any other key.
+    fn plain(&self, _machine: &mut Machine<'_>, _focus: &Focus) -> Option<Plain> {
+        None
+    }
+}
+
+/// A sort key's value read plainly: absent, a boolean or a number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plain {
+    Absent,
+    Bool(bool),
+    Number(f64),
 }
 
 /// A key's direction alone, for ordering values already computed.
@@ -55,6 +69,10 @@ impl SortKey for Key {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         Key::value(self, machine, focus)
     }
+
+    fn plain(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<Plain> {
+        Key::plain(self, machine, focus)
+    }
 }
 
 impl KeyOrder for Key {
@@ -70,6 +88,10 @@ impl KeyOrder for Key {
 impl<K: SortKey + ?Sized> SortKey for &K {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         (**self).value(machine, focus)
+    }
+
+    fn plain(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<Plain> {
+        (**self).plain(machine, focus)
     }
 }
 
@@ -131,7 +153,7 @@ pub fn sort_by_keys<K: SortKey>(machine: &mut Machine<'_>, candidates: &mut [usi
     for candidate in candidates.iter() {
         let focus = &Focus::on(*candidate);
         for key in keys {
-            values.push(SortValue::of(key.value(machine, focus)));
+            values.push(SortValue::of_key(key, machine, focus));
         }
     }
     if candidates.len() <= INSERTION_SORT_MAX {
@@ -235,20 +257,40 @@ impl Packed {
         for candidate in candidates {
             let focus = Focus::on(candidate);
             for key in keys {
-                self.push(&key.value(machine, &focus), key)?;
+                match key.plain(machine, &focus) {
+                    Some(plain) => self.push_plain(plain, key)?,
+                    None => self.push_value(&key.value(machine, &focus), key)?,
+                }
             }
         }
         Some(())
     }
 
-    /// Adds the next value: rows are filled key by key, `width` to a row.
-    fn push(&mut self, value: &Value, key: &impl KeyOrder) -> Option<()> {
+    fn push_value(&mut self, value: &Value, key: &impl KeyOrder) -> Option<()> {
+        let word = match value {
+            Value::Null => None,
+            present => Some(packed_word(present)?),
+        };
+        self.push(word, key)
+    }
+
+    fn push_plain(&mut self, plain: Plain, key: &impl KeyOrder) -> Option<()> {
+        let word = match plain {
+            Plain::Absent => None,
+            Plain::Bool(b) => Some((PackedKind::Bool, u64::from(b))),
+            Plain::Number(n) => Some((PackedKind::Number, number_word(n)?)),
+        };
+        self.push(word, key)
+    }
+
+    /// Adds the next value, absent or packed: rows are filled key by key,
+    /// `width` to a row.
+    fn push(&mut self, word: Option<(PackedKind, u64)>, key: &impl KeyOrder) -> Option<()> {
         let column = self.len.checked_rem(self.width)?;
-        let entry = match value {
-            Value::Null if key.nulls_first() => 0,
-            Value::Null => 2 << 64,
-            present => {
-                let (kind, word) = packed_word(present)?;
+        let entry = match word {
+            None if key.nulls_first() => 0,
+            None => 2 << 64,
+            Some((kind, word)) => {
                 let seen = self.kinds.get_mut(column)?;
                 if seen.is_some_and(|seen| seen != kind) {
                     return None;
@@ -308,21 +350,28 @@ impl Packed {
 /// A present value as an integer whose order is [`Value::compare`]'s among
 /// values of its kind; `None` for values that do not order totally.
 fn packed_word(value: &Value) -> Option<(PackedKind, u64)> {
-    const SIGN: u64 = 1 << 63;
     Some(match *value {
         Value::Bool(b) => (PackedKind::Bool, u64::from(b)),
-        Value::Number(n) if !n.is_nan() => {
-            // Zero of either sign is one value; a negative number's bits
-            // order backwards, a positive one's after every negative one.
-            let bits = if n == 0.0 { 0 } else { n.to_bits() };
-            let word = if bits & SIGN == 0 { bits | SIGN } else { !bits };
-            (PackedKind::Number, word)
-        }
+        Value::Number(n) => (PackedKind::Number, number_word(n)?),
         Value::Duration(ms) => (PackedKind::Duration, ms),
         Value::Date(days) => (PackedKind::Date, days.cast_unsigned() ^ SIGN),
         Value::Enum(ref member) => (PackedKind::Rank, u64::from(member.rank)),
         _ => return None,
     })
+}
+
+const SIGN: u64 = 1 << 63;
+
+/// A number as an integer in the same order; `None` for NaN, which orders
+/// with nothing.
+fn number_word(n: f64) -> Option<u64> {
+    if n.is_nan() {
+        return None;
+    }
+    // Zero of either sign is one value; a negative number's bits order
+    // backwards, a positive one's after every negative one.
+    let bits = if n == 0.0 { 0 } else { n.to_bits() };
+    Some(if bits & SIGN == 0 { bits | SIGN } else { !bits })
 }
 
 /// The candidate a stable sort by the keys would put first (the earliest of
@@ -452,6 +501,20 @@ enum SortValue<'k> {
 }
 
 impl<'k> SortValue<'k> {
+    /// A key's value for a candidate: plainly if the key can give it so.
+    fn of_key<'a: 'k, K: SortKey>(
+        key: &'k K,
+        machine: &mut Machine<'a>,
+        focus: &Focus,
+    ) -> SortValue<'k> {
+        match key.plain(machine, focus) {
+            Some(Plain::Absent) => SortValue::Absent,
+            Some(Plain::Bool(b)) => SortValue::Bool(b),
+            Some(Plain::Number(n)) => SortValue::Number(n),
+            None => SortValue::of(key.value(machine, focus)),
+        }
+    }
+
     fn of(value: Cow<'k, Value>) -> SortValue<'k> {
         match *value {
             Value::Null => SortValue::Absent,
@@ -899,7 +962,7 @@ mod tests {
             let packs = rows.iter().all(|row| {
                 row.iter()
                     .zip(&directions)
-                    .all(|(value, direction)| packed.push(value, direction).is_some())
+                    .all(|(value, direction)| packed.push_value(value, direction).is_some())
             });
             let fits = rows.len() * width <= PACKED_MAX;
             prop_assert_eq!(packs, fits && orders_totally(&rows, width));
@@ -908,6 +971,33 @@ mod tests {
                 let mut by_packed: Vec<usize> = (0..rows.len()).collect();
                 packed.insertion_sort(&mut by_packed);
                 prop_assert_eq!(by_packed, by_values);
+            }
+        }
+    }
+
+    #[test]
+    fn plain_values_pack_and_sort_as_the_values_they_stand_for() {
+        let plain = [
+            Plain::Absent,
+            Plain::Bool(false),
+            Plain::Bool(true),
+            Plain::Number(-2.5),
+            Plain::Number(-0.0),
+            Plain::Number(0.0),
+            Plain::Number(1e300),
+            Plain::Number(f64::NAN),
+        ];
+        let value = |plain: Plain| match plain {
+            Plain::Absent => Value::Null,
+            Plain::Bool(b) => Value::Bool(b),
+            Plain::Number(n) => Value::Number(n),
+        };
+        for direction in [ASCENDING, DESCENDING] {
+            for item in plain {
+                let (mut by_plain, mut by_value) = (Packed::new(1), Packed::new(1));
+                let packs = by_plain.push_plain(item, &direction);
+                assert_eq!(packs, by_value.push_value(&value(item), &direction));
+                assert_eq!(by_plain.entries, by_value.entries, "{item:?}");
             }
         }
     }
