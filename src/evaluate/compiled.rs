@@ -7,11 +7,17 @@
 //! once stays interpreted: its request-only parts, and a catalog part for a
 //! candidate the catalog does not describe.
 //!
+//! Where the checked types say a term's values are numbers or booleans
+//! ([`Shape`]), its node computes with `f64` and `bool` and hands them on
+//! through [`Operand::number`] and [`Operand::boolean`], with no value
+//! built, matched or dropped on the way.
+//!
 //! Functions and operators mean the same in both forms: the interpreter's
 //! calls, arithmetic and comparisons are written once, over
-//! [`Operand`]. `evaluate_traced` interprets the staged terms themselves,
-//! and the property tests and the `request` fuzz target check that it
-//! decides as `evaluate` does.
+//! [`Operand`], and the few plain nodes are checked against them (this
+//! module's property test). `evaluate_traced` interprets the staged terms
+//! themselves, and the property tests and the `request` fuzz target check
+//! that it decides as `evaluate` does.
 
 use super::machine::{Focus, Machine, Operand, arithmetic, holds, is_comparison, rounded};
 use super::order::{Direction, Plain};
