@@ -1,7 +1,8 @@
 //! `switchyard test` as users run it: the real binary on a cases file of
 //! its own. A case whose fields would not be compared, or contradict each
 //! other, would pass whatever the policy does; such a case fails, saying
-//! why, instead.
+//! why, instead. And `switchyard explain`'s account of which step removed
+//! which candidate.
 
 #![allow(
     clippy::unwrap_used,
@@ -329,4 +330,97 @@ fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
         assert!(!stdout.contains("DuplicateKeyPolicy"), "{stdout}");
         assert!(!stdout.contains(PASTED_KEY), "{stdout}");
     }
+}
+
+/// `switchyard explain --format json` for a Noirdoc request.
+fn explain_json(key: &str, model: &str) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-{key}-{model}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = dir.join("request.json");
+    std::fs::write(&request, format!("{{\"model\": \"{model}\"}}")).unwrap();
+    let output = Command::new(BIN)
+        .args([
+            "explain",
+            "--policy",
+            &noirdoc(),
+            "--key",
+            key,
+            "--format",
+            "json",
+        ])
+        .arg("--request")
+        .arg(&request)
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Each candidate's provider and the step (1-based) that removed it.
+fn removed_by(explained: &serde_json::Value) -> Vec<(String, Option<u64>)> {
+    let mut removed: Vec<(String, Option<u64>)> = explained["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["provider"].as_str().unwrap().to_string(),
+                c["removed_by_step"].as_u64(),
+            )
+        })
+        .collect();
+    removed.sort();
+    removed
+}
+
+/// Each step's (kept, removed) counts.
+fn step_counts(explained: &serde_json::Value) -> Vec<(u64, u64)> {
+    explained["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["kept"].as_u64().unwrap(), s["removed"].as_u64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn explain_names_the_step_that_removed_each_candidate() {
+    // A key whose data must stay in Germany or France, without the CLOUD
+    // Act: step 5 (the key's provider restrictions) removes together.ai;
+    // step 1 (`prefer exclusively own`) finds no own credential and keeps
+    // everything.
+    let explained = explain_json("acme-eu-only", "qwen3.8-27b");
+    assert_eq!(
+        removed_by(&explained),
+        [
+            (String::from("aki-io"), None),
+            (String::from("ionos"), None),
+            (String::from("scaleway"), None),
+            (String::from("together"), Some(5)),
+        ]
+    );
+    assert_eq!(
+        step_counts(&explained),
+        [(4, 0), (4, 0), (4, 0), (4, 0), (3, 1), (3, 0), (3, 0)]
+    );
+    assert_eq!(
+        explained["result"]["plan"],
+        serde_json::json!(["aki-io", "scaleway", "ionos"])
+    );
+
+    // The organisation's own OpenAI credential: step 1 keeps it alone.
+    let explained = explain_json("acme-default", "gpt-5");
+    assert_eq!(
+        removed_by(&explained),
+        [
+            (String::from("acme-openai"), None),
+            (String::from("openai"), Some(1)),
+        ]
+    );
+    assert_eq!(step_counts(&explained)[0], (1, 1));
 }

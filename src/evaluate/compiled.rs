@@ -7,7 +7,7 @@
 //! once stays interpreted: its request-only parts, and a catalog part for a
 //! candidate the catalog does not describe.
 //!
-//! Where the checked types say a term's values are numbers or booleans
+//! Where a term's structure shows its values are numbers or booleans
 //! ([`Shape`]), its node computes with `f64` and `bool` and hands them on
 //! through [`Operand::number`] and [`Operand::boolean`], with no value
 //! built, matched or dropped on the way.
@@ -506,7 +506,7 @@ fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
     }
 }
 
-/// A term's compiled form. Where the checked types say an operator's
+/// A term's compiled form. Where the operands' shapes show an operator's
 /// operands are numbers or booleans, its node computes with them plainly
 /// ([`Shape`]).
 fn compile(term: &Term, shapes: &Shapes) -> Node {
@@ -1149,6 +1149,8 @@ impl Operand for ToEnum {
 mod tests {
     use super::*;
     use crate::compile::{AllSecrets, compile_file};
+    use crate::evaluate::Candidate;
+    use crate::language::ir::PriceField;
     use crate::source::Span;
     use proptest::prelude::*;
 
@@ -1157,15 +1159,32 @@ mod tests {
     }
 
     fn leaf() -> impl Strategy<Value = Term> {
-        prop_oneof![
+        let constants = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             (-4i32..5).prop_map(|n| Value::Number(f64::from(n) / 2.0)),
             Just(Value::Number(1e300)),
+            Just(Value::Number(f64::NAN)),
             Just(Value::Duration(1500)),
             Just(Value::string("x")),
         ]
-        .prop_map(constant)
+        .prop_map(constant);
+        // Reads of the focused candidate (prices may be absent), and the
+        // Noirdoc policy's definitions (`own`, `priced`, `weighted_price`).
+        let reads = proptest::sample::select(vec![
+            TermKind::Read(Read::RoutePrice(PriceField::Input)),
+            TermKind::Read(Read::RoutePrice(PriceField::CacheRead)),
+            TermKind::Read(Read::ProviderPriority),
+            TermKind::Read(Read::CredentialOwned),
+            TermKind::Read(Read::HealthPenalized),
+            TermKind::Read(Read::StatsSuccessRate),
+            TermKind::Read(Read::StatsTtft),
+            TermKind::Let(0),
+            TermKind::Let(1),
+            TermKind::Let(2),
+        ])
+        .prop_map(|kind| Term::new(kind, Span::default()));
+        prop_oneof![3 => constants, 1 => reads]
     }
 
     fn operator() -> impl Strategy<Value = BinaryOp> {
@@ -1220,22 +1239,51 @@ mod tests {
         })
     }
 
+    static SNAPSHOT: std::sync::LazyLock<Snapshot> = std::sync::LazyLock::new(|| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
+        compile_file(&path, &AllSecrets).expect("noirdoc compiles")
+    });
+
+    /// Every route of the catalog's first model with its first credential,
+    /// each with its row of precomputed parts.
+    fn candidates(snapshot: &Snapshot) -> Vec<Candidate> {
+        let routes = &snapshot.data.catalog.models[0].routes;
+        routes
+            .iter()
+            .enumerate()
+            .map(|(index, route)| Candidate {
+                static_row: snapshot
+                    .statics
+                    .row(Some(0), Some(index), 0)
+                    .map(|first| snapshot.statics.credential_row(first, 0)),
+                ..Candidate::of_route(0, index, route, 0)
+            })
+            .collect()
+    }
+
     proptest! {
         #[test]
-        fn compiled_terms_mean_what_the_interpreter_does(term in term()) {
-            static SNAPSHOT: std::sync::LazyLock<Snapshot> = std::sync::LazyLock::new(|| {
-                let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("policies/noirdoc.policy");
-                compile_file(&path, &AllSecrets).expect("noirdoc compiles")
-            });
+        fn compiled_terms_mean_what_the_interpreter_does(
+            term in term(),
+            on in proptest::option::of(0usize..8),
+        ) {
             let snapshot = &*SNAPSHOT;
+            let candidates = candidates(snapshot);
             let request = RequestState::placeholder();
-            let mut machine = Machine::new(snapshot, &request, &[], &[]);
-            let focus = Focus::default();
+            let mut machine = Machine::new(snapshot, &request, &candidates, &[]);
+            let focus = Focus {
+                current: on.map(|on| on % candidates.len()),
+                ..Focus::default()
+            };
             let node = compile(&term, &Shapes::of(&snapshot.program));
             let expected = machine.eval(&term, &focus);
-            prop_assert_eq!(&*node.value(&mut machine, &focus), &expected);
-            prop_assert_eq!(node.number(&mut machine, &focus), expected.as_number());
+            // NaN is unequal to itself: values compare as written out.
+            let got = node.value(&mut machine, &focus);
+            prop_assert_eq!(format!("{got:?}"), format!("{expected:?}"));
+            prop_assert_eq!(
+                node.number(&mut machine, &focus).map(f64::to_bits),
+                expected.as_number().map(f64::to_bits)
+            );
             let boolean = match expected {
                 Value::Bool(b) => Some(b),
                 _ => None,

@@ -72,8 +72,8 @@ pub(crate) trait Operand: Send + Sync {
         matches!(*self.value(machine, focus), Value::Bool(true))
     }
 
-    /// The value if it is a boolean. Compiled nodes whose terms the checker
-    /// typed as booleans answer without building a value.
+    /// The value if it is a boolean. Compiled nodes whose terms are
+    /// booleans by their shape answer without building a value.
     fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
         match *self.value(machine, focus) {
             Value::Bool(b) => Some(b),
@@ -81,7 +81,7 @@ pub(crate) trait Operand: Send + Sync {
         }
     }
 
-    /// The value if it is a number; likewise for terms typed as numbers.
+    /// The value if it is a number; likewise for numbers by shape.
     fn number(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<f64> {
         self.value(machine, focus).as_number()
     }
@@ -802,7 +802,8 @@ impl<'a> Machine<'a> {
             {
                 continue;
             }
-            // Counts and quantifiers ask only for truth, which builds no value.
+            // Counts and quantifiers ask only for truth, which compiled
+            // nodes give without building a value.
             if matches!(
                 function,
                 Aggregate::CountOf | Aggregate::AllOf | Aggregate::AnyOf

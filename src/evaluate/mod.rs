@@ -581,13 +581,6 @@ fn decide(
             machine.set_candidates(&remaining);
         }
         let found = remaining.len();
-        // An exclusive preference that nothing satisfies keeps everything.
-        let exclusive = step.kind == StepKind::PreferExclusively;
-        let mut removed_by_step = |candidate: usize| {
-            if let Some(entry) = trace.candidates.get_mut(candidate) {
-                entry.removed_by = Some(step_index);
-            }
-        };
         // A condition the request alone settles is not asked per candidate
         // (for a single candidate, asking is no dearer than settling).
         let settled = if remaining.len() > 1 {
@@ -603,13 +596,7 @@ fn decide(
         };
         match settled {
             Some(true) => {}
-            Some(false) if exclusive => {}
-            Some(false) => {
-                if tracing {
-                    remaining.iter().for_each(|c| removed_by_step(*c));
-                }
-                remaining.clear();
-            }
+            Some(false) => remaining.clear(),
             None => {
                 let condition: &dyn Operand = match compiled.and_then(|c| c.steps.get(step_index)) {
                     Some(code) => code,
@@ -619,22 +606,30 @@ fn decide(
                 let by_row = compiled
                     .filter(|_| in_catalog)
                     .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
-                let mut keeps = |candidate: usize| {
+                remaining.retain(|candidate| {
                     let looked_up = by_row.and_then(|by_row| {
-                        let row = candidates.get(candidate)?.static_row?;
+                        let row = candidates.get(*candidate)?.static_row?;
                         by_row.get(snapshot.statics.row_index(row)).copied()
                     });
                     looked_up
-                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(candidate)))
-                };
-                if !exclusive || remaining.iter().any(|c| keeps(*c)) {
-                    remaining.retain(|c| {
-                        let kept = keeps(*c);
-                        if tracing && !kept {
-                            removed_by_step(*c);
-                        }
-                        kept
-                    });
+                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
+                });
+            }
+        }
+        // An exclusive preference that nothing satisfies keeps everything:
+        // the set as the step found it, which the machine holds.
+        if remaining.is_empty() && step.kind == StepKind::PreferExclusively {
+            remaining.extend_from_slice(&machine.set);
+        }
+        if tracing {
+            // What the step removed: the set it found less what it kept,
+            // both in the same order.
+            let mut kept = remaining.iter().peekable();
+            for candidate in &machine.set {
+                if kept.next_if_eq(&candidate).is_none()
+                    && let Some(entry) = trace.candidates.get_mut(*candidate)
+                {
+                    entry.removed_by = Some(step_index);
                 }
             }
         }

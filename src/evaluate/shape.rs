@@ -1,8 +1,10 @@
-//! What a checked term's type guarantees of its values, as far as compiled
-//! nodes use it: a term typed as a number evaluates to a number or to
-//! absent, never to anything else, so its node can compute with plain
-//! `f64`s instead of building and matching [`crate::value::Value`]s; the
-//! same for booleans.
+//! What a term's structure guarantees of its values, as far as compiled
+//! nodes use it: a term built of number literals, reads that give numbers
+//! and arithmetic over them evaluates to a number or to absent, never to
+//! anything else, so its node can compute with plain `f64`s instead of
+//! building and matching [`crate::value::Value`]s; the same for booleans.
+//! A term whose shape is not seen so (an input, an attribute, a field)
+//! is `Any` and is evaluated as a value.
 
 use crate::language::ast::{Aggregate, BinaryOp};
 use crate::language::ir::{Function, Program, Read, Term, TermKind};
@@ -79,7 +81,13 @@ fn let_shape(program: &Program, index: usize, found: &mut Vec<Option<Shape>>) ->
     if let Some(slot) = found.get_mut(index) {
         *slot = Some(Shape::Any);
     }
-    let shape = shape(&spec.term, &mut |other| let_shape(program, other, found));
+    // Definitions may read definitions declared after them, so a chain of
+    // them nests as deep as it is long.
+    let shape = stacker::maybe_grow(
+        crate::language::check::STACK_RED_ZONE,
+        crate::language::check::STACK_SEGMENT,
+        || shape(&spec.term, &mut |other| let_shape(program, other, found)),
+    );
     if let Some(slot) = found.get_mut(index) {
         *slot = Some(shape);
     }
