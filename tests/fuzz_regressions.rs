@@ -379,6 +379,29 @@ fn policy_forward_let_chain() {
     });
 }
 
+/// `let d0 = d1 + 1 + ... + 1`, `let d1 = d2 + 1 + ...`, ...: 199
+/// definitions, each a sum of 128 terms (the expression length and the
+/// definition depth the checker accepts). The checker grew its stack at
+/// each definition only, and one definition's sum of 128 terms used up the
+/// red zone in an unoptimised build: `switchyard check` overflowed on this
+/// policy, which checks clean. Debug only; a release build had room.
+#[test]
+fn policy_deep_definitions_of_long_sums() {
+    isolated(
+        "policy_deep_definitions_of_long_sums",
+        CRASH_DEADLINE,
+        || {
+            let count = 199;
+            let mut text = String::from(HEADER);
+            for i in 0..count {
+                text.push_str(&format!("let d{i} = d{}{}\n", i + 1, " + 1".repeat(127)));
+            }
+            text.push_str(&format!("let d{count} = 1\n"));
+            policy_target(text.as_bytes());
+        },
+    );
+}
+
 /// `((((...1...))))` given to `parse_expression`, which (unlike `parse`) has
 /// no bracket-depth pre-scan: the lowering recursion overflows. Crashed the
 /// release fuzz build from 9 697 levels (19 KB). Release only, as above.

@@ -711,6 +711,16 @@ impl Checker<'_> {
     }
 
     fn expr(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> (Ty, Term) {
+        // A definition's expression nests a few hundred levels at most, but
+        // definitions using definitions nest those again, and an
+        // unoptimised build's frames are large: every level makes sure of
+        // its stack, not only each definition.
+        stacker::maybe_grow(super::STACK_RED_ZONE, super::STACK_SEGMENT, || {
+            self.expr_here(expr, place, scope)
+        })
+    }
+
+    fn expr_here(&mut self, expr: &Expr, place: &Place, scope: &Scope) -> (Ty, Term) {
         let span = expr.span;
         match &expr.kind {
             ExprKind::Literal(literal) => {
