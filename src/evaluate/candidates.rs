@@ -9,7 +9,7 @@ use super::{Candidate, RequestState, Requested, ResolutionKind};
 use crate::compile::{ModelName, Owner, Snapshot};
 use crate::diagnostics::redact::redact;
 use crate::language::ast::PinTarget;
-use crate::language::ir::{CredentialSpec, ErrorRef, SortKeySpec};
+use crate::language::ir::{CredentialSpec, ErrorRef, Read, SortKeySpec, TermKind};
 use crate::value::Value;
 use std::sync::Arc;
 
@@ -39,9 +39,18 @@ fn for_each_requested_id<E>(
     request: &RequestState,
     mut each: impl FnMut(&Arc<str>) -> Result<(), E>,
 ) -> Result<(), E> {
-    let mut machine = Machine::new(snapshot, request, &[], &[]);
+    // Made for the first source that needs one: the usual only source, the
+    // body's `model`, is the request's own.
+    let mut machine: Option<Machine<'_>> = None;
     for source in &snapshot.program.models.sources {
-        // An empty id (a body without `model`) requests nothing.
+        if let TermKind::Read(Read::RequestModel) = source.kind {
+            // An empty id (a body without `model`) requests nothing.
+            if !request.model.is_empty() {
+                each(&request.model)?;
+            }
+            continue;
+        }
+        let machine = machine.get_or_insert_with(|| Machine::new(snapshot, request, &[], &[]));
         match &*machine.eval_ref(source, &Focus::default()) {
             Value::String(id) if !id.is_empty() => each(id)?,
             Value::List(items) => {
