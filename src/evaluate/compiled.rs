@@ -539,25 +539,25 @@ fn compile(term: &Term, shapes: &Shapes) -> Node {
             let (lhs, rhs) = (compile(lhs_term), compile(rhs_term));
             let shape = |term: &Term| shapes.of_term(term);
             let both = |test: fn(Shape) -> bool| test(shape(lhs_term)) && test(shape(rhs_term));
-            let ordering = matches!(
-                op,
-                BinaryOp::Eq
-                    | BinaryOp::Ne
-                    | BinaryOp::Lt
-                    | BinaryOp::Le
-                    | BinaryOp::Gt
-                    | BinaryOp::Ge
-            );
+            // Comparisons but membership, whose right side is a list.
+            let ordering = is_comparison(*op) && !matches!(op, BinaryOp::In | BinaryOp::NotIn);
+            let plain = if both(Shape::numeric) {
+                Some(Shape::Number)
+            } else if both(Shape::boolean) {
+                Some(Shape::Boolean)
+            } else {
+                None
+            };
             match op {
                 BinaryOp::And => Box::new(And(lhs, rhs)),
                 BinaryOp::Or => Box::new(Or(lhs, rhs)),
                 BinaryOp::Implies => Box::new(Implies(lhs, rhs)),
-                op if ordering && both(Shape::numeric) => {
-                    Box::new(CompareNumbers { op: *op, lhs, rhs })
-                }
-                op if ordering && both(Shape::boolean) => {
-                    Box::new(CompareBooleans { op: *op, lhs, rhs })
-                }
+                op if let Some(operands) = plain.filter(|_| ordering) => Box::new(ComparePlain {
+                    op: *op,
+                    operands,
+                    lhs,
+                    rhs,
+                }),
                 op if is_comparison(*op) => Box::new(Compare { op: *op, lhs, rhs }),
                 op if both(Shape::numeric) => Box::new(NumberArithmetic { op: *op, lhs, rhs }),
                 op => Box::new(Arithmetic { op: *op, lhs, rhs }),
@@ -867,46 +867,30 @@ impl Operand for Arithmetic {
     }
 }
 
-/// A comparison of two numbers (or absent values): `==` and `!=` as for
-/// any values, the orderings only between two numbers.
-struct CompareNumbers {
+/// A comparison of two numbers or two booleans (either maybe absent), as
+/// `operands` says: `==` and `!=` as for any values, the orderings only
+/// between two present ones.
+struct ComparePlain {
     op: BinaryOp,
+    operands: Shape,
     lhs: Node,
     rhs: Node,
 }
 
-impl Operand for CompareNumbers {
+impl Operand for ComparePlain {
     fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
         Cow::Owned(Value::Bool(self.truth(machine, focus)))
     }
 
     fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
+        if self.operands == Shape::Boolean {
+            let a = self.lhs.boolean(machine, focus);
+            let b = self.rhs.boolean(machine, focus);
+            return ordered(self.op, a, b, |a, b| Some(a.cmp(b)));
+        }
         let a = self.lhs.number(machine, focus);
         let b = self.rhs.number(machine, focus);
         ordered(self.op, a, b, |a, b| a.partial_cmp(b))
-    }
-
-    fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
-        Some(self.truth(machine, focus))
-    }
-}
-
-/// A comparison of two booleans (or absent values).
-struct CompareBooleans {
-    op: BinaryOp,
-    lhs: Node,
-    rhs: Node,
-}
-
-impl Operand for CompareBooleans {
-    fn value<'t, 'a: 't>(&'t self, machine: &mut Machine<'a>, focus: &Focus) -> Cow<'t, Value> {
-        Cow::Owned(Value::Bool(self.truth(machine, focus)))
-    }
-
-    fn truth(&self, machine: &mut Machine<'_>, focus: &Focus) -> bool {
-        let a = self.lhs.boolean(machine, focus);
-        let b = self.rhs.boolean(machine, focus);
-        ordered(self.op, a, b, |a, b| Some(a.cmp(b)))
     }
 
     fn boolean(&self, machine: &mut Machine<'_>, focus: &Focus) -> Option<bool> {
