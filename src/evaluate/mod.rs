@@ -632,8 +632,6 @@ fn decide(
                     entry.removed_by = Some(step_index);
                 }
             }
-        }
-        if tracing {
             let label = match &step.kind {
                 StepKind::Require(error) => {
                     format!("require … else {}", execution::error_name(snapshot, *error))
