@@ -85,6 +85,10 @@ impl FileProblem {
     }
 }
 
+/// So that callers can pass it on as any error (`?` into `Box<dyn Error>`,
+/// `io::Error::other`), as the sim's documented example does.
+impl std::error::Error for FileProblem {}
+
 impl fmt::Display for FileProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.place {
