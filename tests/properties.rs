@@ -881,7 +881,7 @@ fn decide_with(
 ) -> Decision {
     let text = body.to_string();
     let context = RequestContext {
-        id: "req-1",
+        id: std::sync::Arc::from("req-1"),
         endpoint: request.endpoint(world),
         body: Ok(body),
         body_bytes: text.len(),
@@ -2249,7 +2249,7 @@ proptest! {
                 for endpoint in Endpoint::ALL {
                     for health in views {
                         let context = RequestContext {
-                            id: "req-1",
+                            id: std::sync::Arc::from("req-1"),
                             endpoint,
                             body: body.as_ref().ok_or(NOT_AN_OBJECT),
                             body_bytes: text.len(),

@@ -47,7 +47,7 @@ fn decide(
 ) -> Decision {
     let text = body.to_string();
     let context = RequestContext {
-        id: "req-1",
+        id: std::sync::Arc::from("req-1"),
         endpoint,
         body: Ok(&body),
         body_bytes: text.len(),
@@ -77,7 +77,7 @@ fn health_asked(snapshot: &Snapshot, key: &str, model: &str, traced: bool) -> (u
     let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
     let text = body.to_string();
     let context = RequestContext {
-        id: "req-1",
+        id: std::sync::Arc::from("req-1"),
         endpoint: Endpoint::ChatCompletions,
         body: Ok(&body),
         body_bytes: text.len(),

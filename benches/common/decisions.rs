@@ -45,7 +45,7 @@ pub fn context<'a>(
     headers: &'a [(String, String)],
 ) -> RequestContext<'a> {
     RequestContext {
-        id: "bench",
+        id: std::sync::Arc::from("bench"),
         endpoint,
         body: Ok(body),
         body_bytes: body.to_string().len(),

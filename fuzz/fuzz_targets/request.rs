@@ -235,7 +235,7 @@ fuzz_target!(|bytes: &[u8]| {
     let body: Option<serde_json::Value> = serde_json::from_slice(body_bytes).ok();
 
     let context = RequestContext {
-        id: "fuzz",
+        id: std::sync::Arc::from("fuzz"),
         endpoint,
         body: body.as_ref().ok_or(NOT_AN_OBJECT),
         body_bytes: body_bytes.len(),

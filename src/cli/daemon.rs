@@ -420,7 +420,7 @@ mod tests {
         };
         let served = RequestLine {
             at: std::time::SystemTime::now(),
-            request_id: String::from("req_1"),
+            request_id: std::sync::Arc::from("req_1"),
             endpoint: "chat_completions",
             tenant: String::from("acme"),
             model: String::from("nön\u{1}\u{7f}ex\tist \"q\\\\ 🚀"),

@@ -149,7 +149,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
     let context = RequestContext {
-        id: "explain",
+        id: std::sync::Arc::from("explain"),
         endpoint,
         body: Ok(&spec.body),
         body_bytes,

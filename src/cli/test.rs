@@ -432,7 +432,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
     // As the proxy gives it: cases pin what the proxy decides.
     let body = body_as_read(snapshot, &spec.body);
     let context = RequestContext {
-        id: "test",
+        id: std::sync::Arc::from("test"),
         endpoint,
         body: Ok(&body),
         body_bytes,

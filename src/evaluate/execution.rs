@@ -542,7 +542,7 @@ pub fn refusal(
     context: &super::RequestContext<'_>,
 ) -> Refusal {
     let request = super::RequestState {
-        id: std::sync::Arc::from(context.id),
+        id: context.id.clone(),
         model: std::sync::Arc::from(""),
         endpoint: context.endpoint,
         stream: false,

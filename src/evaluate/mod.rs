@@ -109,7 +109,8 @@ pub struct Caller {
 /// A request as the evaluator sees it.
 #[derive(Debug, Clone)]
 pub struct RequestContext<'a> {
-    pub id: &'a str,
+    /// Shared with the plan's request state, which keeps it.
+    pub id: Arc<str>,
     pub endpoint: Endpoint,
     /// The parsed body, or why there is none (the built-in error's message
     /// for a body that is not a JSON object).
@@ -259,6 +260,10 @@ pub struct Requested {
     pub id: Arc<str>,
 }
 
+/// Indices of candidates. A request's model seldom has more routes than
+/// this holds inline, so a decision's sets allocate nothing.
+pub type CandidateSet = smallvec::SmallVec<[usize; 8]>;
+
 /// A route of a model with one credential.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -332,7 +337,9 @@ pub struct Refusal {
 /// An ordered attempt plan.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub request: Arc<RequestState>,
+    /// Held by value: only the plan's own attempts read it, and a shared
+    /// handle would cost an allocation per request.
+    pub request: RequestState,
     /// In attempt order: the first, then the rest as `reorder` puts them.
     pub candidates: Vec<Candidate>,
     /// How many distinct candidates may be tried.
@@ -441,7 +448,7 @@ fn decide(
         trace.model = model.to_string();
     }
     let mut request = RequestState {
-        id: Arc::from(context.id),
+        id: context.id.clone(),
         model,
         endpoint: context.endpoint,
         stream: body.get("stream").and_then(Json::as_bool).unwrap_or(false),
@@ -571,7 +578,7 @@ fn decide(
 
     // Eligibility. What a step keeps is a subsequence of what it found, so
     // it is kept in place.
-    let mut remaining: Vec<usize> = (0..candidates.len()).collect();
+    let mut remaining: CandidateSet = (0..candidates.len()).collect();
     // Whether the machine's set differs from `remaining`: most steps keep
     // every candidate, and then the set is not compared again.
     let mut set_changed = false;
@@ -606,13 +613,13 @@ fn decide(
                 let by_row = compiled
                     .filter(|_| in_catalog)
                     .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
-                remaining.retain(|candidate| {
+                retain_candidates(&mut remaining, |candidate| {
                     let looked_up = by_row.and_then(|by_row| {
-                        let row = candidates.get(*candidate)?.static_row?;
+                        let row = candidates.get(candidate)?.static_row?;
                         by_row.get(snapshot.statics.row_index(row)).copied()
                     });
                     looked_up
-                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
+                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(candidate)))
                 });
             }
         }
@@ -738,35 +745,56 @@ fn decide(
     // unplanned dropped, then each moved to its position.
     rank.clear();
     rank.resize(candidates.len(), usize::MAX);
+    let ranks = rank.as_mut_slice();
     for (position, candidate) in ordered.iter().enumerate() {
-        if let Some(slot) = rank.get_mut(*candidate) {
+        if let Some(slot) = ranks.get_mut(*candidate) {
             *slot = position;
         }
     }
     let mut planned = candidates;
     let mut index = 0;
     planned.retain(|_| {
-        let keep = rank.get(index).is_some_and(|r| *r != usize::MAX);
+        let keep = ranks.get(index).is_some_and(|r| *r != usize::MAX);
         index += 1;
         keep
     });
-    rank.retain(|r| *r != usize::MAX);
-    for slot in 0..rank.len() {
-        while let Some(&target) = rank.get(slot).filter(|target| **target != slot) {
-            if target >= rank.len() {
+    retain_candidates(&mut rank, |r| r != usize::MAX);
+    let ranks = rank.as_mut_slice();
+    for slot in 0..ranks.len() {
+        while let Some(&target) = ranks.get(slot).filter(|target| **target != slot) {
+            if target >= ranks.len() {
                 break;
             }
             planned.swap(slot, target);
-            rank.swap(slot, target);
+            ranks.swap(slot, target);
         }
     }
     Ok(Plan {
-        request: Arc::new(request),
+        request,
         candidates: planned,
         attempts,
         budget_ms,
         capacity_wait_ms,
     })
+}
+
+/// `retain` over the set's slice: the set's own asks at every item
+/// whether the items are inline, which a decision's loops felt.
+fn retain_candidates(set: &mut CandidateSet, mut keep: impl FnMut(usize) -> bool) {
+    let items = set.as_mut_slice();
+    let mut kept = 0;
+    for index in 0..items.len() {
+        let Some(&item) = items.get(index) else {
+            break;
+        };
+        if keep(item) {
+            if let Some(slot) = items.get_mut(kept) {
+                *slot = item;
+            }
+            kept += 1;
+        }
+    }
+    set.truncate(kept);
 }
 
 /// The requested model's id as the request holds it: the catalog's own

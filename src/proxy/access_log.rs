@@ -18,7 +18,7 @@ pub trait AccessLog: Send + Sync {
 pub struct RequestLine {
     /// When the request ended.
     pub at: SystemTime,
-    pub request_id: String,
+    pub request_id: std::sync::Arc<str>,
     pub endpoint: &'static str,
     pub tenant: String,
     pub model: String,
@@ -90,7 +90,7 @@ impl AccessLog for TracingAccessLog {
         let Some(exchange) = &line.exchange else {
             tracing::info!(
                 target: REQUEST_LOG_TARGET,
-                request_id = line.request_id,
+                request_id = &*line.request_id,
                 endpoint = line.endpoint,
                 tenant = line.tenant,
                 model = line.model,
@@ -107,7 +107,7 @@ impl AccessLog for TracingAccessLog {
         let (input_tokens, output_tokens) = exchange.tokens();
         tracing::info!(
             target: REQUEST_LOG_TARGET,
-            request_id = line.request_id,
+            request_id = &*line.request_id,
             endpoint = line.endpoint,
             tenant = line.tenant,
             model = line.model,

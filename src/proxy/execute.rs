@@ -139,7 +139,7 @@ pub struct Exchange {
     pub proxy: Arc<Proxy>,
     pub snapshot: Arc<Snapshot>,
     pub endpoint: Endpoint,
-    pub request_id: String,
+    pub request_id: Arc<str>,
     pub plan: Plan,
     pub outgoing: Outgoing,
     /// When the request arrived, on the state's clock.
@@ -187,7 +187,7 @@ impl Exchange {
         proxy: Arc<Proxy>,
         snapshot: Arc<Snapshot>,
         endpoint: Endpoint,
-        request_id: String,
+        request_id: Arc<str>,
         plan: Plan,
         outgoing: Outgoing,
         started_ms: u64,

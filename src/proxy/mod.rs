@@ -364,7 +364,7 @@ enum Handled {
 struct Answering {
     started: execute::Started,
     wire: WireFormat,
-    request_id: String,
+    request_id: Arc<str>,
     /// The value of `x-switchyard-policy-version`, when responses carry it.
     version: Option<HeaderValue>,
 }
@@ -579,7 +579,7 @@ fn method_not_allowed(
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.
 /// The id is logged and sent on to providers, so one that is the client's
 /// key, or holds a word that looks like an API key, is not taken.
-fn request_id(headers: &HeaderMap) -> String {
+fn request_id(headers: &HeaderMap) -> Arc<str> {
     headers
         .get(header_names::REQUEST_ID)
         .and_then(|v| v.to_str().ok())
@@ -592,19 +592,21 @@ fn request_id(headers: &HeaderMap) -> String {
                 && matches!(redact(id), Cow::Borrowed(_))
                 && presented_key(headers) != Some(id)
         })
-        .map_or_else(new_request_id, str::to_string)
+        .map_or_else(new_request_id, Arc::from)
 }
 
 /// `req_` and 16 random hex digits.
-fn new_request_id() -> String {
+fn new_request_id() -> Arc<str> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let random = random_u64();
-    let mut id = String::with_capacity(20);
-    id.push_str("req_");
-    for shift in (0..16).rev() {
+    // Written in place and shared from the start: the exchange, the
+    // evaluator's request state and the log line each hold it.
+    let mut id = *b"req_0000000000000000";
+    for (slot, shift) in id.iter_mut().skip(4).zip((0..16).rev()) {
         let digit = (random >> (shift * 4)) & 0xf;
-        id.push(char::from_digit(digit as u32, 16).unwrap_or('0'));
+        *slot = DIGITS.get(digit as usize).copied().unwrap_or(b'0');
     }
-    id
+    Arc::from(String::from_utf8_lossy(&id).as_ref())
 }
 
 /// Why a caller was not let in.
@@ -706,7 +708,7 @@ async fn complete(
     snapshot: Arc<Snapshot>,
     request: Request<Incoming>,
     endpoint: Endpoint,
-    request_id: String,
+    request_id: Arc<str>,
     cut: Arc<ConnectionCut>,
 ) -> Handled {
     let started = Instant::now();
@@ -990,7 +992,7 @@ fn prepare(
     proxy: &Arc<Proxy>,
     snapshot: &Arc<Snapshot>,
     arrived: Arrived,
-    request_id: &str,
+    request_id: &Arc<str>,
 ) -> Result<execute::Exchange, Box<Response<ProxyBody>>> {
     let endpoint = arrived.endpoint;
     let caller = arrived.caller;
@@ -1017,7 +1019,7 @@ fn prepare(
         })
         .collect();
     let context = RequestContext {
-        id: request_id,
+        id: request_id.clone(),
         endpoint,
         body: body.as_ref().map_err(String::as_str),
         body_bytes: arrived.bytes.len(),
@@ -1095,7 +1097,7 @@ fn prepare(
         proxy.clone(),
         snapshot.clone(),
         endpoint,
-        request_id.to_string(),
+        request_id.clone(),
         plan,
         outgoing,
         arrived.started_ms,
@@ -1157,7 +1159,7 @@ fn record_refusal(
     proxy.metrics.request("", model_label, outcome, status);
     proxy.access_log.write(RequestLine {
         at: SystemTime::now(),
-        request_id: request_id.to_string(),
+        request_id: Arc::from(request_id),
         endpoint: endpoint.name(),
         tenant: tenant.to_string(),
         model: model.to_string(),
@@ -1185,7 +1187,7 @@ struct RequestLog {
 
 impl RequestLog {
     /// The request's log line and metrics, once its exchange has ended.
-    fn write(self, proxy: &Proxy, request_id: String, endpoint: Endpoint, report: Report) {
+    fn write(self, proxy: &Proxy, request_id: Arc<str>, endpoint: Endpoint, report: Report) {
         proxy.metrics.request(
             report.served_provider.as_deref().unwrap_or(""),
             &self.model_label,
@@ -1257,7 +1259,10 @@ mod tests {
             }
             request_id(&headers)
         };
-        assert_eq!(with(&[("x-request-id", "client-req-42")]), "client-req-42");
+        assert_eq!(
+            &*with(&[("x-request-id", "client-req-42")]),
+            "client-req-42"
+        );
         // The client's own key, however short, and anything shaped like one.
         let id = with(&[("x-request-id", "k-acme"), ("x-api-key", "k-acme")]);
         assert!(id.starts_with("req_"), "{id}");

@@ -76,7 +76,7 @@ fn entry(
 ) -> Option<Json> {
     let body = json!({ "model": model.id });
     let context = |endpoint: Endpoint| RequestContext {
-        id: "models",
+        id: std::sync::Arc::from("models"),
         endpoint,
         body: Ok(&body),
         body_bytes: 0,
