@@ -254,39 +254,44 @@ impl Packed {
         candidates: impl Iterator<Item = usize>,
         keys: &[K],
     ) -> Option<()> {
+        let mut focus = Focus::default();
         for candidate in candidates {
-            let focus = Focus::on(candidate);
-            for key in keys {
+            focus.current = Some(candidate);
+            for (column, key) in keys.iter().enumerate() {
                 match key.plain(machine, &focus) {
-                    Some(plain) => self.push_plain(plain, key)?,
-                    None => self.push_value(&key.value(machine, &focus), key)?,
+                    Some(plain) => self.push_plain(column, plain, key)?,
+                    None => self.push_value(column, &key.value(machine, &focus), key)?,
                 }
             }
         }
         Some(())
     }
 
-    fn push_value(&mut self, value: &Value, key: &impl KeyOrder) -> Option<()> {
+    fn push_value(&mut self, column: usize, value: &Value, key: &impl KeyOrder) -> Option<()> {
         let word = match value {
             Value::Null => None,
             present => Some(packed_word(present)?),
         };
-        self.push(word, key)
+        self.push(column, word, key)
     }
 
-    fn push_plain(&mut self, plain: Plain, key: &impl KeyOrder) -> Option<()> {
+    fn push_plain(&mut self, column: usize, plain: Plain, key: &impl KeyOrder) -> Option<()> {
         let word = match plain {
             Plain::Absent => None,
             Plain::Bool(b) => Some((PackedKind::Bool, u64::from(b))),
             Plain::Number(n) => Some((PackedKind::Number, number_word(n)?)),
         };
-        self.push(word, key)
+        self.push(column, word, key)
     }
 
-    /// Adds the next value, absent or packed: rows are filled key by key,
-    /// `width` to a row.
-    fn push(&mut self, word: Option<(PackedKind, u64)>, key: &impl KeyOrder) -> Option<()> {
-        let column = self.len.checked_rem(self.width)?;
+    /// Adds the next value, absent or packed, that of key `column`: rows
+    /// are filled key by key, `width` to a row.
+    fn push(
+        &mut self,
+        column: usize,
+        word: Option<(PackedKind, u64)>,
+        key: &impl KeyOrder,
+    ) -> Option<()> {
         let entry = match word {
             None if key.nulls_first() => 0,
             None => 2 << 64,
@@ -962,7 +967,10 @@ mod tests {
             let packs = rows.iter().all(|row| {
                 row.iter()
                     .zip(&directions)
-                    .all(|(value, direction)| packed.push_value(value, direction).is_some())
+                    .enumerate()
+                    .all(|(column, (value, direction))| {
+                        packed.push_value(column, value, direction).is_some()
+                    })
             });
             let fits = rows.len() * width <= PACKED_MAX;
             prop_assert_eq!(packs, fits && orders_totally(&rows, width));
@@ -995,8 +1003,8 @@ mod tests {
         for direction in [ASCENDING, DESCENDING] {
             for item in plain {
                 let (mut by_plain, mut by_value) = (Packed::new(1), Packed::new(1));
-                let packs = by_plain.push_plain(item, &direction);
-                assert_eq!(packs, by_value.push_value(&value(item), &direction));
+                let packs = by_plain.push_plain(0, item, &direction);
+                assert_eq!(packs, by_value.push_value(0, &value(item), &direction));
                 assert_eq!(by_plain.entries, by_value.entries, "{item:?}");
             }
         }
