@@ -153,11 +153,23 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
         }
         InputType::List(item) => match raw {
             Raw::Json(Json::Array(items)) => {
-                let values = items
+                // Collected straight into the shared list: the array's
+                // length is known, so that is one allocation where a
+                // vector of results was two. The first problem is kept.
+                let mut problem = None;
+                let values: Arc<[Value]> = items
                     .iter()
-                    .map(|item_raw| parse(snapshot, item, &Raw::Json(item_raw)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Value::List(Arc::from(values)))
+                    .map(|item_raw| {
+                        parse(snapshot, item, &Raw::Json(item_raw)).unwrap_or_else(|found| {
+                            problem.get_or_insert(found);
+                            Value::Null
+                        })
+                    })
+                    .collect();
+                match problem {
+                    Some(problem) => Err(problem),
+                    None => Ok(Value::List(values)),
+                }
             }
             _ => Err(malformed("a list")),
         },

@@ -3,7 +3,7 @@
 //! outcome. Pure: everything it reads is in its inputs.
 
 use super::health::{AskedHealth, CandidateHealth};
-use super::{Candidate, CandidateSet, RequestState};
+use super::{Candidate, RequestState};
 use crate::compile::{
     Guard, Snapshot, endpoint_member, kind_member, resolution_member, wire_member,
 };
@@ -129,7 +129,7 @@ pub struct Machine<'a> {
     pub candidates: &'a [Candidate],
     pub health: Health<'a>,
     /// The candidate set aggregates range over.
-    pub set: CandidateSet,
+    pub set: Vec<usize>,
     pub outcome: Option<&'a OutcomeFacts>,
     pub progress: Progress,
     pub free_in_ms: Option<u64>,

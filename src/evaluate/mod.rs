@@ -260,10 +260,6 @@ pub struct Requested {
     pub id: Arc<str>,
 }
 
-/// Indices of candidates. A request's model seldom has more routes than
-/// this holds inline, so a decision's sets allocate nothing.
-pub type CandidateSet = smallvec::SmallVec<[usize; 8]>;
-
 /// A route of a model with one credential.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -578,7 +574,7 @@ fn decide(
 
     // Eligibility. What a step keeps is a subsequence of what it found, so
     // it is kept in place.
-    let mut remaining: CandidateSet = (0..candidates.len()).collect();
+    let mut remaining: Vec<usize> = (0..candidates.len()).collect();
     // Whether the machine's set differs from `remaining`: most steps keep
     // every candidate, and then the set is not compared again.
     let mut set_changed = false;
@@ -613,13 +609,13 @@ fn decide(
                 let by_row = compiled
                     .filter(|_| in_catalog)
                     .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
-                retain_candidates(&mut remaining, |candidate| {
+                remaining.retain(|candidate| {
                     let looked_up = by_row.and_then(|by_row| {
-                        let row = candidates.get(candidate)?.static_row?;
+                        let row = candidates.get(*candidate)?.static_row?;
                         by_row.get(snapshot.statics.row_index(row)).copied()
                     });
                     looked_up
-                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(candidate)))
+                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
                 });
             }
         }
@@ -745,28 +741,26 @@ fn decide(
     // unplanned dropped, then each moved to its position.
     rank.clear();
     rank.resize(candidates.len(), usize::MAX);
-    let ranks = rank.as_mut_slice();
     for (position, candidate) in ordered.iter().enumerate() {
-        if let Some(slot) = ranks.get_mut(*candidate) {
+        if let Some(slot) = rank.get_mut(*candidate) {
             *slot = position;
         }
     }
     let mut planned = candidates;
     let mut index = 0;
     planned.retain(|_| {
-        let keep = ranks.get(index).is_some_and(|r| *r != usize::MAX);
+        let keep = rank.get(index).is_some_and(|r| *r != usize::MAX);
         index += 1;
         keep
     });
-    retain_candidates(&mut rank, |r| r != usize::MAX);
-    let ranks = rank.as_mut_slice();
-    for slot in 0..ranks.len() {
-        while let Some(&target) = ranks.get(slot).filter(|target| **target != slot) {
-            if target >= ranks.len() {
+    rank.retain(|r| *r != usize::MAX);
+    for slot in 0..rank.len() {
+        while let Some(&target) = rank.get(slot).filter(|target| **target != slot) {
+            if target >= rank.len() {
                 break;
             }
             planned.swap(slot, target);
-            ranks.swap(slot, target);
+            rank.swap(slot, target);
         }
     }
     Ok(Plan {
@@ -776,25 +770,6 @@ fn decide(
         budget_ms,
         capacity_wait_ms,
     })
-}
-
-/// `retain` over the set's slice: the set's own asks at every item
-/// whether the items are inline, which a decision's loops felt.
-fn retain_candidates(set: &mut CandidateSet, mut keep: impl FnMut(usize) -> bool) {
-    let items = set.as_mut_slice();
-    let mut kept = 0;
-    for index in 0..items.len() {
-        let Some(&item) = items.get(index) else {
-            break;
-        };
-        if keep(item) {
-            if let Some(slot) = items.get_mut(kept) {
-                *slot = item;
-            }
-            kept += 1;
-        }
-    }
-    set.truncate(kept);
 }
 
 /// The requested model's id as the request holds it: the catalog's own
