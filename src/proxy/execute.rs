@@ -433,7 +433,7 @@ impl Exchange {
         if let Some(log) = self.log.take() {
             log.write(
                 &self.proxy,
-                std::mem::take(&mut self.request_id),
+                self.request_id.clone(),
                 self.endpoint,
                 std::mem::take(&mut self.report),
             );
