@@ -74,9 +74,13 @@ fn entry(
     health: &dyn HealthView,
     model: &Model,
 ) -> Option<Json> {
+    // One id for every listing's decisions, so a listing of many models
+    // allocates none per decision.
+    static LISTING_ID: std::sync::LazyLock<std::sync::Arc<str>> =
+        std::sync::LazyLock::new(|| std::sync::Arc::from("models"));
     let body = json!({ "model": model.id });
     let context = |endpoint: Endpoint| RequestContext {
-        id: std::sync::Arc::from("models"),
+        id: LISTING_ID.clone(),
         endpoint,
         body: Ok(&body),
         body_bytes: 0,
