@@ -2792,9 +2792,20 @@ async fn requests_still_running_when_the_drain_time_ends_get_a_shutdown_error() 
             .bearer_auth(KEY);
         (tokio::spawn(Reply::of(request)), second_half)
     };
-    until("the sim holds both requests", || {
-        stack.sim.requests().len() == 3
-    })
+    // The third must have reached the proxy too: sent after the listener
+    // closes, it would find no one to connect to, which is not this test.
+    until(
+        "the sim holds both requests and the proxy the third",
+        || {
+            stack.sim.requests().len() == 3
+                && stack
+                    .proxy
+                    .metrics
+                    .render()
+                    .lines()
+                    .any(|line| line == "switchyard_in_flight 3")
+        },
+    )
     .await;
     let proxy = stack.proxy.clone();
     let shutdown = tokio::spawn(stack.running.shutdown());
