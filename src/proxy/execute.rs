@@ -15,7 +15,7 @@ use crate::evaluate::{
     Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
     OutcomeFacts, Plan, Progress, Timeouts,
 };
-use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket};
+use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket, Timer};
 use crate::sync::lock;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -1114,6 +1114,9 @@ impl Exchange {
         let mut usage = None;
         let mut finished = false;
         let first_byte: Option<Duration>;
+        // Each chunk waits on the same timers, moved rather than made anew.
+        let (mut hold, mut first_token, mut idle) =
+            (Timer::default(), Timer::default(), Timer::default());
         'first: loop {
             while let Some(event) = pending.pop_front() {
                 let (kind, reported) = event.meaning(endpoint);
@@ -1142,11 +1145,11 @@ impl Exchange {
             }
             let holding = self.holding(link);
             let chunk = tokio::select! {
-                () = clock.sleep_until(self.hold_until()), if holding => {
+                () = hold.until(clock, self.hold_until()), if holding => {
                     self.send_stream_head(None, link);
                     continue;
                 }
-                () = clock.sleep_until(first_deadline) => None,
+                () = first_token.until(clock, first_deadline) => None,
                 chunk = upstream.next() => Some(chunk),
             };
             let bytes = match chunk {
@@ -1208,7 +1211,7 @@ impl Exchange {
             };
             let wake = by_attempt(clock.now_ms().saturating_add(wait));
             let chunk = tokio::select! {
-                () = clock.sleep_until(wake) => None,
+                () = idle.until(clock, wake) => None,
                 chunk = upstream.next() => Some(chunk),
             };
             let out_of_time = attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
@@ -1405,13 +1408,14 @@ async fn read_body(
 ) -> Result<Bytes, ReadError> {
     let mut stream = response.bytes_stream();
     let mut body = Vec::new();
+    let mut idle = Timer::default();
     loop {
         let idle_deadline = clock.now_ms().saturating_add(limits.idle_ms);
         let wake = limits
             .deadline
             .map_or(idle_deadline, |limit| limit.min(idle_deadline));
         let chunk = tokio::select! {
-            () = clock.sleep_until(wake) => None,
+            () = idle.until(clock, wake) => None,
             chunk = stream.next() => Some(chunk),
         };
         match chunk {

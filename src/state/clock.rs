@@ -8,10 +8,29 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+/// A sleep on a [`Clock`], resolving at its wake time.
+pub struct Sleep<'a>(SleepKind<'a>);
+
+enum SleepKind<'a> {
+    /// On the runtime's timer, which can move it in place.
+    Runtime(Pin<Box<tokio::time::Sleep>>),
+    Other(Pin<Box<dyn Future<Output = ()> + Send + 'a>>),
+}
+
+impl Future for Sleep<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        match &mut self.get_mut().0 {
+            SleepKind::Runtime(sleep) => sleep.as_mut().poll(context),
+            SleepKind::Other(sleep) => sleep.as_mut().poll(context),
+        }
+    }
+}
 
 pub trait Clock: Send + Sync {
     /// Milliseconds since an arbitrary fixed start.
@@ -19,6 +38,30 @@ pub trait Clock: Send + Sync {
 
     /// Resolves once `now_ms()` has reached `at_ms`.
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_>;
+
+    /// Moves `sleep` (one of this clock's) to wake at `at_ms` instead.
+    fn reset<'c>(&'c self, sleep: &mut Sleep<'c>, at_ms: u64) {
+        *sleep = self.sleep_until(at_ms);
+    }
+}
+
+/// One sleep moved from wake time to wake time, for a wait that is renewed
+/// again and again (a stream's idle limit, with every chunk): the runtime's
+/// timer is made and registered once, then moved, which for a later wake
+/// time costs no lock and no allocation.
+#[derive(Default)]
+pub struct Timer<'c> {
+    sleep: Option<Sleep<'c>>,
+}
+
+impl<'c> Timer<'c> {
+    /// The sleep, now waking at `at_ms`.
+    pub fn until(&mut self, clock: &'c dyn Clock, at_ms: u64) -> &mut Sleep<'c> {
+        if let Some(sleep) = self.sleep.as_mut() {
+            clock.reset(sleep, at_ms);
+        }
+        self.sleep.get_or_insert_with(|| clock.sleep_until(at_ms))
+    }
 }
 
 /// The process's monotonic clock.
@@ -46,12 +89,26 @@ impl Clock for SystemClock {
     }
 
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
-        let deadline = self
-            .start
+        Sleep(SleepKind::Runtime(Box::pin(tokio::time::sleep_until(
+            self.deadline(at_ms),
+        ))))
+    }
+
+    fn reset<'c>(&'c self, sleep: &mut Sleep<'c>, at_ms: u64) {
+        match &mut sleep.0 {
+            SleepKind::Runtime(timer) => timer.as_mut().reset(self.deadline(at_ms)),
+            SleepKind::Other(_) => *sleep = self.sleep_until(at_ms),
+        }
+    }
+}
+
+impl SystemClock {
+    fn deadline(&self, at_ms: u64) -> tokio::time::Instant {
+        self.start
             .checked_add(Duration::from_millis(at_ms))
             // Centuries away: as good as never.
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
-        Box::pin(tokio::time::sleep_until(deadline.into()))
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365))
+            .into()
     }
 }
 
@@ -108,7 +165,7 @@ impl Clock for ManualClock {
     fn sleep_until(&self, at_ms: u64) -> Sleep<'_> {
         self.sleepers().push(at_ms);
         let asleep = Asleep { clock: self, at_ms };
-        Box::pin(async move {
+        Sleep(SleepKind::Other(Box::pin(async move {
             let _asleep = asleep;
             loop {
                 let moved = self.moved.notified();
@@ -121,7 +178,7 @@ impl Clock for ManualClock {
                 }
                 moved.await;
             }
-        })
+        })))
     }
 }
 
@@ -147,6 +204,42 @@ mod tests {
             woke.is_ok_and(|joined| joined.is_ok()),
             "the sleeper did not wake"
         );
+    }
+
+    #[tokio::test]
+    async fn a_timer_moved_earlier_wakes_at_its_new_time() {
+        let clock = SystemClock::new();
+        let mut timer = Timer::default();
+        let far = clock.now_ms() + 600_000;
+        // Polled once, so the runtime's timer holds it at the far time.
+        let early = tokio::time::timeout(Duration::from_millis(1), timer.until(&clock, far)).await;
+        assert!(early.is_err());
+        let soon = clock.now_ms() + 10;
+        let woke = tokio::time::timeout(Duration::from_secs(5), timer.until(&clock, soon)).await;
+        assert!(woke.is_ok(), "the timer kept its first wake time");
+    }
+
+    #[tokio::test]
+    async fn a_timer_moved_later_does_not_wake_at_its_old_time() {
+        let clock = SystemClock::new();
+        let mut timer = Timer::default();
+        let soon = clock.now_ms() + 5;
+        let _ = tokio::time::timeout(Duration::from_millis(1), timer.until(&clock, soon)).await;
+        let far = clock.now_ms() + 600_000;
+        let woke = tokio::time::timeout(Duration::from_millis(200), timer.until(&clock, far)).await;
+        assert!(woke.is_err(), "the timer woke at its first wake time");
+    }
+
+    #[tokio::test]
+    async fn a_timer_on_a_manual_clock_keeps_one_sleep() {
+        let clock = ManualClock::default();
+        let mut timer = Timer::default();
+        timer.until(&clock, 100);
+        assert_eq!(clock.sleeping_until(), [100]);
+        timer.until(&clock, 300);
+        assert_eq!(clock.sleeping_until(), [300]);
+        clock.advance(300);
+        timer.until(&clock, 300).await;
     }
 
     #[tokio::test]

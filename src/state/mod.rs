@@ -12,7 +12,7 @@ mod clock;
 mod health;
 
 pub use capacity::{Permit, Ticket};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, Timer};
 pub use health::Sample;
 
 use crate::compile::Snapshot;
