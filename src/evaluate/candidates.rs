@@ -375,13 +375,19 @@ fn with_credentials(
                 .is_some_and(|owner| *owner == Owner::Platform || owner.is(request.caller.tenant))
         })
         .filter(move |index| snapshot.secret(provider_index, *index).is_some());
+    // A model's routes are distinct, and so are a route's credentials:
+    // only a model visited again (an id or alias repeating it, a pin and a
+    // name for it) can repeat a candidate, and the first visit is at
+    // position 0.
+    let may_repeat = choice.requested.index > 0;
     let mut add = |candidate: Candidate| {
-        let duplicate = candidates.iter().any(|c| {
-            c.model == candidate.model
-                && c.route == candidate.route
-                && c.provider == candidate.provider
-                && c.credential == candidate.credential
-        });
+        let duplicate = may_repeat
+            && candidates.iter().any(|c| {
+                c.model == candidate.model
+                    && c.route == candidate.route
+                    && c.provider == candidate.provider
+                    && c.credential == candidate.credential
+            });
         if !duplicate {
             candidates.push(candidate);
         }
