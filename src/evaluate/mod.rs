@@ -347,7 +347,39 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub result: Result<Plan, Refusal>,
-    pub trace: Trace,
+    pub trace: Recorded,
+}
+
+/// A decision's [`Trace`], made on the first thing recorded in it. An
+/// untraced decision that ends in a plan records nothing, and then carries
+/// and drops one pointer instead of a trace of empty vectors.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded(Option<Box<Trace>>);
+
+/// What an empty [`Recorded`] reads as.
+static NOTHING_RECORDED: Trace = Trace {
+    model: String::new(),
+    inputs: Vec::new(),
+    merges: Vec::new(),
+    candidates: Vec::new(),
+    steps: Vec::new(),
+    keys: Vec::new(),
+    balance: None,
+    refused: None,
+};
+
+impl std::ops::Deref for Recorded {
+    type Target = Trace;
+
+    fn deref(&self) -> &Trace {
+        self.0.as_deref().unwrap_or(&NOTHING_RECORDED)
+    }
+}
+
+impl std::ops::DerefMut for Recorded {
+    fn deref_mut(&mut self) -> &mut Trace {
+        self.0.get_or_insert_with(Box::default)
+    }
 }
 
 /// Why a decision came out as it did.
@@ -403,7 +435,7 @@ pub fn evaluate(
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
-    let mut trace = Trace::default();
+    let mut trace = Recorded::default();
     let result = decide(snapshot, context, health, &mut trace, false);
     Decision { result, trace }
 }
@@ -415,7 +447,7 @@ pub fn evaluate_traced(
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
-    let mut trace = Trace::default();
+    let mut trace = Recorded::default();
     let result = decide(snapshot, context, health, &mut trace, true);
     Decision { result, trace }
 }
@@ -424,7 +456,7 @@ fn decide(
     snapshot: &Snapshot,
     context: &RequestContext<'_>,
     health_view: &dyn HealthView,
-    trace: &mut Trace,
+    trace: &mut Recorded,
     tracing: bool,
 ) -> Result<Plan, Refusal> {
     let program = &snapshot.program;
@@ -696,7 +728,9 @@ fn decide(
                 context.seed,
                 context.rotation,
             );
-            trace.balance = Some(spec.span);
+            if tracing {
+                trace.balance = Some(spec.span);
+            }
             break;
         }
     }
