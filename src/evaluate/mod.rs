@@ -769,8 +769,6 @@ fn decide(
     }
     // The machine's set is done with: its room holds the ranks.
     let mut rank = std::mem::take(&mut machine.set);
-    drop(machine);
-    drop(health);
     // The candidates move into the plan in attempt order, in place: the
     // unplanned dropped, then each moved to its position.
     rank.clear();
