@@ -364,19 +364,22 @@ impl LetSlots {
     }
 }
 
-/// The values of the staged program's catalog-only terms: for model `m`,
-/// route `r` and credential `c`, slot `s` is at
-/// `base[m][r] + c * slots + s`.
+/// The values of the staged program's catalog-only terms: one row of
+/// `slots` values per route and credential. For model `m`, route `r` and
+/// credential `c` the row is `base[m][r] + c`, and its slot `s` is at
+/// `row * slots + s`. Rows are kept by number, not by where they start,
+/// so that a row is also the index of per-row tables without a division.
 #[derive(Debug, Default)]
 pub struct StaticTable {
     slots: usize,
+    rows: usize,
     base: Vec<Vec<usize>>,
     values: Vec<Value>,
 }
 
 impl StaticTable {
-    /// Where a catalog route and credential's slots start; `None` for a
-    /// candidate outside the catalog (an unknown model served by a
+    /// A catalog route and credential's row; `None` for a candidate outside
+    /// the catalog (an unknown model served by a
     /// fallback).
     pub fn row(
         &self,
@@ -391,22 +394,17 @@ impl StaticTable {
     /// The row of credential `credential` of the route whose first row is
     /// `first`.
     pub fn credential_row(&self, first: usize, credential: usize) -> usize {
-        first + credential * self.slots
+        first + credential
     }
 
-    /// Slot `slot` of the row starting at `row`.
+    /// Slot `slot` of row `row`.
     pub fn get(&self, row: usize, slot: usize) -> Option<&Value> {
-        self.values.get(row + slot)
+        self.values.get(row * self.slots + slot)
     }
 
     /// How many rows (routes and credentials) the table holds.
     pub fn rows(&self) -> usize {
-        self.values.len().checked_div(self.slots).unwrap_or(0)
-    }
-
-    /// The position among the rows of the row starting at `row`.
-    pub fn row_index(&self, row: usize) -> usize {
-        row.checked_div(self.slots).unwrap_or(0)
+        self.rows
     }
 }
 
@@ -571,7 +569,7 @@ impl Snapshot {
             let (candidates, firsts) = self.catalog_candidates(model_index);
             let bases = firsts
                 .into_iter()
-                .map(|first| table.values.len() + first * slots)
+                .map(|first| table.values.len() / slots + first)
                 .collect();
             let health = vec![CandidateHealth::default(); candidates.len()];
             let mut machine = Machine::new(self, &request, &candidates, &health);
@@ -585,6 +583,7 @@ impl Snapshot {
             table.base.push(bases);
         }
         let rows = table.values.len() / slots;
+        table.rows = rows;
         let usable = rankings
             .iter()
             .enumerate()
@@ -671,7 +670,7 @@ impl Snapshot {
                             continue;
                         };
                         let truth = step.truth(&mut machine, &Focus::on(index));
-                        if let Some(slot) = table.get_mut(at * rows + self.statics.row_index(row)) {
+                        if let Some(slot) = table.get_mut(at * rows + row) {
                             *slot = truth;
                         }
                     }

@@ -28,7 +28,7 @@ struct RouteChoice {
     /// `Some` when a pin names one credential.
     credential: Option<usize>,
     requested: Requested,
-    /// Where the route's first credential's row of precomputed parts starts.
+    /// The route's first credential's row of precomputed parts.
     static_row: Option<usize>,
 }
 

@@ -270,9 +270,9 @@ pub struct Candidate {
     pub provider: usize,
     pub credential: usize,
     pub requested: Requested,
-    /// Where its route and credential's precomputed catalog parts start in
-    /// the snapshot's table, found once when the candidate is made so a
-    /// read of one is a single index; `None` outside the catalog.
+    /// Its route and credential's row in the snapshot's table of
+    /// precomputed catalog parts, found once when the candidate is made so
+    /// a read of one is a single index; `None` outside the catalog.
     pub static_row: Option<usize>,
 }
 
@@ -644,7 +644,7 @@ fn decide(
                 remaining.retain(|candidate| {
                     let looked_up = by_row.and_then(|by_row| {
                         let row = candidates.get(*candidate)?.static_row?;
-                        by_row.get(snapshot.statics.row_index(row)).copied()
+                        by_row.get(row).copied()
                     });
                     looked_up
                         .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
