@@ -33,11 +33,14 @@ struct RouteChoice {
 }
 
 /// Calls `each` with the requested ids, in order: each `from` source's
-/// string or list items; stops at the first error it returns.
-fn for_each_requested_id<E>(
+/// string or list items, with what the catalog names so when that is
+/// already known (`model_named`, for the body's `model`); stops at the
+/// first error it returns.
+fn for_each_requested_id<'s, E>(
     snapshot: &Snapshot,
     request: &RequestState,
-    mut each: impl FnMut(&Arc<str>) -> Result<(), E>,
+    model_named: Option<&'s ModelName>,
+    mut each: impl FnMut(&Arc<str>, Option<Option<&'s ModelName>>) -> Result<(), E>,
 ) -> Result<(), E> {
     // Made for the first source that needs one: the usual only source, the
     // body's `model`, is the request's own.
@@ -46,19 +49,19 @@ fn for_each_requested_id<E>(
         if let TermKind::Read(Read::RequestModel) = source.kind {
             // An empty id (a body without `model`) requests nothing.
             if !request.model.is_empty() {
-                each(&request.model)?;
+                each(&request.model, Some(model_named))?;
             }
             continue;
         }
         let machine = machine.get_or_insert_with(|| Machine::new(snapshot, request, &[], &[]));
         match &*machine.eval_ref(source, &Focus::default()) {
-            Value::String(id) if !id.is_empty() => each(id)?,
+            Value::String(id) if !id.is_empty() => each(id, None)?,
             Value::List(items) => {
                 for item in items.iter() {
                     if let Value::String(id) = item
                         && !id.is_empty()
                     {
-                        each(id)?;
+                        each(id, None)?;
                     }
                 }
             }
@@ -70,7 +73,13 @@ fn for_each_requested_id<E>(
 
 const USUAL_CANDIDATES: usize = 8;
 
-pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candidate>, Unresolved> {
+/// The candidates for the requested ids; `model_named` is what the
+/// catalog names the body's `model`, as the request already looked it up.
+pub fn resolve(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    model_named: Option<&ModelName>,
+) -> Result<Vec<Candidate>, Unresolved> {
     let models = &snapshot.program.models;
     // The id is the client's: one shaped like an API key is masked, as
     // everywhere it is shown.
@@ -88,7 +97,7 @@ pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candid
     let mut candidates: Vec<Candidate> = Vec::with_capacity(USUAL_CANDIDATES);
     let mut any_id = false;
     let mut position = 0usize;
-    for_each_requested_id(snapshot, request, |id| {
+    for_each_requested_id(snapshot, request, model_named, |id, named| {
         any_id = true;
         let mut routes = 0usize;
         let mut choose = |choice: RouteChoice| {
@@ -96,7 +105,7 @@ pub fn resolve(snapshot: &Snapshot, request: &RequestState) -> Result<Vec<Candid
             with_credentials(snapshot, request, choice, &mut candidates);
         };
         if !resolve_pin(snapshot, id, &mut position, &mut choose)?
-            && !resolve_name(snapshot, id, &mut position, &mut choose)
+            && !resolve_name(snapshot, id, named, &mut position, &mut choose)
         {
             resolve_unknown(snapshot, request, id, &mut position, &mut choose);
         }
@@ -183,15 +192,18 @@ fn resolve_pin(
     Ok(false)
 }
 
-/// A model id or alias; `false` when the catalog has no such name.
+/// A model id or alias (`named`, when already looked up); `false` when
+/// the catalog has no such name.
 fn resolve_name(
     snapshot: &Snapshot,
     id: &Arc<str>,
+    named: Option<Option<&ModelName>>,
     position: &mut usize,
     choose: &mut impl FnMut(RouteChoice),
 ) -> bool {
     // The snapshot's own list of models: none is built per request.
-    let (models, kind) = match snapshot.model_named(id) {
+    let named = named.unwrap_or_else(|| snapshot.model_named(id));
+    let (models, kind) = match named {
         Some(ModelName::Model(model)) => {
             let is_alias = snapshot
                 .data

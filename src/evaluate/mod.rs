@@ -23,7 +23,7 @@ pub use execution::{
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;
 
-use crate::compile::Snapshot;
+use crate::compile::{ModelName, Snapshot};
 use crate::data::{ModelKind, WireFormat};
 use crate::language::ir::StepKind;
 use crate::source::Span;
@@ -468,7 +468,7 @@ fn decide(
             None => execution::builtin_refusal(400, "invalid_request_body", problem),
         });
     };
-    let model = requested_model(
+    let (model, model_named) = requested_model(
         snapshot,
         body.get("model").and_then(Json::as_str).unwrap_or(""),
     );
@@ -566,7 +566,7 @@ fn decide(
     }
 
     // Candidates.
-    let candidates = match candidates::resolve(snapshot, &request) {
+    let candidates = match candidates::resolve(snapshot, &request, model_named) {
         Ok(candidates) => candidates,
         Err(unresolved) => {
             trace.refused = Some(unresolved.detail);
@@ -805,16 +805,19 @@ fn decide(
 }
 
 /// The requested model's id as the request holds it: the catalog's own
-/// text when it is a model's id, so the request shares it.
-fn requested_model(snapshot: &Snapshot, name: &str) -> Arc<str> {
-    let shared = match snapshot.model_named(name) {
-        Some(crate::compile::ModelName::Model(model)) => snapshot.interned.model_id.get(*model),
+/// text when it is a model's id, so the request shares it; and what the
+/// catalog names so, looked up once for candidate resolution too.
+fn requested_model<'s>(snapshot: &'s Snapshot, name: &str) -> (Arc<str>, Option<&'s ModelName>) {
+    let named = snapshot.model_named(name);
+    let shared = match named {
+        Some(ModelName::Model(model)) => snapshot.interned.model_id.get(*model),
         _ => None,
     };
-    match shared {
+    let id = match shared {
         Some(Value::String(id)) if **id == *name => id.clone(),
         _ => Arc::from(name),
-    }
+    };
+    (id, named)
 }
 
 /// `defaults.NAME`: the first layer that sets it, else its declared default.
