@@ -609,9 +609,9 @@ impl Exchange {
         let clock = state.clock();
         let mut also = std::pin::pin!(also);
         loop {
-            let holding = self.holding(link);
+            let (holding, hold_at) = (self.holding(link), self.hold_until());
             tokio::select! {
-                () = clock.sleep_until(self.hold_until()), if holding => {
+                () = async { clock.sleep_until(hold_at).await }, if holding => {
                     self.send_stream_head(None, link);
                 }
                 () = &mut also => return,
@@ -887,9 +887,11 @@ impl Exchange {
         let send = request.headers(headers).body(body).send();
         tokio::pin!(send);
         let response = loop {
-            let holding = self.holding(link);
+            let (holding, hold_at) = (self.holding(link), self.hold_until());
             tokio::select! {
-                () = clock.sleep_until(self.hold_until()), if holding => {
+                // A branch's future is made even when it is disabled: the
+                // sleep is made on the first poll, so only when holding.
+                () = async { clock.sleep_until(hold_at).await }, if holding => {
                     self.send_stream_head(None, link);
                 }
                 () = clock.sleep_until(headers_deadline) => break None,
@@ -1143,9 +1145,9 @@ impl Exchange {
                     }
                 }
             }
-            let holding = self.holding(link);
+            let (holding, hold_at) = (self.holding(link), self.hold_until());
             let chunk = tokio::select! {
-                () = hold.until(clock, self.hold_until()), if holding => {
+                () = async { hold.until(clock, hold_at).await }, if holding => {
                     self.send_stream_head(None, link);
                     continue;
                 }
