@@ -871,3 +871,57 @@ pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
         candidate.upstream_model(snapshot)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{AllSecrets, compile_file};
+    use health::Healthy;
+
+    fn decide_for(key_id: &str, body: &Json, traced: bool) -> Decision {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
+        let snapshot = compile_file(&path, &AllSecrets).expect("noirdoc compiles");
+        let keys = &snapshot.data.tenants.keys;
+        let (index, key) = keys
+            .iter()
+            .enumerate()
+            .find(|(_, key)| key.id == key_id)
+            .expect("the key is in noirdoc's tenants");
+        let context = RequestContext {
+            id: Arc::from("test"),
+            endpoint: Endpoint::ChatCompletions,
+            body: Ok(body),
+            body_bytes: 64,
+            headers: &[],
+            caller: Caller {
+                tenant: key.tenant,
+                workspace: key.workspace,
+                key: Some(index),
+            },
+            seed: 0,
+            rotation: 0,
+        };
+        if traced {
+            evaluate_traced(&snapshot, &context, &Healthy)
+        } else {
+            evaluate(&snapshot, &context, &Healthy)
+        }
+    }
+
+    #[test]
+    fn an_untraced_plan_records_nothing_and_a_refusal_records_why() {
+        let body = serde_json::json!({"model": "gpt-5", "messages": []});
+        let plan = decide_for("acme-default", &body, false);
+        assert!(plan.result.is_ok());
+        // No trace was made: nothing was written to it.
+        assert!(plan.trace.0.is_none());
+        assert!(plan.trace.candidates.is_empty() && plan.trace.refused.is_none());
+
+        let refused = decide_for("acme-eu-only", &body, false);
+        assert!(refused.result.is_err());
+        assert!(refused.trace.refused.is_some());
+
+        let traced = decide_for("acme-default", &body, true);
+        assert!(!traced.trace.candidates.is_empty());
+    }
+}
