@@ -379,8 +379,7 @@ pub struct StaticTable {
 
 impl StaticTable {
     /// A catalog route and credential's row; `None` for a candidate outside
-    /// the catalog (an unknown model served by a
-    /// fallback).
+    /// the catalog (an unknown model served by a fallback).
     pub fn row(
         &self,
         model: Option<usize>,
