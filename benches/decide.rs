@@ -7,7 +7,9 @@
 //!     valgrind --tool=callgrind target/release/examples/decide noirdoc 1000 2000
 //!     valgrind --tool=callgrind target/release/examples/decide noirdoc 1000 0
 //!
-//! `noirdoc-native` runs the Noirdoc rules written by hand instead.
+//! `noirdoc-native` runs the Noirdoc rules written by hand instead, and
+//! `POLICY-afresh` makes every plan afresh where the snapshot would
+//! remember it.
 
 #![allow(
     clippy::unwrap_used,
@@ -18,8 +20,8 @@
 
 use common::decisions::{NativeNoirdoc, context, generate, request};
 use std::hint::black_box;
-use switchyard::evaluate::evaluate;
 use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::{evaluate, evaluate_afresh};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -27,13 +29,17 @@ mod common;
 fn main() {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
     let [name, routes, count] = arguments.as_slice() else {
-        eprintln!("usage: decide POLICY|noirdoc-native ROUTES COUNT");
+        eprintln!("usage: decide POLICY|POLICY-afresh|noirdoc-native ROUTES COUNT");
         std::process::exit(2);
     };
     let routes: usize = routes.parse().expect("ROUTES is a number");
     let count: usize = count.parse().expect("COUNT is a number");
     let native = name == "noirdoc-native";
-    let policy = if native { "noirdoc" } else { name.as_str() };
+    let (policy, afresh) = match name.strip_suffix("-afresh") {
+        Some(policy) => (policy, true),
+        None if native => ("noirdoc", false),
+        None => (name.as_str(), false),
+    };
     let snapshot = generate(policy, routes);
     let (key, endpoint, body, headers) = request(policy);
     let context = context(&snapshot, key, endpoint, &body, &headers);
@@ -50,15 +56,12 @@ fn main() {
             .unwrap();
         }
     } else {
+        let decide = if afresh { evaluate_afresh } else { evaluate };
         for _ in 0..count {
             assert!(
-                black_box(evaluate(
-                    black_box(&snapshot),
-                    black_box(&context),
-                    &Healthy
-                ))
-                .result
-                .is_ok()
+                black_box(decide(black_box(&snapshot), black_box(&context), &Healthy))
+                    .result
+                    .is_ok()
             );
         }
     }

@@ -1,6 +1,9 @@
 //! Decisions per second for each reference policy on generated catalogs of
 //! 1,000 and 10,000 routes, and the Noirdoc rules written by hand in plain
 //! Rust over the same snapshot: the native baseline, measured in the same run.
+//! A snapshot remembers the plans of policies whose plans depend only on the
+//! caller, model and endpoint (Noirdoc, noeta), so for those `POLICY/N`
+//! measures a remembered plan and `POLICY-afresh/N` one made every time.
 //!
 //! Run: `cargo bench --bench decision`. BENCHMARKS.md records a run.
 
@@ -14,8 +17,8 @@
 use common::decisions::{NativeNoirdoc, caller, context, generate, request};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
-use switchyard::evaluate::evaluate;
 use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::{evaluate, evaluate_afresh};
 
 mod common;
 
@@ -39,6 +42,17 @@ fn benchmarks(c: &mut Criterion) {
                     ))
                 });
             });
+            if snapshot.remembered_plans().is_some() {
+                group.bench_function(format!("{policy}-afresh/{routes}"), |b| {
+                    b.iter(|| {
+                        black_box(evaluate_afresh(
+                            black_box(&snapshot),
+                            black_box(&context),
+                            &Healthy,
+                        ))
+                    });
+                });
+            }
             if policy == "noirdoc" {
                 let native = NativeNoirdoc::new(&snapshot);
                 let caller = caller(&snapshot, key);

@@ -36,7 +36,7 @@ use switchyard::diagnostics::render::{self, Style};
 use switchyard::evaluate::health::{HealthEntry, HealthTable, HealthView, Healthy, Stats};
 use switchyard::evaluate::{
     Caller, Candidate, Decision, Endpoint, NOT_AN_OBJECT, Refusal, RequestContext, body_as_read,
-    evaluate, evaluate_traced,
+    evaluate, evaluate_afresh, evaluate_traced,
 };
 use switchyard::language::check::Checker;
 use switchyard::language::ir::{InputSourceKind, InputType};
@@ -2299,5 +2299,113 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 6. A remembered plan is the plan made afresh
+
+/// [`POLICY`] made to read nothing of a request but its caller, model and
+/// endpoint, so that its snapshots remember plans: the steps and attempts
+/// read the caller's defaults where they read the merged settings, the
+/// order reads no health, and nothing balances.
+fn remembering_policy() -> String {
+    let mut text = policy_text();
+    // Without the route object, and so without merges and their errors.
+    let (before, rest) = text.split_once("input route from body").unwrap();
+    let (_, after) = rest.split_once("models {").unwrap();
+    text = format!("{before}models {{{after}");
+    for (read, instead) in [
+        (
+            "  invalid_route = 400, \"the route object is malformed\"\n",
+            "",
+        ),
+        (
+            "  unknown_provider = 400, \"the route object names an unknown provider\"\n",
+            "",
+        ),
+        (
+            "  region_not_permitted = 403, \"the request asks for a region its defaults do not permit\"\n",
+            "",
+        ),
+        ("  by health.penalized\n", ""),
+        ("balance random when request.stream\n", ""),
+        (
+            "present(regions) or provider.region in regions",
+            "present(defaults.regions) or provider.region in defaults.regions",
+        ),
+        (
+            "present(only) or provider.name in only",
+            "present(defaults.only) or provider.name in defaults.only",
+        ),
+        (
+            "present(floor) or route.tier >= floor",
+            "present(defaults.floor) or route.tier >= defaults.floor",
+        ),
+        (
+            "present(max_price) or (present(price) and price <= max_price)",
+            "present(defaults.max_price) or (present(price) and price <= defaults.max_price)",
+        ),
+        (
+            "coalesce(fallbacks, true) then max_attempts",
+            "coalesce(defaults.fallbacks, true) then defaults.max_attempts",
+        ),
+    ] {
+        assert!(
+            text.contains(read),
+            "the test policy no longer says `{read}`"
+        );
+        text = text.replace(read, instead);
+    }
+    text
+}
+
+proptest! {
+    #![proptest_config(config(96))]
+
+    #[test]
+    fn a_remembered_plan_is_the_plan_made_afresh(
+        world in world_strategy(false),
+        requests in prop::collection::vec(request_strategy(false), 1..12),
+    ) {
+        let snapshot = compile_world(&remembering_policy(), &world);
+        prop_assert_eq!(snapshot.remembered_plans(), Some(0));
+        // Twice through: the second time, every plan the first made is
+        // remembered; requests with one key share a plan meanwhile.
+        for round in 0..2 {
+            for request in &requests {
+                let body = request.body(&world);
+                let text = body.to_string();
+                let context = RequestContext {
+                    id: std::sync::Arc::from("req-1"),
+                    endpoint: request.endpoint(&world),
+                    body: Ok(&body),
+                    body_bytes: text.len(),
+                    headers: &[],
+                    caller: caller(&snapshot, request.who(&world)),
+                    seed: request.seed,
+                    rotation: 0,
+                };
+                let remembered = evaluate(&snapshot, &context, &Healthy);
+                let afresh = evaluate_afresh(&snapshot, &context, &Healthy);
+                prop_assert_eq!(
+                    outcome(&snapshot, &remembered),
+                    outcome(&snapshot, &afresh),
+                    "round {}: a remembered plan differs from the plan made afresh",
+                    round
+                );
+                prop_assert_eq!(
+                    outcome(&snapshot, &remembered),
+                    outcome(&snapshot, &evaluate_traced(&snapshot, &context, &Healthy)),
+                    "round {}: evaluate and evaluate_traced disagree",
+                    round
+                );
+            }
+        }
+        // The plans made were remembered; refusals are not.
+        let planned = requests.iter().any(|request| {
+            decide(&snapshot, &world, request, false).result.is_ok()
+        });
+        prop_assert_eq!(snapshot.remembered_plans().is_some_and(|n| n > 0), planned);
     }
 }

@@ -125,6 +125,38 @@ fn health_is_asked_once_per_candidate_and_only_by_decisions_that_read_it() {
     assert_eq!(asked, candidates);
 }
 
+#[test]
+fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
+    // Noirdoc and noeta plan from the caller, the model and the endpoint.
+    // ngrok reads a `models` input, ai-setu a header and a balance, and
+    // AnonRouter health and measurements.
+    for (name, remembers) in [
+        ("noirdoc", true),
+        ("noeta", true),
+        ("ngrok", false),
+        ("ai-setu", false),
+        ("anonrouter", false),
+    ] {
+        let remembered = snapshot(name).remembered_plans();
+        assert_eq!(remembered.is_some(), remembers, "{name}: {remembered:?}");
+    }
+    let noirdoc = snapshot("noirdoc");
+    let ask = |key: &str, endpoint: Endpoint| {
+        let body = json!({"model": "qwen3.8-27b", "messages": []});
+        decide(&noirdoc, key, endpoint, body, &[])
+    };
+    let first = providers(&noirdoc, &ask("acme-default", Endpoint::ChatCompletions));
+    assert_eq!(noirdoc.remembered_plans(), Some(1));
+    let again = providers(&noirdoc, &ask("acme-default", Endpoint::ChatCompletions));
+    assert_eq!(first, again);
+    assert_eq!(noirdoc.remembered_plans(), Some(1));
+    // A refusal is not remembered; another key's plan is its own.
+    ask("acme-default", Endpoint::Embeddings);
+    assert_eq!(noirdoc.remembered_plans(), Some(1));
+    ask("kanzlei-default", Endpoint::ChatCompletions);
+    assert_eq!(noirdoc.remembered_plans(), Some(2));
+}
+
 fn providers(snapshot: &Snapshot, decision: &Decision) -> Vec<String> {
     match &decision.result {
         Ok(plan) => plan

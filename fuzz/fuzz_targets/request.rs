@@ -10,6 +10,9 @@
 //! `explain` and `switchyard test` call, interpreting the staged terms)
 //! decide the same, and that the body's members the evaluator reads
 //! (`body_as_read`, what the proxy gives it) decide as the whole body does.
+//! The snapshots live for the whole run, so where a snapshot remembers plans
+//! (Noirdoc, noeta), `evaluate` recalls those that earlier inputs made, and
+//! the comparison checks them too.
 //!
 //! Input format (fuzz/seed.sh writes seeds this way from policies/*.tests.yaml):
 //!

@@ -14,6 +14,7 @@ use crate::data::{Credential, Data, ModelKind, Provider, WireFormat};
 use crate::evaluate::compiled::{Compiled, Ranking, reads_only_catalog_and_endpoint};
 use crate::evaluate::health::{CandidateHealth, HealthSettings};
 use crate::evaluate::machine::{Focus, Machine, Operand};
+use crate::evaluate::memo::PlanMemo;
 use crate::evaluate::order;
 use crate::evaluate::{Candidate, Endpoint, RequestState, ResolutionKind};
 use crate::language::CheckedPolicy;
@@ -327,6 +328,9 @@ pub struct Snapshot {
     pub(crate) compiled: Compiled,
     /// The `health` section's constants.
     pub health: HealthSettings,
+    /// Plans made for one caller, name and endpoint, when the policy's
+    /// plans depend on nothing else.
+    pub(crate) plans: PlanMemo,
 }
 
 /// Where each definition's value is cached: request-level definitions once
@@ -533,6 +537,7 @@ impl Snapshot {
             guards: staged.guards,
             compiled,
             health: HealthSettings::default(),
+            plans: PlanMemo::for_program(&staged.program),
         };
         // Static terms are evaluated by the program as checked, then the
         // staged program that reads them takes its place.
@@ -677,6 +682,13 @@ impl Snapshot {
             }
         }
         tables
+    }
+
+    /// Whether this snapshot remembers a plan per caller, model name and
+    /// endpoint (its policy's plans depend on nothing else), and how many
+    /// it holds.
+    pub fn remembered_plans(&self) -> Option<usize> {
+        self.plans.applies().then(|| self.plans.len())
     }
 
     pub fn model_named(&self, id: &str) -> Option<&ModelName> {

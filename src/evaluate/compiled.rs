@@ -476,7 +476,7 @@ pub(crate) fn reads_only_catalog_and_endpoint(term: &Term) -> bool {
 /// kinds of term it knows, and the rest are looked through. Definitions,
 /// merges and the staged parts may read the request; candidate switches
 /// and aggregates read candidates: those are refused unless `leaf` says.
-fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
+pub(crate) fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
     if let Some(answer) = leaf(&term.kind) {
         return answer;
     }

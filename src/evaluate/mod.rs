@@ -1,7 +1,10 @@
 //! Evaluate: a pure, deterministic function of (snapshot, request, health)
 //! to a [`Decision`] — an ordered attempt plan or the error the policy names
 //! — with a trace of why. No clock, no randomness, no I/O: the time, the
-//! health of providers and the load-balancing seed are inputs.
+//! health of providers and the load-balancing seed are inputs. A snapshot
+//! may remember the plan it made for a caller, model and endpoint, where
+//! its policy's plans depend on nothing else (module `memo`); a remembered plan
+//! is the plan that would be made afresh.
 //!
 //! During execution the proxy asks the same program what an attempt's
 //! outcome means ([`Plan::react`]), which later candidates a `keep`
@@ -13,6 +16,7 @@ mod execution;
 pub mod health;
 mod inputs;
 pub(crate) mod machine;
+pub(crate) mod memo;
 mod merge;
 pub(crate) mod order;
 mod shape;
@@ -99,7 +103,7 @@ impl Endpoint {
 }
 
 /// Who is asking: a tenant, one of its workspaces and, usually, a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Caller {
     pub tenant: usize,
     pub workspace: usize,
@@ -436,20 +440,44 @@ pub fn evaluate(
     health: &dyn HealthView,
 ) -> Decision {
     let mut trace = Recorded::default();
-    let result = decide(snapshot, context, health, &mut trace, false);
+    let result = decide(snapshot, context, health, &mut trace, Mode::Remembering);
+    Decision { result, trace }
+}
+
+/// Decides a request as [`evaluate`] does, but makes its plan afresh even
+/// when the snapshot remembers one (to compare the two).
+pub fn evaluate_afresh(
+    snapshot: &Snapshot,
+    context: &RequestContext<'_>,
+    health: &dyn HealthView,
+) -> Decision {
+    let mut trace = Recorded::default();
+    let result = decide(snapshot, context, health, &mut trace, Mode::Afresh);
     Decision { result, trace }
 }
 
 /// Decides a request and records every step, candidate and key value, for
-/// `explain` and policy tests.
+/// `explain` and policy tests. Its plan is always made afresh.
 pub fn evaluate_traced(
     snapshot: &Snapshot,
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
     let mut trace = Recorded::default();
-    let result = decide(snapshot, context, health, &mut trace, true);
+    let result = decide(snapshot, context, health, &mut trace, Mode::Traced);
     Decision { result, trace }
+}
+
+/// How [`decide`] makes a plan.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Recalls the snapshot's plan for the request's key, or makes one and
+    /// keeps it.
+    Remembering,
+    /// Makes the plan, running the steps and sort keys as compiled.
+    Afresh,
+    /// Makes the plan from the terms as written, recording each step.
+    Traced,
 }
 
 fn decide(
@@ -457,8 +485,9 @@ fn decide(
     context: &RequestContext<'_>,
     health_view: &dyn HealthView,
     trace: &mut Recorded,
-    tracing: bool,
+    mode: Mode,
 ) -> Result<Plan, Refusal> {
+    let tracing = mode == Mode::Traced;
     let program = &snapshot.program;
     let Some(body) = context.body.ok().and_then(Json::as_object) else {
         let problem = context.body.err().unwrap_or(NOT_AN_OBJECT);
@@ -563,6 +592,31 @@ fn decide(
             merges.push(value);
         }
         request.merges = merges;
+    }
+
+    // A plan made before for the same caller, name and endpoint, when the
+    // policy's plans depend on nothing else.
+    let remembered_as = model_named
+        .filter(|_| mode == Mode::Remembering)
+        .and_then(|name| snapshot.plans.key(request.caller, request.endpoint, name));
+    if let Some(key) = &remembered_as
+        && let Some(recalled) = snapshot.plans.recall(key, |plan| {
+            (
+                plan.candidates.to_vec(),
+                plan.attempts,
+                plan.budget_ms,
+                plan.capacity_wait_ms,
+            )
+        })
+    {
+        let (candidates, attempts, budget_ms, capacity_wait_ms) = recalled;
+        return Ok(Plan {
+            request,
+            candidates,
+            attempts,
+            budget_ms,
+            capacity_wait_ms,
+        });
     }
 
     // Candidates.
@@ -794,6 +848,17 @@ fn decide(
             planned.swap(slot, target);
             rank.swap(slot, target);
         }
+    }
+    if let Some(key) = remembered_as {
+        snapshot.plans.remember(
+            key,
+            memo::RememberedPlan {
+                candidates: planned.as_slice().into(),
+                attempts,
+                budget_ms,
+                capacity_wait_ms,
+            },
+        );
     }
     Ok(Plan {
         request,
