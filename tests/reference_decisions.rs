@@ -127,14 +127,15 @@ fn health_is_asked_once_per_candidate_and_only_by_decisions_that_read_it() {
 
 #[test]
 fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
-    // Noirdoc and noeta plan from the caller, the model and the endpoint.
-    // ngrok reads a `models` input, ai-setu a header and a balance, and
-    // AnonRouter health and measurements.
+    // Noirdoc and noeta plan from the caller, the model and the endpoint,
+    // ngrok from those and an input, ai-setu from those and a header (its
+    // balance applies as the key's settings say). AnonRouter reads health
+    // and measurements.
     for (name, remembers) in [
         ("noirdoc", true),
         ("noeta", true),
-        ("ngrok", false),
-        ("ai-setu", false),
+        ("ngrok", true),
+        ("ai-setu", true),
         ("anonrouter", false),
     ] {
         let remembered = snapshot(name).remembered_plans();

@@ -1,49 +1,50 @@
-//! Plans remembered per caller, requested name and endpoint.
+//! Plans remembered per caller, model name, endpoint and inputs.
 //!
 //! Some policies make a request's plan from nothing but its caller (tenant,
-//! workspace and key), the model name it asks for, the endpoint it calls
-//! and the snapshot's data: their candidates, eligibility steps, order and
-//! failover limits read no body member, input, merge, health, measurement
-//! or capacity, and they balance nothing. Such a plan is work that depends
-//! only on data, which a snapshot does once: the first request of each
-//! (caller, name, endpoint) decides as usual, and the snapshot keeps the
-//! plan for the requests after it. A reload builds a new snapshot, and with
-//! it an empty memo. Everything that does read the request (its inputs,
-//! `validate` rules, merges) is still decided per request, before the memo
-//! is asked.
+//! workspace and key), the model name it asks for, the endpoint it calls,
+//! some of its inputs and the snapshot's data: their candidates,
+//! eligibility steps, order and failover limits read no health,
+//! measurement, capacity or other part of the request. Such a plan depends
+//! on those alone, so a snapshot makes it once: the first request with
+//! given values decides as usual, and the snapshot keeps the plan for the
+//! requests after it. A reload builds a new snapshot, and with it an empty
+//! memo. Inputs, `validate` rules and merges still run per request, before
+//! the memo is asked, and a refusal is never remembered. A balance may
+//! apply only as its `when` says; a plan that one balanced (it drew on the
+//! request's seed) is not remembered either.
 //!
-//! Only names the catalog knows are remembered, so what clients send cannot
-//! grow the memo past keys × catalog names × endpoints; it holds at most
-//! [`CAPACITY`] plans besides, and starts over when full.
+//! The memo holds at most [`CAPACITY`] plans and starts over when full, so
+//! requests that vary what it is keyed on cannot grow it further.
 
 use super::compiled::reads_only;
-use super::{Caller, Candidate, Endpoint};
-use crate::compile::ModelName;
+use super::{Caller, Candidate, Endpoint, RequestState};
 use crate::language::ir::{CredentialSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
+use crate::value::Value;
+use std::cell::RefCell;
 use std::fmt;
-use std::sync::RwLock;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, RwLock};
 
 /// At most this many plans are kept (a plan of eight candidates takes
 /// under 1 KB).
 const CAPACITY: usize = 4096;
 
-/// The snapshot's remembered plans, empty for a policy whose plans read
-/// more than the key.
+/// The snapshot's remembered plans, none for a policy whose plans read
+/// more than a [`PlanKey`] holds.
 pub struct PlanMemo {
-    applies: bool,
+    /// The inputs plans read, by index, if plans are remembered.
+    inputs: Option<Box<[usize]>>,
     plans: RwLock<foldhash::HashMap<PlanKey, RememberedPlan>>,
 }
 
 /// What a remembered plan was made for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct PlanKey {
     caller: Caller,
     endpoint: Endpoint,
-    /// The catalog's entry for the name asked for, by address: each name
-    /// the catalog knows has its own entry, fixed for the snapshot's life.
-    /// An id and an alias of one model are two names (each candidate keeps
-    /// the name it was asked by), and so two keys.
-    name: usize,
+    model: Arc<str>,
+    /// The values of the inputs plans read, in [`PlanMemo::inputs`]' order.
+    inputs: Box<[Value]>,
 }
 
 /// A plan without its request state, which is the request's own.
@@ -56,26 +57,30 @@ pub struct RememberedPlan {
 
 impl PlanMemo {
     /// An empty memo, which remembers plans if `program`'s depend only on
-    /// the key.
+    /// what a [`PlanKey`] holds.
     pub fn for_program(program: &Program) -> PlanMemo {
         PlanMemo {
-            applies: plans_depend_only_on_key(program),
+            inputs: inputs_plans_read(program),
             plans: RwLock::new(foldhash::HashMap::default()),
         }
     }
 
     /// Whether this snapshot remembers plans at all.
     pub fn applies(&self) -> bool {
-        self.applies
+        self.inputs.is_some()
     }
 
-    /// The key for a request of a name the catalog knows, if plans are
-    /// remembered.
-    pub fn key(&self, caller: Caller, endpoint: Endpoint, name: &ModelName) -> Option<PlanKey> {
-        self.applies.then(|| PlanKey {
-            caller,
-            endpoint,
-            name: std::ptr::from_ref(name).addr(),
+    /// The key for `request` (its inputs parsed), if plans are remembered.
+    pub fn key(&self, request: &RequestState) -> Option<PlanKey> {
+        let inputs = self.inputs.as_deref()?;
+        Some(PlanKey {
+            caller: request.caller,
+            endpoint: request.endpoint,
+            model: request.model.clone(),
+            inputs: inputs
+                .iter()
+                .map(|index| request.inputs.get(*index).cloned().unwrap_or_default())
+                .collect(),
         })
     }
 
@@ -107,25 +112,110 @@ impl PlanMemo {
 impl fmt::Debug for PlanMemo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanMemo")
-            .field("applies", &self.applies)
+            .field("inputs", &self.inputs)
             .field("plans", &self.len())
             .finish()
     }
 }
 
-/// Whether every term that makes a plan reads only what a [`PlanKey`]
-/// fixes: the caller, the name asked for, the endpoint and the snapshot's
-/// data. The requested ids must be the body's `model` alone, and nothing
-/// may balance (it draws on the request's seed).
-fn plans_depend_only_on_key(program: &Program) -> bool {
-    let term = |term: &Term| reads_only_key(program, term);
+/// Keys are equal when their values are identical, not merely equal as a
+/// policy compares them (an enumeration member and its name's text are
+/// equal there, but a term may tell them apart).
+impl PartialEq for PlanKey {
+    fn eq(&self, other: &PlanKey) -> bool {
+        self.caller == other.caller
+            && self.endpoint == other.endpoint
+            && self.model == other.model
+            && self.inputs.len() == other.inputs.len()
+            && self
+                .inputs
+                .iter()
+                .zip(other.inputs.iter())
+                .all(|(a, b)| identical(a, b))
+    }
+}
+
+impl Eq for PlanKey {}
+
+impl Hash for PlanKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.caller.hash(state);
+        self.endpoint.hash(state);
+        self.model.hash(state);
+        for value in &self.inputs {
+            hash_value(value, state);
+        }
+    }
+}
+
+/// Whether two values are the same value of the same kind, all the way
+/// down.
+fn identical(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(a), Value::Bool(b)) => a == b,
+        (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
+        (Value::String(a), Value::String(b)) => a == b,
+        (Value::Duration(a), Value::Duration(b)) => a == b,
+        (Value::Date(a), Value::Date(b)) => a == b,
+        (Value::Enum(a), Value::Enum(b)) => a == b,
+        (Value::List(a), Value::List(b)) => {
+            a.len() == b.len() && a.iter().zip(b.iter()).all(|(a, b)| identical(a, b))
+        }
+        (Value::Record(a), Value::Record(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|((a_name, a), (b_name, b))| a_name == b_name && identical(a, b))
+        }
+        _ => false,
+    }
+}
+
+/// Hashes a value so that [`identical`] values hash alike.
+fn hash_value<H: Hasher>(value: &Value, state: &mut H) {
+    std::mem::discriminant(value).hash(state);
+    match value {
+        Value::Null => {}
+        Value::Bool(b) => b.hash(state),
+        Value::Number(n) => n.to_bits().hash(state),
+        Value::String(text) => text.hash(state),
+        Value::Duration(ms) => ms.hash(state),
+        Value::Date(days) => days.hash(state),
+        Value::Enum(member) => member.hash(state),
+        Value::List(items) => {
+            items.len().hash(state);
+            for item in items.iter() {
+                hash_value(item, state);
+            }
+        }
+        Value::Record(fields) => {
+            fields.len().hash(state);
+            for (name, field) in fields.iter() {
+                name.hash(state);
+                hash_value(field, state);
+            }
+        }
+    }
+}
+
+/// The inputs that the terms making a plan read (sorted), if those terms
+/// read nothing but what a [`PlanKey`] holds and the snapshot's data; `None`
+/// if any reads more. A balance must say `when`, by such terms alone.
+fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
+    let reads = RefCell::new(Vec::new());
+    let term = |term: &Term| reads_only_key(program, term, &reads);
     let keys = |keys: &[SortKeySpec]| keys.iter().all(|key| term(&key.term));
     let models = &program.models;
-    models.requests_one_id()
+    let fixed = models.sources.iter().all(term)
         && match &models.credentials {
             CredentialSpec::Each => true,
             CredentialSpec::One(credential_keys) => keys(credential_keys),
         }
+        && models
+            .unknown_serve
+            .iter()
+            .all(|tier| term(&tier.condition) && keys(&tier.keys))
         && program.steps.iter().all(|step| term(&step.condition))
         && program.order.iter().all(|part| match part {
             OrderPart::By(key) => term(&key.term),
@@ -133,7 +223,10 @@ fn plans_depend_only_on_key(program: &Program) -> bool {
                 term(selector) && sorts.iter().all(|(_, sort)| keys(sort))
             }
         })
-        && program.balance.is_empty()
+        && program
+            .balance
+            .iter()
+            .all(|balance| balance.when.as_ref().is_some_and(term))
         && keys(&program.failover.reorder)
         && term(&program.failover.attempts)
         && program
@@ -141,15 +234,26 @@ fn plans_depend_only_on_key(program: &Program) -> bool {
             .budget
             .as_ref()
             .is_none_or(|(limit, _)| term(limit))
-        && program.capacity_wait.as_ref().is_none_or(term)
+        && program.capacity_wait.as_ref().is_none_or(term);
+    fixed.then(|| {
+        let mut inputs = reads.into_inner();
+        inputs.sort_unstable();
+        inputs.dedup();
+        inputs.into_boxed_slice()
+    })
 }
 
-/// Whether `term` reads only what a [`PlanKey`] fixes (definitions looked
-/// through). Aggregates and reads of other candidates read the candidate
-/// set, which the same key makes the same.
-fn reads_only_key(program: &Program, term: &Term) -> bool {
-    let recurse = |inner: &Term| reads_only_key(program, inner);
+/// Whether `term` reads only what a [`PlanKey`] holds, definitions and
+/// merges looked through; adds the inputs it reads to `inputs`. Aggregates
+/// and reads of other candidates read the candidate set, which the same
+/// key makes the same.
+fn reads_only_key(program: &Program, term: &Term, inputs: &RefCell<Vec<usize>>) -> bool {
+    let recurse = |inner: &Term| reads_only_key(program, inner, inputs);
     reads_only(term, &|kind| match kind {
+        TermKind::Read(Read::Input(index, _)) => {
+            inputs.borrow_mut().push(*index);
+            Some(true)
+        }
         TermKind::Read(read) => Some(read_is_fixed_by_key(read)),
         TermKind::Static(..) => Some(true),
         TermKind::Hoisted(_, inner) | TermKind::At(_, inner) => Some(recurse(inner)),
@@ -159,13 +263,18 @@ fn reads_only_key(program: &Program, term: &Term) -> bool {
                 .get(*index)
                 .is_some_and(|spec| recurse(&spec.term)),
         ),
+        TermKind::Merge(index) => Some(
+            program
+                .merges
+                .get(*index)
+                .is_some_and(|spec| recurse(&spec.request) && recurse(&spec.default)),
+        ),
         TermKind::Aggregate(_, scored, filter) => {
             Some(recurse(scored) && filter.as_deref().is_none_or(recurse))
         }
         TermKind::Grouped(_, parts, aggregate) => {
             Some(parts.iter().all(recurse) && recurse(aggregate))
         }
-        TermKind::Merge(_) => Some(false),
         _ => None,
     })
 }
@@ -174,9 +283,10 @@ fn reads_only_key(program: &Program, term: &Term) -> bool {
 /// read is named, so a new one must be placed here.
 fn read_is_fixed_by_key(read: &Read) -> bool {
     match read {
-        // The name asked for, the endpoint, and the settings its caller's
-        // layers give that name.
-        Read::RequestModel
+        // The name asked for, the endpoint, the inputs plans read, and the
+        // settings the caller's layers give that name.
+        Read::Input(..)
+        | Read::RequestModel
         | Read::RequestEndpoint
         | Read::RequestWire
         | Read::RequestKind
@@ -213,7 +323,6 @@ fn read_is_fixed_by_key(read: &Read) -> bool {
         | Read::RequestStream
         | Read::RequestParameters
         | Read::RequestEstimatedTokens
-        | Read::Input(..)
         | Read::ShorthandValue => false,
         Read::HealthPaused
         | Read::HealthPenalized
@@ -244,9 +353,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn memo(applies: bool) -> PlanMemo {
+    fn memo() -> PlanMemo {
         PlanMemo {
-            applies,
+            inputs: Some(Box::new([0])),
             plans: RwLock::new(foldhash::HashMap::default()),
         }
     }
@@ -260,34 +369,57 @@ mod tests {
         }
     }
 
-    fn caller(key: usize) -> Caller {
-        Caller {
+    fn request(key: usize, endpoint: Endpoint, model: &str, input: Value) -> RequestState {
+        let mut request = RequestState::placeholder();
+        request.caller = Caller {
             tenant: 0,
             workspace: 0,
             key: Some(key),
-        }
+        };
+        request.endpoint = endpoint;
+        request.model = Arc::from(model);
+        request.inputs = vec![input];
+        request
     }
 
     #[test]
-    fn a_plan_is_recalled_only_for_its_own_caller_name_and_endpoint() {
-        let memo = memo(true);
-        // Two names for one model, as a model's id and an alias are.
-        let (id, alias) = (ModelName::Model(0), ModelName::Model(0));
-        let key = |who, endpoint, name| memo.key(caller(who), endpoint, name).unwrap();
-        memo.remember(key(1, Endpoint::ChatCompletions, &id), plan(3));
+    fn a_plan_is_recalled_only_for_its_own_caller_name_endpoint_and_inputs() {
+        let memo = memo();
+        let list =
+            |items: &[&str]| Value::List(items.iter().map(|item| Value::string(item)).collect());
+        let chat = Endpoint::ChatCompletions;
+        let key =
+            |who, endpoint, model, input| memo.key(&request(who, endpoint, model, input)).unwrap();
+        memo.remember(key(1, chat, "m", list(&["a", "b"])), plan(3));
         let attempts = |key: PlanKey| memo.recall(&key, |plan| plan.attempts);
-        assert_eq!(attempts(key(1, Endpoint::ChatCompletions, &id)), Some(3));
-        assert_eq!(attempts(key(2, Endpoint::ChatCompletions, &id)), None);
-        assert_eq!(attempts(key(1, Endpoint::Messages, &id)), None);
-        assert_eq!(attempts(key(1, Endpoint::ChatCompletions, &alias)), None);
+        assert_eq!(attempts(key(1, chat, "m", list(&["a", "b"]))), Some(3));
+        assert_eq!(attempts(key(2, chat, "m", list(&["a", "b"]))), None);
+        assert_eq!(
+            attempts(key(1, Endpoint::Messages, "m", list(&["a", "b"]))),
+            None
+        );
+        assert_eq!(attempts(key(1, chat, "n", list(&["a", "b"]))), None);
+        assert_eq!(attempts(key(1, chat, "m", list(&["b", "a"]))), None);
+        assert_eq!(attempts(key(1, chat, "m", Value::Null)), None);
+    }
+
+    #[test]
+    fn values_equal_to_a_policy_but_not_identical_are_other_keys() {
+        let member = Value::Enum(crate::value::EnumMember {
+            rank: 0,
+            name: Arc::from("eu"),
+        });
+        assert_eq!(member, Value::string("eu"));
+        assert!(!identical(&member, &Value::string("eu")));
+        assert!(!identical(&Value::Number(0.0), &Value::Number(-0.0)));
+        assert!(identical(&member, &member.clone()));
     }
 
     #[test]
     fn a_full_memo_starts_over() {
-        let memo = memo(true);
-        let name = ModelName::Model(0);
+        let memo = memo();
         let key = |who| {
-            memo.key(caller(who), Endpoint::ChatCompletions, &name)
+            memo.key(&request(who, Endpoint::ChatCompletions, "m", Value::Null))
                 .unwrap()
         };
         for who in 0..CAPACITY {
@@ -303,8 +435,11 @@ mod tests {
 
     #[test]
     fn a_memo_that_does_not_apply_makes_no_keys() {
-        let name = ModelName::Model(0);
-        let key = memo(false).key(caller(0), Endpoint::ChatCompletions, &name);
+        let memo = PlanMemo {
+            inputs: None,
+            ..memo()
+        };
+        let key = memo.key(&request(0, Endpoint::ChatCompletions, "m", Value::Null));
         assert!(key.is_none());
     }
 }

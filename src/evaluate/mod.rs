@@ -594,11 +594,12 @@ fn decide(
         request.merges = merges;
     }
 
-    // A plan made before for the same caller, name and endpoint, when the
-    // policy's plans depend on nothing else.
-    let remembered_as = model_named
-        .filter(|_| mode == Mode::Remembering)
-        .and_then(|name| snapshot.plans.key(request.caller, request.endpoint, name));
+    // A plan made before for the same caller, name, endpoint and inputs,
+    // when the policy's plans depend on nothing else.
+    let remembered_as = match mode {
+        Mode::Remembering => snapshot.plans.key(&request),
+        Mode::Afresh | Mode::Traced => None,
+    };
     if let Some(key) = &remembered_as
         && let Some(recalled) = snapshot.plans.recall(key, |plan| {
             (
@@ -769,6 +770,9 @@ fn decide(
         }
     }
     let mut ordered = remaining;
+    // A balanced order draws on the request's seed: its plan is not
+    // remembered.
+    let mut balanced = false;
     for spec in &program.balance {
         let applies = match &spec.when {
             Some(when) => machine.truth(when, &Focus::default()),
@@ -785,6 +789,7 @@ fn decide(
             if tracing {
                 trace.balance = Some(spec.span);
             }
+            balanced = true;
             break;
         }
     }
@@ -849,7 +854,7 @@ fn decide(
             rank.swap(slot, target);
         }
     }
-    if let Some(key) = remembered_as {
+    if let Some(key) = remembered_as.filter(|_| !balanced) {
         snapshot.plans.remember(
             key,
             memo::RememberedPlan {
