@@ -22,7 +22,7 @@ use crate::language::ir::{CredentialSpec, OrderPart, Program, Read, SortKeySpec,
 use crate::value::Value;
 use std::cell::RefCell;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
 /// At most this many plans are kept (a plan of eight candidates takes
@@ -34,12 +34,21 @@ const CAPACITY: usize = 4096;
 pub struct PlanMemo {
     /// The inputs plans read, by index, if plans are remembered.
     inputs: Option<Box<[usize]>>,
-    plans: RwLock<foldhash::HashMap<PlanKey, RememberedPlan>>,
+    /// Seeds the keys' hashes, per snapshot.
+    hashing: foldhash::fast::RandomState,
+    plans: RwLock<Plans>,
+}
+
+#[derive(Default)]
+struct Plans {
+    /// By their key's hash: a request is looked up by its own parts, so a
+    /// recall makes no key (no text shared, no inputs copied).
+    by_hash: foldhash::HashMap<u64, Vec<(PlanKey, RememberedPlan)>>,
+    len: usize,
 }
 
 /// What a remembered plan was made for.
-#[derive(Debug, Clone)]
-pub struct PlanKey {
+struct PlanKey {
     caller: Caller,
     endpoint: Endpoint,
     model: Arc<str>,
@@ -55,13 +64,17 @@ pub struct RememberedPlan {
     pub capacity_wait_ms: u64,
 }
 
+/// What an input the request did not send reads as.
+const ABSENT: Value = Value::Null;
+
 impl PlanMemo {
     /// An empty memo, which remembers plans if `program`'s depend only on
     /// what a [`PlanKey`] holds.
     pub fn for_program(program: &Program) -> PlanMemo {
         PlanMemo {
             inputs: inputs_plans_read(program),
-            plans: RwLock::new(foldhash::HashMap::default()),
+            hashing: foldhash::fast::RandomState::default(),
+            plans: RwLock::new(Plans::default()),
         }
     }
 
@@ -70,42 +83,95 @@ impl PlanMemo {
         self.inputs.is_some()
     }
 
-    /// The key for `request` (its inputs parsed), if plans are remembered.
-    pub fn key(&self, request: &RequestState) -> Option<PlanKey> {
+    /// `read` applied to the plan remembered for `request` (its inputs
+    /// parsed), if there is one.
+    pub fn recall<T>(
+        &self,
+        request: &RequestState,
+        read: impl FnOnce(&RememberedPlan) -> T,
+    ) -> Option<T> {
         let inputs = self.inputs.as_deref()?;
-        Some(PlanKey {
+        let hash = self.hash(request, inputs);
+        // A poisoned lock only means some request panicked while holding
+        // it; deciding afresh is always right.
+        let plans = self.plans.read().ok()?;
+        let (_, plan) = plans
+            .by_hash
+            .get(&hash)?
+            .iter()
+            .find(|(key, _)| key.is_for(request, inputs))?;
+        Some(read(plan))
+    }
+
+    /// Keeps the plan made for `request`.
+    pub fn remember(&self, request: &RequestState, plan: RememberedPlan) {
+        let Some(inputs) = self.inputs.as_deref() else {
+            return;
+        };
+        let hash = self.hash(request, inputs);
+        let Ok(mut plans) = self.plans.write() else {
+            return;
+        };
+        let known = plans.by_hash.get_mut(&hash).and_then(|bucket| {
+            bucket
+                .iter_mut()
+                .find(|(key, _)| key.is_for(request, inputs))
+        });
+        if let Some((_, remembered)) = known {
+            *remembered = plan;
+            return;
+        }
+        if plans.len >= CAPACITY {
+            *plans = Plans::default();
+        }
+        let key = PlanKey::of(request, inputs);
+        plans.by_hash.entry(hash).or_default().push((key, plan));
+        plans.len += 1;
+    }
+
+    /// How many plans are remembered.
+    pub fn len(&self) -> usize {
+        self.plans.read().map_or(0, |plans| plans.len)
+    }
+
+    /// The hash of the key `request` has: alike for requests whose keys
+    /// are, as [`identical`] values hash alike.
+    fn hash(&self, request: &RequestState, inputs: &[usize]) -> u64 {
+        let mut hasher = self.hashing.build_hasher();
+        request.caller.hash(&mut hasher);
+        request.endpoint.hash(&mut hasher);
+        request.model.hash(&mut hasher);
+        for index in inputs {
+            hash_value(request.inputs.get(*index).unwrap_or(&ABSENT), &mut hasher);
+        }
+        hasher.finish()
+    }
+}
+
+impl PlanKey {
+    fn of(request: &RequestState, inputs: &[usize]) -> PlanKey {
+        PlanKey {
             caller: request.caller,
             endpoint: request.endpoint,
             model: request.model.clone(),
             inputs: inputs
                 .iter()
-                .map(|index| request.inputs.get(*index).cloned().unwrap_or_default())
+                .map(|index| request.inputs.get(*index).unwrap_or(&ABSENT).clone())
                 .collect(),
-        })
-    }
-
-    /// `read` applied to the plan remembered for `key`, if there is one.
-    pub fn recall<T>(&self, key: &PlanKey, read: impl FnOnce(&RememberedPlan) -> T) -> Option<T> {
-        // A poisoned lock only means some request panicked while holding
-        // it; deciding afresh is always right.
-        let plans = self.plans.read().ok()?;
-        plans.get(key).map(read)
-    }
-
-    /// Keeps the plan made for `key`.
-    pub fn remember(&self, key: PlanKey, plan: RememberedPlan) {
-        let Ok(mut plans) = self.plans.write() else {
-            return;
-        };
-        if plans.len() >= CAPACITY && !plans.contains_key(&key) {
-            plans.clear();
         }
-        plans.insert(key, plan);
     }
 
-    /// How many plans are remembered.
-    pub fn len(&self) -> usize {
-        self.plans.read().map_or(0, |plans| plans.len())
+    /// Whether `request` has this key. Inputs compare as identical values,
+    /// not as a policy compares them: an enumeration member equals its
+    /// name's text there, but a term may tell them apart.
+    fn is_for(&self, request: &RequestState, inputs: &[usize]) -> bool {
+        self.caller == request.caller
+            && self.endpoint == request.endpoint
+            && self.model == request.model
+            && self.inputs.len() == inputs.len()
+            && self.inputs.iter().zip(inputs).all(|(value, index)| {
+                identical(value, request.inputs.get(*index).unwrap_or(&ABSENT))
+            })
     }
 }
 
@@ -115,36 +181,6 @@ impl fmt::Debug for PlanMemo {
             .field("inputs", &self.inputs)
             .field("plans", &self.len())
             .finish()
-    }
-}
-
-/// Keys are equal when their values are identical, not merely equal as a
-/// policy compares them (an enumeration member and its name's text are
-/// equal there, but a term may tell them apart).
-impl PartialEq for PlanKey {
-    fn eq(&self, other: &PlanKey) -> bool {
-        self.caller == other.caller
-            && self.endpoint == other.endpoint
-            && self.model == other.model
-            && self.inputs.len() == other.inputs.len()
-            && self
-                .inputs
-                .iter()
-                .zip(other.inputs.iter())
-                .all(|(a, b)| identical(a, b))
-    }
-}
-
-impl Eq for PlanKey {}
-
-impl Hash for PlanKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.caller.hash(state);
-        self.endpoint.hash(state);
-        self.model.hash(state);
-        for value in &self.inputs {
-            hash_value(value, state);
-        }
     }
 }
 
@@ -356,7 +392,8 @@ mod tests {
     fn memo() -> PlanMemo {
         PlanMemo {
             inputs: Some(Box::new([0])),
-            plans: RwLock::new(foldhash::HashMap::default()),
+            hashing: foldhash::fast::RandomState::default(),
+            plans: RwLock::new(Plans::default()),
         }
     }
 
@@ -382,25 +419,28 @@ mod tests {
         request
     }
 
+    fn list(items: &[&str]) -> Value {
+        Value::List(items.iter().map(|item| Value::string(item)).collect())
+    }
+
     #[test]
     fn a_plan_is_recalled_only_for_its_own_caller_name_endpoint_and_inputs() {
         let memo = memo();
-        let list =
-            |items: &[&str]| Value::List(items.iter().map(|item| Value::string(item)).collect());
         let chat = Endpoint::ChatCompletions;
-        let key =
-            |who, endpoint, model, input| memo.key(&request(who, endpoint, model, input)).unwrap();
-        memo.remember(key(1, chat, "m", list(&["a", "b"])), plan(3));
-        let attempts = |key: PlanKey| memo.recall(&key, |plan| plan.attempts);
-        assert_eq!(attempts(key(1, chat, "m", list(&["a", "b"]))), Some(3));
-        assert_eq!(attempts(key(2, chat, "m", list(&["a", "b"]))), None);
-        assert_eq!(
-            attempts(key(1, Endpoint::Messages, "m", list(&["a", "b"]))),
-            None
-        );
-        assert_eq!(attempts(key(1, chat, "n", list(&["a", "b"]))), None);
-        assert_eq!(attempts(key(1, chat, "m", list(&["b", "a"]))), None);
-        assert_eq!(attempts(key(1, chat, "m", Value::Null)), None);
+        memo.remember(&request(1, chat, "m", list(&["a", "b"])), plan(3));
+        let attempts = |request: RequestState| memo.recall(&request, |plan| plan.attempts);
+        assert_eq!(attempts(request(1, chat, "m", list(&["a", "b"]))), Some(3));
+        assert_eq!(attempts(request(2, chat, "m", list(&["a", "b"]))), None);
+        let messages = Endpoint::Messages;
+        assert_eq!(attempts(request(1, messages, "m", list(&["a", "b"]))), None);
+        assert_eq!(attempts(request(1, chat, "n", list(&["a", "b"]))), None);
+        assert_eq!(attempts(request(1, chat, "m", list(&["b", "a"]))), None);
+        assert_eq!(attempts(request(1, chat, "m", Value::Null)), None);
+        // An input the request did not send reads as absent.
+        let mut unsent = request(1, chat, "m", Value::Null);
+        unsent.inputs.clear();
+        memo.remember(&unsent, plan(4));
+        assert_eq!(attempts(request(1, chat, "m", Value::Null)), Some(4));
     }
 
     #[test]
@@ -413,33 +453,44 @@ mod tests {
         assert!(!identical(&member, &Value::string("eu")));
         assert!(!identical(&Value::Number(0.0), &Value::Number(-0.0)));
         assert!(identical(&member, &member.clone()));
+        let memo = memo();
+        let chat = Endpoint::ChatCompletions;
+        memo.remember(&request(1, chat, "m", member), plan(3));
+        let recalled = memo.recall(&request(1, chat, "m", Value::string("eu")), |plan| {
+            plan.attempts
+        });
+        assert_eq!(recalled, None);
     }
 
     #[test]
     fn a_full_memo_starts_over() {
         let memo = memo();
-        let key = |who| {
-            memo.key(&request(who, Endpoint::ChatCompletions, "m", Value::Null))
-                .unwrap()
+        let remember = |who, attempts| {
+            let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
+            memo.remember(&request, plan(attempts));
         };
         for who in 0..CAPACITY {
-            memo.remember(key(who), plan(1));
+            remember(who, 1);
         }
         assert_eq!(memo.len(), CAPACITY);
-        // Remembering a plan again keeps the others.
-        memo.remember(key(0), plan(2));
+        // Remembering a plan again replaces it and keeps the others.
+        remember(0, 2);
         assert_eq!(memo.len(), CAPACITY);
-        memo.remember(key(CAPACITY), plan(1));
+        let first = request(0, Endpoint::ChatCompletions, "m", Value::Null);
+        assert_eq!(memo.recall(&first, |plan| plan.attempts), Some(2));
+        remember(CAPACITY, 1);
         assert_eq!(memo.len(), 1);
     }
 
     #[test]
-    fn a_memo_that_does_not_apply_makes_no_keys() {
+    fn a_memo_that_does_not_apply_remembers_nothing() {
         let memo = PlanMemo {
             inputs: None,
             ..memo()
         };
-        let key = memo.key(&request(0, Endpoint::ChatCompletions, "m", Value::Null));
-        assert!(key.is_none());
+        let request = request(0, Endpoint::ChatCompletions, "m", Value::Null);
+        memo.remember(&request, plan(1));
+        assert_eq!(memo.len(), 0);
+        assert_eq!(memo.recall(&request, |plan| plan.attempts), None);
     }
 }

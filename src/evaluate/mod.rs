@@ -596,12 +596,9 @@ fn decide(
 
     // A plan made before for the same caller, name, endpoint and inputs,
     // when the policy's plans depend on nothing else.
-    let remembered_as = match mode {
-        Mode::Remembering => snapshot.plans.key(&request),
-        Mode::Afresh | Mode::Traced => None,
-    };
-    if let Some(key) = &remembered_as
-        && let Some(recalled) = snapshot.plans.recall(key, |plan| {
+    let remembering = mode == Mode::Remembering && snapshot.plans.applies();
+    if remembering
+        && let Some(recalled) = snapshot.plans.recall(&request, |plan| {
             (
                 plan.candidates.to_vec(),
                 plan.attempts,
@@ -854,9 +851,9 @@ fn decide(
             rank.swap(slot, target);
         }
     }
-    if let Some(key) = remembered_as.filter(|_| !balanced) {
+    if remembering && !balanced {
         snapshot.plans.remember(
-            key,
+            &request,
             memo::RememberedPlan {
                 candidates: planned.as_slice().into(),
                 attempts,
