@@ -158,6 +158,95 @@ fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
     assert_eq!(noirdoc.remembered_plans(), Some(2));
 }
 
+#[test]
+fn a_plan_that_reads_every_input_is_remembered_per_value_of_each() {
+    // Noirdoc with a header input read only through `input` itself, the
+    // record of every input.
+    let dir = std::env::temp_dir().join(format!("switchyard-whole-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"))
+        .replacen(
+            "eligibility {\n",
+            "let asked = input\n\
+             input only from header \"x-only\" : string\n  malformed error wrong_endpoint_for_model\n\
+             eligibility {\n  require not present(asked.only) or provider.name == asked.only\n    \
+             else provider_not_allowed_for_key\n",
+            1,
+        );
+    let path = dir.join("whole-input.policy");
+    std::fs::write(&path, text).unwrap();
+    let snapshot = match compile_file(&path, &AllSecrets) {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!("the policy does not compile: {:#?}", report.diagnostics),
+    };
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(snapshot.remembered_plans().is_some());
+    let ask = |headers: &[(String, String)]| {
+        let body = json!({"model": "qwen3.8-27b", "messages": []});
+        providers(
+            &snapshot,
+            &decide(
+                &snapshot,
+                "acme-default",
+                Endpoint::ChatCompletions,
+                body,
+                headers,
+            ),
+        )
+    };
+    let all = ask(&[]);
+    assert!(all.len() > 1, "{all:?}");
+    let last = all.last().unwrap().clone();
+    let only = [(String::from("x-only"), last.clone())];
+    assert_eq!(ask(&only), [last]);
+    assert_eq!(ask(&[]), all);
+    assert_eq!(snapshot.remembered_plans(), Some(2));
+}
+
+#[test]
+fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
+    // Each definition uses the one before twice: looking through every use
+    // anew would take 2^40 visits to find what the order reads.
+    let dir = std::env::temp_dir().join(format!("switchyard-let-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let mut chain =
+        String::from("let chain0 = if tenant.secrecy_bound then provider.priority else 1\n");
+    for n in 1..=40 {
+        let before = n - 1;
+        chain.push_str(&format!("let chain{n} = chain{before} + chain{before}\n"));
+    }
+    let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"))
+        .replacen(
+            "order {\n",
+            &format!("{chain}order {{\n  by chain40 desc\n"),
+            1,
+        );
+    let path = dir.join("let-chain.policy");
+    std::fs::write(&path, text).unwrap();
+    // On its own thread, so that a walk gone exponential fails the test
+    // instead of hanging the suite (it takes milliseconds).
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The receiver is gone only if the test already failed.
+        let _ = sender.send(compile_file(&path, &AllSecrets));
+    });
+    let compiled = receiver
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("compiling a chain of 40 definitions takes milliseconds, not minutes");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let snapshot = match compiled {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!("the policy does not compile: {:#?}", report.diagnostics),
+    };
+    assert!(snapshot.remembered_plans().is_some());
+}
+
 fn providers(snapshot: &Snapshot, decision: &Decision) -> Vec<String> {
     match &decision.result {
         Ok(plan) => plan

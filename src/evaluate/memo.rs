@@ -13,7 +13,9 @@
 //! apply only as its `when` says; a plan that one balanced (it drew on the
 //! request's seed) is not remembered either.
 //!
-//! The memo holds at most [`CAPACITY`] plans and starts over when full, so
+//! The memo holds at most [`MEMO_BYTES`] of plans and keys and starts over
+//! when full, and a plan whose key and candidates would take more than
+//! [`MAX_PLAN_BYTES`] (a long input, some 700 candidates) is not kept:
 //! requests that vary what it is keyed on cannot grow it further.
 
 use super::compiled::reads_only;
@@ -25,9 +27,13 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
-/// At most this many plans are kept (a plan of eight candidates takes
-/// under 1 KB).
-const CAPACITY: usize = 4096;
+/// What the remembered plans and their keys may take, by
+/// [`PlanKey::weight`] and the candidates' size: some 4,000 plans of eight
+/// candidates.
+const MEMO_BYTES: usize = 4 << 20;
+
+/// A plan heavier than this is made afresh each time.
+const MAX_PLAN_BYTES: usize = MEMO_BYTES / 64;
 
 /// The snapshot's remembered plans, none for a policy whose plans read
 /// more than a [`PlanKey`] holds.
@@ -45,6 +51,7 @@ struct Plans {
     /// recall makes no key (no text shared, no inputs copied).
     by_hash: foldhash::HashMap<u64, Vec<(PlanKey, RememberedPlan)>>,
     len: usize,
+    bytes: usize,
 }
 
 /// What a remembered plan was made for.
@@ -108,6 +115,12 @@ impl PlanMemo {
         let Some(inputs) = self.inputs.as_deref() else {
             return;
         };
+        let weight = PlanKey::weight(request, inputs)
+            + std::mem::size_of_val(&*plan.candidates)
+            + std::mem::size_of::<RememberedPlan>();
+        if weight > MAX_PLAN_BYTES {
+            return;
+        }
         let hash = self.hash(request, inputs);
         let Ok(mut plans) = self.plans.write() else {
             return;
@@ -117,16 +130,18 @@ impl PlanMemo {
                 .iter_mut()
                 .find(|(key, _)| key.is_for(request, inputs))
         });
+        // Another request made the same plan meanwhile: the same weight.
         if let Some((_, remembered)) = known {
             *remembered = plan;
             return;
         }
-        if plans.len >= CAPACITY {
+        if plans.bytes + weight > MEMO_BYTES {
             *plans = Plans::default();
         }
         let key = PlanKey::of(request, inputs);
         plans.by_hash.entry(hash).or_default().push((key, plan));
         plans.len += 1;
+        plans.bytes += weight;
     }
 
     /// How many plans are remembered.
@@ -149,6 +164,16 @@ impl PlanMemo {
 }
 
 impl PlanKey {
+    /// What the key of `request` takes, its values' text included.
+    fn weight(request: &RequestState, inputs: &[usize]) -> usize {
+        std::mem::size_of::<PlanKey>()
+            + request.model.len()
+            + inputs
+                .iter()
+                .map(|index| value_weight(request.inputs.get(*index).unwrap_or(&ABSENT)))
+                .sum::<usize>()
+    }
+
     fn of(request: &RequestState, inputs: &[usize]) -> PlanKey {
         PlanKey {
             caller: request.caller,
@@ -208,6 +233,25 @@ fn identical(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// What a copy of `value` takes, its text and items included.
+fn value_weight(value: &Value) -> usize {
+    std::mem::size_of::<Value>()
+        + match value {
+            Value::String(text) => text.len(),
+            Value::Enum(member) => member.name.len(),
+            Value::List(items) => items.iter().map(value_weight).sum(),
+            Value::Record(fields) => fields
+                .iter()
+                .map(|(name, field)| name.len() + value_weight(field))
+                .sum(),
+            Value::Null
+            | Value::Bool(_)
+            | Value::Number(_)
+            | Value::Duration(_)
+            | Value::Date(_) => 0,
+        }
+}
+
 /// Hashes a value so that [`identical`] values hash alike.
 fn hash_value<H: Hasher>(value: &Value, state: &mut H) {
     std::mem::discriminant(value).hash(state);
@@ -239,8 +283,13 @@ fn hash_value<H: Hasher>(value: &Value, state: &mut H) {
 /// read nothing but what a [`PlanKey`] holds and the snapshot's data; `None`
 /// if any reads more. A balance must say `when`, by such terms alone.
 fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
-    let reads = RefCell::new(Vec::new());
-    let term = |term: &Term| reads_only_key(program, term, &reads);
+    let reads = KeyReads {
+        program,
+        inputs: RefCell::new(Vec::new()),
+        lets: RefCell::new(vec![None; program.lets.len()]),
+        merges: RefCell::new(vec![None; program.merges.len()]),
+    };
+    let term = |term: &Term| reads.only_key(term);
     let keys = |keys: &[SortKeySpec]| keys.iter().all(|key| term(&key.term));
     let models = &program.models;
     let fixed = models.sources.iter().all(term)
@@ -272,47 +321,93 @@ fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
             .is_none_or(|(limit, _)| term(limit))
         && program.capacity_wait.as_ref().is_none_or(term);
     fixed.then(|| {
-        let mut inputs = reads.into_inner();
+        let mut inputs = reads.inputs.into_inner();
         inputs.sort_unstable();
         inputs.dedup();
         inputs.into_boxed_slice()
     })
 }
 
-/// Whether `term` reads only what a [`PlanKey`] holds, definitions and
-/// merges looked through; adds the inputs it reads to `inputs`. Aggregates
-/// and reads of other candidates read the candidate set, which the same
-/// key makes the same.
-fn reads_only_key(program: &Program, term: &Term, inputs: &RefCell<Vec<usize>>) -> bool {
-    let recurse = |inner: &Term| reads_only_key(program, inner, inputs);
-    reads_only(term, &|kind| match kind {
-        TermKind::Read(Read::Input(index, _)) => {
-            inputs.borrow_mut().push(*index);
-            Some(true)
+/// Finds out which terms read only what a [`PlanKey`] holds, and the
+/// inputs they read.
+struct KeyReads<'p> {
+    program: &'p Program,
+    inputs: RefCell<Vec<usize>>,
+    /// Per definition and merge, the answer once known: a definition used
+    /// in many places (or by many others) is looked through once.
+    lets: RefCell<Vec<Option<bool>>>,
+    merges: RefCell<Vec<Option<bool>>>,
+}
+
+impl KeyReads<'_> {
+    /// Whether `term` reads only what a [`PlanKey`] holds, definitions and
+    /// merges looked through; records the inputs it reads. Aggregates and
+    /// reads of other candidates read the candidate set, which the same key
+    /// makes the same.
+    fn only_key(&self, term: &Term) -> bool {
+        // Definitions may use definitions in a long chain.
+        stacker::maybe_grow(
+            crate::language::check::STACK_RED_ZONE,
+            crate::language::check::STACK_SEGMENT,
+            || reads_only(term, &|kind| self.leaf(kind)),
+        )
+    }
+
+    fn leaf(&self, kind: &TermKind) -> Option<bool> {
+        let recurse = |inner: &Term| self.only_key(inner);
+        match kind {
+            TermKind::Read(Read::Input(index, _)) => {
+                let mut inputs = self.inputs.borrow_mut();
+                if *index < self.program.inputs.len() {
+                    inputs.push(*index);
+                } else {
+                    // `input` itself: a record of every input.
+                    inputs.extend(0..self.program.inputs.len());
+                }
+                Some(true)
+            }
+            TermKind::Read(read) => Some(read_is_fixed_by_key(read)),
+            TermKind::Static(..) => Some(true),
+            TermKind::Hoisted(_, inner) | TermKind::At(_, inner) => Some(recurse(inner)),
+            TermKind::Let(index) => Some(self.once(&self.lets, *index, || {
+                self.program
+                    .lets
+                    .get(*index)
+                    .is_some_and(|spec| recurse(&spec.term))
+            })),
+            TermKind::Merge(index) => Some(self.once(&self.merges, *index, || {
+                self.program
+                    .merges
+                    .get(*index)
+                    .is_some_and(|spec| recurse(&spec.request) && recurse(&spec.default))
+            })),
+            TermKind::Aggregate(_, scored, filter) => {
+                Some(recurse(scored) && filter.as_deref().is_none_or(recurse))
+            }
+            TermKind::Grouped(_, parts, aggregate) => {
+                Some(parts.iter().all(recurse) && recurse(aggregate))
+            }
+            _ => None,
         }
-        TermKind::Read(read) => Some(read_is_fixed_by_key(read)),
-        TermKind::Static(..) => Some(true),
-        TermKind::Hoisted(_, inner) | TermKind::At(_, inner) => Some(recurse(inner)),
-        TermKind::Let(index) => Some(
-            program
-                .lets
-                .get(*index)
-                .is_some_and(|spec| recurse(&spec.term)),
-        ),
-        TermKind::Merge(index) => Some(
-            program
-                .merges
-                .get(*index)
-                .is_some_and(|spec| recurse(&spec.request) && recurse(&spec.default)),
-        ),
-        TermKind::Aggregate(_, scored, filter) => {
-            Some(recurse(scored) && filter.as_deref().is_none_or(recurse))
+    }
+
+    /// `answer`'s value for entry `index` of `known`, found once (the inputs
+    /// it reads are recorded the first time).
+    fn once(
+        &self,
+        known: &RefCell<Vec<Option<bool>>>,
+        index: usize,
+        answer: impl FnOnce() -> bool,
+    ) -> bool {
+        if let Some(Some(known)) = known.borrow().get(index) {
+            return *known;
         }
-        TermKind::Grouped(_, parts, aggregate) => {
-            Some(parts.iter().all(recurse) && recurse(aggregate))
+        let found = answer();
+        if let Some(slot) = known.borrow_mut().get_mut(index) {
+            *slot = Some(found);
         }
-        _ => None,
-    })
+        found
+    }
 }
 
 /// Whether a read's value is the same for every request with one key. Every
@@ -469,17 +564,34 @@ mod tests {
             let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
             memo.remember(&request, plan(attempts));
         };
-        for who in 0..CAPACITY {
+        let mut who = 0;
+        while memo.len() == who {
             remember(who, 1);
+            who += 1;
         }
-        assert_eq!(memo.len(), CAPACITY);
-        // Remembering a plan again replaces it and keeps the others.
-        remember(0, 2);
-        assert_eq!(memo.len(), CAPACITY);
-        let first = request(0, Endpoint::ChatCompletions, "m", Value::Null);
-        assert_eq!(memo.recall(&first, |plan| plan.attempts), Some(2));
-        remember(CAPACITY, 1);
+        // The plan that did not fit is the only one left.
         assert_eq!(memo.len(), 1);
+        let full = who - 1;
+        let weight = MEMO_BYTES / full;
+        assert!(
+            full > 1000,
+            "{full} plans of {weight} bytes filled the memo"
+        );
+        // Remembering a plan again replaces it and keeps the others.
+        remember(full, 2);
+        assert_eq!(memo.len(), 1);
+        let last = request(full, Endpoint::ChatCompletions, "m", Value::Null);
+        assert_eq!(memo.recall(&last, |plan| plan.attempts), Some(2));
+    }
+
+    #[test]
+    fn a_plan_keyed_on_a_long_input_is_not_kept() {
+        let memo = memo();
+        let long = Value::string(&"x".repeat(MAX_PLAN_BYTES));
+        let request = request(0, Endpoint::ChatCompletions, "m", long);
+        memo.remember(&request, plan(1));
+        assert_eq!(memo.len(), 0);
+        assert_eq!(memo.recall(&request, |plan| plan.attempts), None);
     }
 
     #[test]
