@@ -209,24 +209,33 @@ fn a_plan_that_reads_every_input_is_remembered_per_value_of_each() {
 #[test]
 fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
     // Each definition uses the one before twice: looking through every use
-    // anew would take 2^40 visits to find what the order reads.
+    // anew would take 2^40 visits to find what a term reads.
     let dir = std::env::temp_dir().join(format!("switchyard-let-chain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
-    let mut chain =
-        String::from("let chain0 = if tenant.secrecy_bound then provider.priority else 1\n");
+    // One chain for a sort key, one for an eligibility step (whose guard,
+    // what a request settles of it, looks through definitions too).
+    let mut chain = String::from(
+        "let chain0 = if tenant.secrecy_bound then provider.priority else 1\n\
+         let gate0 = tenant.secrecy_bound and provider.s203_approved\n",
+    );
     for n in 1..=40 {
         let before = n - 1;
         chain.push_str(&format!("let chain{n} = chain{before} + chain{before}\n"));
+        chain.push_str(&format!("let gate{n} = gate{before} and gate{before}\n"));
     }
     let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
         .unwrap()
         .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"))
         .replacen(
-            "order {\n",
-            &format!("{chain}order {{\n  by chain40 desc\n"),
+            "eligibility {\n",
+            &format!(
+                "{chain}eligibility {{\n  require gate40 or not gate40 \
+                 else provider_not_allowed_for_key\n"
+            ),
             1,
-        );
+        )
+        .replacen("order {\n", "order {\n  by chain40 desc\n", 1);
     let path = dir.join("let-chain.policy");
     std::fs::write(&path, text).unwrap();
     // On its own thread, so that a walk gone exponential fails the test
@@ -245,6 +254,15 @@ fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
         Err(report) => panic!("the policy does not compile: {:#?}", report.diagnostics),
     };
     assert!(snapshot.remembered_plans().is_some());
+    let body = json!({"model": "qwen3.8-27b", "messages": []});
+    let decision = decide(
+        &snapshot,
+        "acme-default",
+        Endpoint::ChatCompletions,
+        body,
+        &[],
+    );
+    assert!(!providers(&snapshot, &decision).is_empty());
 }
 
 fn providers(snapshot: &Snapshot, decision: &Decision) -> Vec<String> {

@@ -206,7 +206,10 @@ pub fn stage(original: &Program) -> Staged {
     let guards = program
         .steps
         .iter()
-        .map(|step| stager.guard(&step.condition, &program.lets, 0))
+        .map(|step| {
+            let mut budget = GUARD_TERMS;
+            stager.guard(&step.condition, &program.lets, 0, &mut budget)
+        })
         .collect();
     Staged {
         program,
@@ -216,10 +219,23 @@ pub fn stage(original: &Program) -> Staged {
     }
 }
 
+/// A step's guard looks at no more terms than this. Definitions that use
+/// one another more than once would otherwise make it as large as the
+/// terms they stand for, written out: 2^40 for a chain of 40 that each use
+/// the one before twice. Where the budget ends the guard is open, which is
+/// always right: a request then settles less of the step, and its
+/// candidates are asked.
+const GUARD_TERMS: usize = 4096;
+
 impl Stager<'_> {
     /// What the request settles of `term`, looking through definitions
-    /// (`depth` of them so far) into their staged bodies in `lets`.
-    fn guard(&mut self, term: &Term, lets: &[LetSpec], depth: usize) -> Guard {
+    /// (`depth` of them so far) into their staged bodies in `lets`, at no
+    /// more than `budget` terms.
+    fn guard(&mut self, term: &Term, lets: &[LetSpec], depth: usize, budget: &mut usize) -> Guard {
+        let Some(left) = budget.checked_sub(1) else {
+            return Guard::Open;
+        };
+        *budget = left;
         let deps = self.deps(term);
         if !deps.catalog && !deps.live {
             // Settling asks a request part once per request, so it asks the
@@ -240,7 +256,9 @@ impl Stager<'_> {
             // deep than there are means a cycle, which the checker refuses.
             TermKind::Let(index) => {
                 return match lets.get(*index) {
-                    Some(spec) if depth < lets.len() => self.guard(&spec.term, lets, depth + 1),
+                    Some(spec) if depth < lets.len() => {
+                        self.guard(&spec.term, lets, depth + 1, budget)
+                    }
                     _ => Guard::Open,
                 };
             }
@@ -252,7 +270,10 @@ impl Stager<'_> {
             BinaryOp::Implies => Guard::Implies,
             _ => return Guard::Open,
         };
-        match (self.guard(lhs, lets, depth), self.guard(rhs, lets, depth)) {
+        match (
+            self.guard(lhs, lets, depth, budget),
+            self.guard(rhs, lets, depth, budget),
+        ) {
             (Guard::Open, Guard::Open) => Guard::Open,
             (lhs, rhs) => connective(Box::new(lhs), Box::new(rhs)),
         }
@@ -561,17 +582,22 @@ mod tests {
             one.stage(&pinned).kind,
             TermKind::Hoisted(0, Box::new(pinned.clone()))
         );
+        let mut budget = GUARD_TERMS;
         assert_eq!(
-            one.guard(&step, &[], 0),
+            one.guard(&step, &[], 0, &mut budget),
             Guard::Or(
                 Box::new(Guard::Request(pinned.clone())),
                 Box::new(Guard::Open)
             )
         );
+        // A guard out of terms to look at is open where it stopped.
+        let mut budget = 1;
+        assert_eq!(one.guard(&step, &[], 0, &mut budget), Guard::Open);
         // Several requested ids: each candidate has its own.
         let mut several = stager();
         assert_eq!(several.stage(&pinned), pinned);
-        assert_eq!(several.guard(&step, &[], 0), Guard::Open);
+        let mut budget = GUARD_TERMS;
+        assert_eq!(several.guard(&step, &[], 0, &mut budget), Guard::Open);
     }
 
     #[test]

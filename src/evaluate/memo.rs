@@ -558,30 +558,34 @@ mod tests {
     }
 
     #[test]
-    fn a_full_memo_starts_over() {
+    fn a_plan_made_again_replaces_its_own_and_a_full_memo_starts_over() {
         let memo = memo();
         let remember = |who, attempts| {
             let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
             memo.remember(&request, plan(attempts));
         };
-        let mut who = 0;
+        let attempts = |who| {
+            let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
+            memo.recall(&request, |plan| plan.attempts)
+        };
+        let bytes = || memo.plans.read().unwrap().bytes;
+        remember(0, 1);
+        remember(1, 1);
+        let two = bytes();
+        remember(0, 2);
+        assert_eq!((memo.len(), bytes()), (2, two));
+        assert_eq!((attempts(0), attempts(1)), (Some(2), Some(1)));
+        let mut who = 2;
         while memo.len() == who {
             remember(who, 1);
             who += 1;
         }
         // The plan that did not fit is the only one left.
-        assert_eq!(memo.len(), 1);
         let full = who - 1;
-        let weight = MEMO_BYTES / full;
-        assert!(
-            full > 1000,
-            "{full} plans of {weight} bytes filled the memo"
-        );
-        // Remembering a plan again replaces it and keeps the others.
-        remember(full, 2);
         assert_eq!(memo.len(), 1);
-        let last = request(full, Endpoint::ChatCompletions, "m", Value::Null);
-        assert_eq!(memo.recall(&last, |plan| plan.attempts), Some(2));
+        assert_eq!((attempts(0), attempts(full)), (None, Some(1)));
+        assert!(full > 1000, "{full} plans filled {MEMO_BYTES} bytes");
+        assert!(bytes() <= MAX_PLAN_BYTES);
     }
 
     #[test]
