@@ -328,8 +328,8 @@ pub struct Snapshot {
     pub(crate) compiled: Compiled,
     /// The `health` section's constants.
     pub health: HealthSettings,
-    /// Plans made for one caller, name and endpoint, when the policy's
-    /// plans depend on nothing else.
+    /// Plans made for one caller, model name, endpoint and input values,
+    /// when the policy's plans depend on nothing else.
     pub(crate) plans: PlanMemo,
 }
 
@@ -684,9 +684,9 @@ impl Snapshot {
         tables
     }
 
-    /// Whether this snapshot remembers a plan per caller, model name and
-    /// endpoint (its policy's plans depend on nothing else), and how many
-    /// it holds.
+    /// Whether this snapshot remembers a plan per caller, model name,
+    /// endpoint and input values (its policy's plans depend on nothing
+    /// else), and how many it holds.
     pub fn remembered_plans(&self) -> Option<usize> {
         self.plans.applies().then(|| self.plans.len())
     }

@@ -19,7 +19,7 @@
 //! requests that vary what it is keyed on cannot grow it further.
 
 use super::compiled::reads_only;
-use super::{Caller, Candidate, Endpoint, RequestState};
+use super::{Caller, Candidate, Endpoint, Plan, RequestState};
 use crate::language::ir::{CredentialSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
 use crate::value::Value;
 use std::cell::RefCell;
@@ -110,13 +110,14 @@ impl PlanMemo {
         Some(read(plan))
     }
 
-    /// Keeps the plan made for `request`.
-    pub fn remember(&self, request: &RequestState, plan: RememberedPlan) {
+    /// Keeps `plan`, made for its request.
+    pub fn remember(&self, plan: &Plan) {
         let Some(inputs) = self.inputs.as_deref() else {
             return;
         };
+        let request = &plan.request;
         let weight = PlanKey::weight(request, inputs)
-            + std::mem::size_of_val(&*plan.candidates)
+            + std::mem::size_of_val(plan.candidates.as_slice())
             + std::mem::size_of::<RememberedPlan>();
         if weight > MAX_PLAN_BYTES {
             return;
@@ -125,21 +126,29 @@ impl PlanMemo {
         let Ok(mut plans) = self.plans.write() else {
             return;
         };
-        let known = plans.by_hash.get_mut(&hash).and_then(|bucket| {
-            bucket
-                .iter_mut()
-                .find(|(key, _)| key.is_for(request, inputs))
-        });
-        // Another request made the same plan meanwhile: the same weight.
-        if let Some((_, remembered)) = known {
-            *remembered = plan;
+        // Another request made the same plan meanwhile: one is enough.
+        let known = plans
+            .by_hash
+            .get(&hash)
+            .is_some_and(|bucket| bucket.iter().any(|(key, _)| key.is_for(request, inputs)));
+        if known {
             return;
         }
         if plans.bytes + weight > MEMO_BYTES {
             *plans = Plans::default();
         }
+        let remembered = RememberedPlan {
+            candidates: plan.candidates.as_slice().into(),
+            attempts: plan.attempts,
+            budget_ms: plan.budget_ms,
+            capacity_wait_ms: plan.capacity_wait_ms,
+        };
         let key = PlanKey::of(request, inputs);
-        plans.by_hash.entry(hash).or_default().push((key, plan));
+        plans
+            .by_hash
+            .entry(hash)
+            .or_default()
+            .push((key, remembered));
         plans.len += 1;
         plans.bytes += weight;
     }
@@ -492,9 +501,10 @@ mod tests {
         }
     }
 
-    fn plan(attempts: usize) -> RememberedPlan {
-        RememberedPlan {
-            candidates: Box::new([]),
+    fn plan(request: RequestState, attempts: usize) -> Plan {
+        Plan {
+            request,
+            candidates: Vec::new(),
             attempts,
             budget_ms: None,
             capacity_wait_ms: 0,
@@ -522,7 +532,7 @@ mod tests {
     fn a_plan_is_recalled_only_for_its_own_caller_name_endpoint_and_inputs() {
         let memo = memo();
         let chat = Endpoint::ChatCompletions;
-        memo.remember(&request(1, chat, "m", list(&["a", "b"])), plan(3));
+        memo.remember(&plan(request(1, chat, "m", list(&["a", "b"])), 3));
         let attempts = |request: RequestState| memo.recall(&request, |plan| plan.attempts);
         assert_eq!(attempts(request(1, chat, "m", list(&["a", "b"]))), Some(3));
         assert_eq!(attempts(request(2, chat, "m", list(&["a", "b"]))), None);
@@ -534,7 +544,7 @@ mod tests {
         // An input the request did not send reads as absent.
         let mut unsent = request(1, chat, "m", Value::Null);
         unsent.inputs.clear();
-        memo.remember(&unsent, plan(4));
+        memo.remember(&plan(unsent, 4));
         assert_eq!(attempts(request(1, chat, "m", Value::Null)), Some(4));
     }
 
@@ -550,7 +560,7 @@ mod tests {
         assert!(identical(&member, &member.clone()));
         let memo = memo();
         let chat = Endpoint::ChatCompletions;
-        memo.remember(&request(1, chat, "m", member), plan(3));
+        memo.remember(&plan(request(1, chat, "m", member), 3));
         let recalled = memo.recall(&request(1, chat, "m", Value::string("eu")), |plan| {
             plan.attempts
         });
@@ -558,11 +568,11 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_made_again_replaces_its_own_and_a_full_memo_starts_over() {
+    fn a_plan_made_again_is_kept_once_and_a_full_memo_starts_over() {
         let memo = memo();
         let remember = |who, attempts| {
             let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
-            memo.remember(&request, plan(attempts));
+            memo.remember(&plan(request, attempts));
         };
         let attempts = |who| {
             let request = request(who, Endpoint::ChatCompletions, "m", Value::Null);
@@ -570,11 +580,13 @@ mod tests {
         };
         let bytes = || memo.plans.read().unwrap().bytes;
         remember(0, 1);
-        remember(1, 1);
+        remember(1, 3);
         let two = bytes();
+        // A plan made again (by a request that raced another) is not kept
+        // twice; the one remembered is the same plan.
         remember(0, 2);
         assert_eq!((memo.len(), bytes()), (2, two));
-        assert_eq!((attempts(0), attempts(1)), (Some(2), Some(1)));
+        assert_eq!((attempts(0), attempts(1)), (Some(1), Some(3)));
         let mut who = 2;
         while memo.len() == who {
             remember(who, 1);
@@ -593,7 +605,7 @@ mod tests {
         let memo = memo();
         let long = Value::string(&"x".repeat(MAX_PLAN_BYTES));
         let request = request(0, Endpoint::ChatCompletions, "m", long);
-        memo.remember(&request, plan(1));
+        memo.remember(&plan(request.clone(), 1));
         assert_eq!(memo.len(), 0);
         assert_eq!(memo.recall(&request, |plan| plan.attempts), None);
     }
@@ -605,7 +617,7 @@ mod tests {
             ..memo()
         };
         let request = request(0, Endpoint::ChatCompletions, "m", Value::Null);
-        memo.remember(&request, plan(1));
+        memo.remember(&plan(request.clone(), 1));
         assert_eq!(memo.len(), 0);
         assert_eq!(memo.recall(&request, |plan| plan.attempts), None);
     }

@@ -2,9 +2,9 @@
 //! to a [`Decision`] — an ordered attempt plan or the error the policy names
 //! — with a trace of why. No clock, no randomness, no I/O: the time, the
 //! health of providers and the load-balancing seed are inputs. A snapshot
-//! may remember the plan it made for a caller, model and endpoint, where
-//! its policy's plans depend on nothing else (module `memo`); a remembered plan
-//! is the plan that would be made afresh.
+//! may remember the plan it made for a caller, model, endpoint and input
+//! values, where its policy's plans depend on nothing else (module `memo`);
+//! a remembered plan is the plan that would be made afresh.
 //!
 //! During execution the proxy asks the same program what an attempt's
 //! outcome means ([`Plan::react`]), which later candidates a `keep`
@@ -851,24 +851,17 @@ fn decide(
             rank.swap(slot, target);
         }
     }
-    if remembering && !balanced {
-        snapshot.plans.remember(
-            &request,
-            memo::RememberedPlan {
-                candidates: planned.as_slice().into(),
-                attempts,
-                budget_ms,
-                capacity_wait_ms,
-            },
-        );
-    }
-    Ok(Plan {
+    let plan = Plan {
         request,
         candidates: planned,
         attempts,
         budget_ms,
         capacity_wait_ms,
-    })
+    };
+    if remembering && !balanced {
+        snapshot.plans.remember(&plan);
+    }
+    Ok(plan)
 }
 
 /// The requested model's id as the request holds it: the catalog's own
