@@ -423,4 +423,9 @@ fn explain_names_the_step_that_removed_each_candidate() {
         ]
     );
     assert_eq!(step_counts(&explained)[0], (1, 1));
+    // Noirdoc plans from the caller, model and endpoint alone.
+    assert_eq!(
+        explained["plans"],
+        serde_json::json!({"remembered": true, "made_afresh_by": null})
+    );
 }

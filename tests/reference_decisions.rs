@@ -141,6 +141,16 @@ fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
         let remembered = snapshot(name).remembered_plans();
         assert_eq!(remembered.is_some(), remembers, "{name}: {remembered:?}");
     }
+    // What keeps AnonRouter's plans from being remembered: the first term
+    // found, its step that reads the request's parameters.
+    let anonrouter = snapshot("anonrouter");
+    let span = anonrouter.plans_made_afresh_by().unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/policies/anonrouter.policy");
+    let text = std::fs::read_to_string(path).unwrap();
+    let reader = text.get(span.range()).unwrap();
+    assert!(reader.contains("request.parameters"), "{reader}");
+    assert_eq!(snapshot("noirdoc").plans_made_afresh_by(), None);
+
     let noirdoc = snapshot("noirdoc");
     let ask = |key: &str, endpoint: Endpoint| {
         let body = json!({"model": "qwen3.8-27b", "messages": []});

@@ -326,6 +326,7 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
             }
         }
     }
+    line(plans_line(snapshot, sources));
     out
 }
 
@@ -397,5 +398,38 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
         "steps": steps,
         "candidates": candidates,
         "result": result,
+        "plans": plans_json(snapshot, sources),
+    })
+}
+
+/// Whether the proxy makes this policy's plans once per caller, model,
+/// endpoint and input values (and then recalls them), or for every
+/// request; if for every request, the line of the first term found that
+/// reads more.
+fn plans_line(snapshot: &Snapshot, sources: &SourceMap) -> String {
+    if snapshot.remembered_plans().is_some() {
+        return String::from(
+            "plans  made once per caller, model, endpoint and input values, then remembered",
+        );
+    }
+    match snapshot.plans_made_afresh_by() {
+        Some(span) => {
+            let (number, text) = policy_line(sources, span.start);
+            format!(
+                "plans  made for every request: line {number} reads more than the caller, \
+                 model, endpoint and inputs: {text}"
+            )
+        }
+        None => String::from("plans  made for every request"),
+    }
+}
+
+fn plans_json(snapshot: &Snapshot, sources: &SourceMap) -> serde_json::Value {
+    let reader = snapshot
+        .plans_made_afresh_by()
+        .map(|span| policy_line(sources, span.start));
+    json!({
+        "remembered": snapshot.remembered_plans().is_some(),
+        "made_afresh_by": reader.map(|(line, source)| json!({"line": line, "source": source})),
     })
 }

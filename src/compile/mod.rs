@@ -691,6 +691,12 @@ impl Snapshot {
         self.plans.applies().then(|| self.plans.len())
     }
 
+    /// Where this snapshot makes every plan afresh, the first term found
+    /// that reads more than the caller, model, endpoint and inputs.
+    pub fn plans_made_afresh_by(&self) -> Option<crate::source::Span> {
+        self.plans.made_afresh_by()
+    }
+
     pub fn model_named(&self, id: &str) -> Option<&ModelName> {
         self.models.get(id)
     }

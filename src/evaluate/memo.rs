@@ -21,8 +21,9 @@
 use super::compiled::reads_only;
 use super::{Caller, Candidate, Endpoint, Plan, RequestState};
 use crate::language::ir::{CredentialSpec, OrderPart, Program, Read, SortKeySpec, Term, TermKind};
+use crate::source::Span;
 use crate::value::Value;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, RwLock};
@@ -40,6 +41,8 @@ const MAX_PLAN_BYTES: usize = MEMO_BYTES / 64;
 pub struct PlanMemo {
     /// The inputs plans read, by index, if plans are remembered.
     inputs: Option<Box<[usize]>>,
+    /// If they are not, the first term found to read more than a key holds.
+    made_afresh_by: Option<Span>,
     /// Seeds the keys' hashes, per snapshot.
     hashing: foldhash::fast::RandomState,
     plans: RwLock<Plans>,
@@ -78,8 +81,13 @@ impl PlanMemo {
     /// An empty memo, which remembers plans if `program`'s depend only on
     /// what a [`PlanKey`] holds.
     pub fn for_program(program: &Program) -> PlanMemo {
+        let (inputs, made_afresh_by) = match inputs_plans_read(program) {
+            Ok(inputs) => (Some(inputs), None),
+            Err(reader) => (None, reader),
+        };
         PlanMemo {
-            inputs: inputs_plans_read(program),
+            inputs,
+            made_afresh_by,
             hashing: foldhash::fast::RandomState::default(),
             plans: RwLock::new(Plans::default()),
         }
@@ -88,6 +96,12 @@ impl PlanMemo {
     /// Whether this snapshot remembers plans at all.
     pub fn applies(&self) -> bool {
         self.inputs.is_some()
+    }
+
+    /// Where plans are not remembered, the first term found that reads
+    /// more than a key holds (a step, a sort key, a definition's body).
+    pub fn made_afresh_by(&self) -> Option<Span> {
+        self.made_afresh_by
     }
 
     /// `read` applied to the plan remembered for `request` (its inputs
@@ -289,11 +303,13 @@ fn hash_value<H: Hasher>(value: &Value, state: &mut H) {
 }
 
 /// The inputs that the terms making a plan read (sorted), if those terms
-/// read nothing but what a [`PlanKey`] holds and the snapshot's data; `None`
-/// if any reads more. A balance must say `when`, by such terms alone.
-fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
+/// read nothing but what a [`PlanKey`] holds and the snapshot's data;
+/// otherwise the first term found to read more, if it is known. A balance
+/// must say `when`, by such terms alone.
+fn inputs_plans_read(program: &Program) -> Result<Box<[usize]>, Option<Span>> {
     let reads = KeyReads {
         program,
+        first_reader: Cell::new(None),
         inputs: RefCell::new(Vec::new()),
         lets: RefCell::new(vec![None; program.lets.len()]),
         merges: RefCell::new(vec![None; program.merges.len()]),
@@ -317,10 +333,13 @@ fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
                 term(selector) && sorts.iter().all(|(_, sort)| keys(sort))
             }
         })
-        && program
-            .balance
-            .iter()
-            .all(|balance| balance.when.as_ref().is_some_and(term))
+        && program.balance.iter().all(|balance| match &balance.when {
+            Some(when) => term(when),
+            None => {
+                reads.found_reader(balance.span);
+                false
+            }
+        })
         && keys(&program.failover.reorder)
         && term(&program.failover.attempts)
         && program
@@ -329,18 +348,21 @@ fn inputs_plans_read(program: &Program) -> Option<Box<[usize]>> {
             .as_ref()
             .is_none_or(|(limit, _)| term(limit))
         && program.capacity_wait.as_ref().is_none_or(term);
-    fixed.then(|| {
-        let mut inputs = reads.inputs.into_inner();
-        inputs.sort_unstable();
-        inputs.dedup();
-        inputs.into_boxed_slice()
-    })
+    if !fixed {
+        return Err(reads.first_reader.get());
+    }
+    let mut inputs = reads.inputs.into_inner();
+    inputs.sort_unstable();
+    inputs.dedup();
+    Ok(inputs.into_boxed_slice())
 }
 
 /// Finds out which terms read only what a [`PlanKey`] holds, and the
 /// inputs they read.
 struct KeyReads<'p> {
     program: &'p Program,
+    /// The innermost term first found to read more than a key holds.
+    first_reader: Cell<Option<Span>>,
     inputs: RefCell<Vec<usize>>,
     /// Per definition and merge, the answer once known: a definition used
     /// in many places (or by many others) is looked through once.
@@ -355,11 +377,21 @@ impl KeyReads<'_> {
     /// makes the same.
     fn only_key(&self, term: &Term) -> bool {
         // Definitions may use definitions in a long chain.
-        stacker::maybe_grow(
+        let only = stacker::maybe_grow(
             crate::language::check::STACK_RED_ZONE,
             crate::language::check::STACK_SEGMENT,
             || reads_only(term, &|kind| self.leaf(kind)),
-        )
+        );
+        if !only {
+            self.found_reader(term.span);
+        }
+        only
+    }
+
+    fn found_reader(&self, span: Span) {
+        if self.first_reader.get().is_none() {
+            self.first_reader.set(Some(span));
+        }
     }
 
     fn leaf(&self, kind: &TermKind) -> Option<bool> {
@@ -496,6 +528,7 @@ mod tests {
     fn memo() -> PlanMemo {
         PlanMemo {
             inputs: Some(Box::new([0])),
+            made_afresh_by: None,
             hashing: foldhash::fast::RandomState::default(),
             plans: RwLock::new(Plans::default()),
         }
