@@ -31,6 +31,33 @@ pub enum Value {
 }
 
 impl Value {
+    /// Whether two values are the same value of the same kind, all the way
+    /// down, so a term reading one behaves exactly as it does reading the
+    /// other. Stricter than `==`, which is equality as policies see it (an
+    /// enumeration member equals its name's text there, and `0` equals
+    /// `-0`).
+    pub fn identical(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Null, Value::Null) => true,
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
+            (Value::String(a), Value::String(b)) => a == b,
+            (Value::Duration(a), Value::Duration(b)) => a == b,
+            (Value::Date(a), Value::Date(b)) => a == b,
+            (Value::Enum(a), Value::Enum(b)) => a == b,
+            (Value::List(a), Value::List(b)) => {
+                a.len() == b.len() && a.iter().zip(b.iter()).all(|(a, b)| a.identical(b))
+            }
+            (Value::Record(a), Value::Record(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b.iter())
+                        .all(|((a_name, a), (b_name, b))| a_name == b_name && a.identical(b))
+            }
+            _ => false,
+        }
+    }
+
     pub fn string(text: &str) -> Value {
         Value::String(Arc::from(text))
     }

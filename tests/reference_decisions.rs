@@ -168,31 +168,47 @@ fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
     assert_eq!(noirdoc.remembered_plans(), Some(2));
 }
 
-#[test]
-fn a_plan_that_reads_every_input_is_remembered_per_value_of_each() {
-    // Noirdoc with a header input read only through `input` itself, the
-    // record of every input.
-    let dir = std::env::temp_dir().join(format!("switchyard-whole-input-{}", std::process::id()));
+/// Noirdoc's policy text as `edit` changes it, compiled with Noirdoc's data.
+/// It compiles on its own thread, so that a walk gone exponential fails the
+/// test instead of hanging the suite (compiling takes milliseconds).
+fn noirdoc_edited(name: &str, edit: impl FnOnce(String) -> String) -> Snapshot {
+    let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
     let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
         .unwrap()
-        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"))
-        .replacen(
+        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"));
+    let path = dir.join(format!("{name}.policy"));
+    std::fs::write(&path, edit(text)).unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The receiver is gone only if the test already failed.
+        let _ = sender.send(compile_file(&path, &AllSecrets));
+    });
+    let compiled = receiver
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("compiling a policy takes milliseconds, not minutes");
+    std::fs::remove_dir_all(&dir).unwrap();
+    match compiled {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!("{name} does not compile: {:#?}", report.diagnostics),
+    }
+}
+
+#[test]
+fn a_plan_that_reads_every_input_is_remembered_per_value_of_each() {
+    // Noirdoc with a header input read only through `input` itself, the
+    // record of every input.
+    let snapshot = noirdoc_edited("whole-input", |text| {
+        text.replacen(
             "eligibility {\n",
             "let asked = input\n\
              input only from header \"x-only\" : string\n  malformed error wrong_endpoint_for_model\n\
              eligibility {\n  require not present(asked.only) or provider.name == asked.only\n    \
              else provider_not_allowed_for_key\n",
             1,
-        );
-    let path = dir.join("whole-input.policy");
-    std::fs::write(&path, text).unwrap();
-    let snapshot = match compile_file(&path, &AllSecrets) {
-        Ok(snapshot) => snapshot,
-        Err(report) => panic!("the policy does not compile: {:#?}", report.diagnostics),
-    };
-    std::fs::remove_dir_all(&dir).unwrap();
+        )
+    });
     assert!(snapshot.remembered_plans().is_some());
     let ask = |headers: &[(String, String)]| {
         let body = json!({"model": "qwen3.8-27b", "messages": []});
@@ -220,9 +236,6 @@ fn a_plan_that_reads_every_input_is_remembered_per_value_of_each() {
 fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
     // Each definition uses the one before twice: looking through every use
     // anew would take 2^40 visits to find what a term reads.
-    let dir = std::env::temp_dir().join(format!("switchyard-let-chain-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
     // One chain for a sort key, one for an eligibility step (whose guard,
     // what a request settles of it, looks through definitions too).
     let mut chain = String::from(
@@ -234,10 +247,8 @@ fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
         chain.push_str(&format!("let chain{n} = chain{before} + chain{before}\n"));
         chain.push_str(&format!("let gate{n} = gate{before} and gate{before}\n"));
     }
-    let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
-        .unwrap()
-        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"))
-        .replacen(
+    let snapshot = noirdoc_edited("let-chain", |text| {
+        text.replacen(
             "eligibility {\n",
             &format!(
                 "{chain}eligibility {{\n  require gate40 or not gate40 \
@@ -245,24 +256,8 @@ fn definitions_used_twice_each_in_a_long_chain_compile_promptly() {
             ),
             1,
         )
-        .replacen("order {\n", "order {\n  by chain40 desc\n", 1);
-    let path = dir.join("let-chain.policy");
-    std::fs::write(&path, text).unwrap();
-    // On its own thread, so that a walk gone exponential fails the test
-    // instead of hanging the suite (it takes milliseconds).
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // The receiver is gone only if the test already failed.
-        let _ = sender.send(compile_file(&path, &AllSecrets));
+        .replacen("order {\n", "order {\n  by chain40 desc\n", 1)
     });
-    let compiled = receiver
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("compiling a chain of 40 definitions takes milliseconds, not minutes");
-    std::fs::remove_dir_all(&dir).unwrap();
-    let snapshot = match compiled {
-        Ok(snapshot) => snapshot,
-        Err(report) => panic!("the policy does not compile: {:#?}", report.diagnostics),
-    };
     assert!(snapshot.remembered_plans().is_some());
     let body = json!({"model": "qwen3.8-27b", "messages": []});
     let decision = decide(

@@ -1114,20 +1114,10 @@ struct Group {
     value: Value,
 }
 
-/// Whether two values are the same value of the same type, so a term reading
-/// one behaves exactly as it does reading the other. Lists and records are
-/// never taken as the same: groups are not formed on them.
+/// Whether two values are [`Value::identical`]. Lists and records are never
+/// taken as the same: groups are not formed on them.
 fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Null, Value::Null) => true,
-        (Value::Bool(a), Value::Bool(b)) => a == b,
-        (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
-        (Value::String(a), Value::String(b)) => a == b,
-        (Value::Duration(a), Value::Duration(b)) => a == b,
-        (Value::Date(a), Value::Date(b)) => a == b,
-        (Value::Enum(a), Value::Enum(b)) => a == b,
-        _ => false,
-    }
+    !matches!(a, Value::List(_) | Value::Record(_)) && a.identical(b)
 }
 
 fn to_member(members: &[String], name: Arc<str>) -> Value {

@@ -173,7 +173,7 @@ impl PlanMemo {
     }
 
     /// The hash of the key `request` has: alike for requests whose keys
-    /// are, as [`identical`] values hash alike.
+    /// are, as [`Value::identical`] values hash alike.
     fn hash(&self, request: &RequestState, inputs: &[usize]) -> u64 {
         let mut hasher = self.hashing.build_hasher();
         request.caller.hash(&mut hasher);
@@ -218,7 +218,7 @@ impl PlanKey {
             && self.model == request.model
             && self.inputs.len() == inputs.len()
             && self.inputs.iter().zip(inputs).all(|(value, index)| {
-                identical(value, request.inputs.get(*index).unwrap_or(&ABSENT))
+                value.identical(request.inputs.get(*index).unwrap_or(&ABSENT))
             })
     }
 }
@@ -229,30 +229,6 @@ impl fmt::Debug for PlanMemo {
             .field("inputs", &self.inputs)
             .field("plans", &self.len())
             .finish()
-    }
-}
-
-/// Whether two values are the same value of the same kind, all the way
-/// down.
-fn identical(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Null, Value::Null) => true,
-        (Value::Bool(a), Value::Bool(b)) => a == b,
-        (Value::Number(a), Value::Number(b)) => a.to_bits() == b.to_bits(),
-        (Value::String(a), Value::String(b)) => a == b,
-        (Value::Duration(a), Value::Duration(b)) => a == b,
-        (Value::Date(a), Value::Date(b)) => a == b,
-        (Value::Enum(a), Value::Enum(b)) => a == b,
-        (Value::List(a), Value::List(b)) => {
-            a.len() == b.len() && a.iter().zip(b.iter()).all(|(a, b)| identical(a, b))
-        }
-        (Value::Record(a), Value::Record(b)) => {
-            a.len() == b.len()
-                && a.iter()
-                    .zip(b.iter())
-                    .all(|((a_name, a), (b_name, b))| a_name == b_name && identical(a, b))
-        }
-        _ => false,
     }
 }
 
@@ -275,7 +251,7 @@ fn value_weight(value: &Value) -> usize {
         }
 }
 
-/// Hashes a value so that [`identical`] values hash alike.
+/// Hashes a value so that [`Value::identical`] values hash alike.
 fn hash_value<H: Hasher>(value: &Value, state: &mut H) {
     std::mem::discriminant(value).hash(state);
     match value {
@@ -588,9 +564,9 @@ mod tests {
             name: Arc::from("eu"),
         });
         assert_eq!(member, Value::string("eu"));
-        assert!(!identical(&member, &Value::string("eu")));
-        assert!(!identical(&Value::Number(0.0), &Value::Number(-0.0)));
-        assert!(identical(&member, &member.clone()));
+        assert!(!member.identical(&Value::string("eu")));
+        assert!(!Value::Number(0.0).identical(&Value::Number(-0.0)));
+        assert!(member.identical(&member.clone()));
         let memo = memo();
         let chat = Endpoint::ChatCompletions;
         memo.remember(&plan(request(1, chat, "m", member), 3));

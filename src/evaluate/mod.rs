@@ -439,9 +439,7 @@ pub fn evaluate(
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
-    let mut trace = Recorded::default();
-    let result = decide(snapshot, context, health, &mut trace, Mode::Remembering);
-    Decision { result, trace }
+    decision(snapshot, context, health, Mode::Remembering)
 }
 
 /// Decides a request as [`evaluate`] does, but makes its plan afresh even
@@ -451,9 +449,7 @@ pub fn evaluate_afresh(
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
-    let mut trace = Recorded::default();
-    let result = decide(snapshot, context, health, &mut trace, Mode::Afresh);
-    Decision { result, trace }
+    decision(snapshot, context, health, Mode::Afresh)
 }
 
 /// Decides a request and records every step, candidate and key value, for
@@ -463,8 +459,17 @@ pub fn evaluate_traced(
     context: &RequestContext<'_>,
     health: &dyn HealthView,
 ) -> Decision {
+    decision(snapshot, context, health, Mode::Traced)
+}
+
+fn decision(
+    snapshot: &Snapshot,
+    context: &RequestContext<'_>,
+    health: &dyn HealthView,
+    mode: Mode,
+) -> Decision {
     let mut trace = Recorded::default();
-    let result = decide(snapshot, context, health, &mut trace, Mode::Traced);
+    let result = decide(snapshot, context, health, &mut trace, mode);
     Decision { result, trace }
 }
 
