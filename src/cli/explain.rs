@@ -409,7 +409,8 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
 fn plans_line(snapshot: &Snapshot, sources: &SourceMap) -> String {
     if snapshot.remembered_plans().is_some() {
         return String::from(
-            "plans  made once per caller, model, endpoint and input values, then remembered",
+            "plans  made once per caller, model, endpoint and input values, then reused \
+             (refusals are decided every time)",
         );
     }
     match snapshot.plans_made_afresh_by() {
