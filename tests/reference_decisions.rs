@@ -444,3 +444,35 @@ fn noirdoc_failover_keeps_priced_after_priced_and_stops_at_three() {
         NextCandidate::Done
     );
 }
+
+#[test]
+fn a_definition_aggregating_over_the_set_follows_the_set_step_by_step() {
+    // `survivors` reads no candidate field, yet its aggregate ranges over
+    // the candidates before each step: the first step reads it before any
+    // removal, the last after some (residency removes providers for
+    // `acme-eu-only`), and the two must not share one value.
+    let snapshot = noirdoc_edited("set-wide-definition", |text| {
+        text.replacen(
+            "eligibility {\n",
+            "let survivors = count_of(true)\n\
+             eligibility {\n  require survivors >= 1 else provider_not_allowed_for_key\n",
+            1,
+        )
+        .replacen(
+            "  require own or tenant.managed_models\n    else model_not_available\n}",
+            "  require own or tenant.managed_models\n    else model_not_available\n  \
+             require survivors == count_of(true) else provider_not_allowed_for_key\n}",
+            1,
+        )
+    });
+    let ask = |key: &str| {
+        let body = json!({"model": "qwen3.8-27b", "messages": []});
+        decide(&snapshot, key, Endpoint::ChatCompletions, body, &[])
+    };
+    let everyone = providers(&snapshot, &ask("acme-default"));
+    let eu_only = providers(&snapshot, &ask("acme-eu-only"));
+    assert!(
+        !eu_only.is_empty() && eu_only.len() < everyone.len(),
+        "{eu_only:?} against {everyone:?}"
+    );
+}

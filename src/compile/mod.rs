@@ -334,10 +334,12 @@ pub struct Snapshot {
 }
 
 /// Where each definition's value is cached: request-level definitions once
-/// per request, the others once per candidate, in two groups (those that use
-/// an aggregate are forgotten when the candidate set changes). Each
-/// definition's slot is its place within its group, so a candidate's cache
-/// holds only the definitions that can differ between candidates.
+/// per request, the others once per candidate, in two groups. Those that
+/// use an aggregate are forgotten when the candidate set changes, whether
+/// they read a candidate or not: `count_of(true)` before a step and after
+/// it differ. Each definition's slot is its place within its group, so a
+/// candidate's cache holds only the definitions that can differ between
+/// candidates.
 #[derive(Debug, Default)]
 pub struct LetSlots {
     slots: Vec<usize>,
@@ -345,6 +347,8 @@ pub struct LetSlots {
     pub request: usize,
     pub candidate: usize,
     pub set: usize,
+    /// Definitions that read no candidate but aggregate over the set.
+    pub set_wide: usize,
 }
 
 impl LetSlots {
@@ -352,7 +356,8 @@ impl LetSlots {
         let mut table = LetSlots::default();
         for spec in lets {
             let group = match (spec.candidate, spec.aggregate) {
-                (false, _) => &mut table.request,
+                (false, false) => &mut table.request,
+                (false, true) => &mut table.set_wide,
                 (true, false) => &mut table.candidate,
                 (true, true) => &mut table.set,
             };

@@ -140,8 +140,9 @@ pub struct Machine<'a> {
     /// Cached values, one allocation for every cache: the request-level
     /// definitions, the merges, the staged program's request-only parts,
     /// then per candidate the definitions that depend on the candidate but
-    /// not on the set, then per candidate those that use aggregates (cleared
-    /// when the set changes); [`crate::compile::LetSlots`] places each
+    /// not on the set, then per candidate those that use aggregates, then
+    /// the set-wide definitions (these two cleared when the set changes);
+    /// [`crate::compile::LetSlots`] places each
     /// definition in its group. Allocated on the first value stored: many
     /// machines never store one.
     cache: Vec<Option<Value>>,
@@ -155,6 +156,7 @@ pub struct Machine<'a> {
     hoisted_at: usize,
     candidate_lets_at: usize,
     set_lets_at: usize,
+    set_wide_lets_at: usize,
     depth: usize,
 }
 
@@ -194,6 +196,7 @@ impl<'a> Machine<'a> {
         let hoisted_at = merges_at + snapshot.program.merges.len();
         let candidate_lets_at = hoisted_at + snapshot.hoisted;
         let set_lets_at = candidate_lets_at + groups.candidate * candidates.len();
+        let set_wide_lets_at = set_lets_at + groups.set * candidates.len();
         Machine {
             snapshot,
             request,
@@ -206,13 +209,14 @@ impl<'a> Machine<'a> {
             shorthand: None,
             succeeded: false,
             cache: Vec::new(),
-            cache_len: set_lets_at + groups.set * candidates.len(),
+            cache_len: set_wide_lets_at + groups.set_wide,
             groups: Vec::new(),
             group_keys: Vec::new(),
             merges_at,
             hoisted_at,
             candidate_lets_at,
             set_lets_at,
+            set_wide_lets_at,
             depth: 0,
         }
     }
@@ -554,7 +558,11 @@ impl<'a> Machine<'a> {
         let groups = &self.snapshot.let_slots;
         let slot = groups.slot(index)?;
         if !spec.candidate {
-            return Some(slot);
+            return Some(if spec.aggregate {
+                self.set_wide_lets_at + slot
+            } else {
+                slot
+            });
         }
         let candidate = focus.current.filter(|c| *c < self.candidates.len())?;
         Some(if spec.aggregate {
