@@ -476,3 +476,109 @@ fn a_definition_aggregating_over_the_set_follows_the_set_step_by_step() {
         "{eu_only:?} against {everyone:?}"
     );
 }
+
+/// A catalog of one model, `small-chat` (alias `small`), on two providers,
+/// and a tenant whose `small-chat` setting differs from the default.
+const TWO_PROVIDERS: &str = r#"
+providers:
+  - id: alpha
+    format: openai
+    base_url: http://127.0.0.1:9/alpha/v1
+    credentials:
+      - {id: alpha-key, key: "${ALPHA_API_KEY}"}
+  - id: beta
+    format: openai
+    base_url: http://127.0.0.1:9/beta/v1
+    credentials:
+      - {id: beta-key, key: "${BETA_API_KEY}"}
+models:
+  - id: small-chat
+    kind: chat
+    aliases: [small]
+    routes:
+      - {provider: alpha, price: {input: 0.1, output: 0.4}}
+      - {provider: beta, price: {input: 0.2, output: 0.6}}
+"#;
+
+const ONE_TENANT: &str = r#"
+settings:
+  max_attempts: {type: number, default: 1}
+tenants:
+  - id: acme
+    model_settings:
+      small-chat: {max_attempts: 2}
+    keys:
+      - id: acme-dev
+        sha256: 9d72c7cfb7ccac5fb1184e70600d9a57c2871be7e61bfab2cb13e76717bce387
+"#;
+
+/// `sections` compiled as a policy over [`TWO_PROVIDERS`] and [`ONE_TENANT`].
+fn two_providers(name: &str, sections: &str) -> Snapshot {
+    let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("catalog.yaml"), TWO_PROVIDERS).unwrap();
+    std::fs::write(dir.join("tenants.yaml"), ONE_TENANT).unwrap();
+    let path = dir.join("policy.policy");
+    let identifier = name.replace('-', "_");
+    let policy = format!(
+        "policy {identifier} {{\n  catalog \"catalog.yaml\"\n  tenants \"tenants.yaml\"\n}}\n{sections}\n\
+         failover {{\n  attempts defaults.max_attempts\n  on any => next, error upstream_failed\n}}\n\
+         errors {{\n  no_route = 503, \"no provider can serve this model\"\n  \
+         unknown_model = 404, \"there is no such model\"\n  \
+         upstream_failed = 502, \"every provider failed\"\n}}\n"
+    );
+    std::fs::write(&path, policy).unwrap();
+    let compiled = compile_file(&path, &AllSecrets);
+    std::fs::remove_dir_all(&dir).unwrap();
+    match compiled {
+        Ok(snapshot) => snapshot,
+        Err(report) => panic!("{name} does not compile: {:#?}", report.diagnostics),
+    }
+}
+
+#[test]
+fn a_model_setting_applies_however_the_request_names_the_model() {
+    let snapshot = two_providers(
+        "model-settings",
+        "models {\n  pin \"{provider}:{model}\"\n  credentials one by credential.owned desc else no_route\n  \
+         unknown error unknown_model\n}\n\
+         defaults {\n  layers tenant.model, tenant\n}",
+    );
+    let attempts = |model: &str| {
+        let body = json!({"model": model, "messages": []});
+        match decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[]).result {
+            Ok(plan) => plan.attempts,
+            Err(refusal) => panic!("{model} refused: {refusal:?}"),
+        }
+    };
+    // By its id, by its alias, and pinned to a provider: `small-chat`'s own
+    // setting of 2 each time, not the default of 1.
+    assert_eq!(attempts("small-chat"), 2);
+    assert_eq!(attempts("small"), 2);
+    assert_eq!(attempts("alpha:small-chat"), 2);
+    assert_eq!(attempts("beta:small"), 2);
+}
+
+#[test]
+fn unknown_ids_served_by_one_provider_are_each_a_candidate() {
+    let snapshot = two_providers(
+        "unknown-ids",
+        "input models from body \"models\" : list<string>\n  malformed error no_route\n\
+         models {\n  from request.model, input.models\n  \
+         credentials one by credential.owned desc else no_route\n  \
+         unknown serve where provider.id == \"alpha\"\n  unknown error unknown_model\n}",
+    );
+    let body =
+        json!({"model": "vendor/foo", "models": ["vendor/bar", "vendor/foo"], "messages": []});
+    let decision = decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[]);
+    let Ok(plan) = &decision.result else {
+        panic!("refused: {:?}", decision.result)
+    };
+    let sent: Vec<&str> = plan
+        .candidates
+        .iter()
+        .map(|candidate| candidate.upstream_model(&snapshot).as_ref())
+        .collect();
+    // `vendor/foo` repeated is one candidate; `vendor/bar` is another.
+    assert_eq!(sent, ["vendor/foo", "vendor/bar"]);
+}

@@ -138,6 +138,26 @@ fn split_at_separator<'a>(text: &'a str, separator: &str) -> Option<(&'a str, &'
     }
 }
 
+/// The first pin template `id` matches: the providers it names (one, with
+/// its credential, for a credential pin) and the model part of the id.
+pub(crate) fn match_pin<'i>(
+    snapshot: &Snapshot,
+    id: &'i str,
+) -> Option<(Vec<usize>, Option<usize>, &'i str)> {
+    snapshot.program.models.pins.iter().find_map(|pin| {
+        let rest = id.strip_prefix(pin.prefix.as_str())?;
+        let (target, model_id) = split_at_separator(rest, &pin.separator)?;
+        let (providers, credential) = match pin.target {
+            PinTarget::Provider => (snapshot.providers_named(target).to_vec(), None),
+            PinTarget::Credential => {
+                let (provider, credential) = snapshot.credential_with_id(target)?;
+                (vec![provider], Some(credential))
+            }
+        };
+        (!providers.is_empty()).then_some((providers, credential, model_id))
+    })
+}
+
 /// Tries the pin templates; `Ok(false)` when the id is not a pin.
 fn resolve_pin(
     snapshot: &Snapshot,
@@ -145,51 +165,35 @@ fn resolve_pin(
     position: &mut usize,
     choose: &mut impl FnMut(RouteChoice),
 ) -> Result<bool, Unresolved> {
-    for pin in &snapshot.program.models.pins {
-        let Some(rest) = id.strip_prefix(pin.prefix.as_str()) else {
-            continue;
+    let Some((providers, credential, model_id)) = match_pin(snapshot, id) else {
+        return Ok(false);
+    };
+    let models: &[usize] = match snapshot.model_named(model_id) {
+        Some(ModelName::Model(model)) => std::slice::from_ref(model),
+        Some(ModelName::Alias(models)) => models,
+        None => &[],
+    };
+    for &model in models {
+        let requested = Requested {
+            index: *position,
+            kind: ResolutionKind::Pin,
+            id: id.clone(),
         };
-        let Some((target, model_id)) = split_at_separator(rest, &pin.separator) else {
-            continue;
-        };
-        let (providers, credential): (Vec<usize>, Option<usize>) = match pin.target {
-            PinTarget::Provider => (snapshot.providers_named(target).to_vec(), None),
-            PinTarget::Credential => match snapshot.credential_with_id(target) {
-                Some((provider, credential)) => (vec![provider], Some(credential)),
-                None => (Vec::new(), None),
-            },
-        };
-        if providers.is_empty() {
-            continue;
-        }
-        let models: &[usize] = match snapshot.model_named(model_id) {
-            Some(ModelName::Model(model)) => std::slice::from_ref(model),
-            Some(ModelName::Alias(models)) => models,
-            None => &[],
-        };
-        for &model in models {
-            let requested = Requested {
-                index: *position,
-                kind: ResolutionKind::Pin,
-                id: id.clone(),
-            };
-            for entry in snapshot.routes_of(model) {
-                if providers.contains(&entry.provider) {
-                    choose(route_choice(
-                        snapshot,
-                        model,
-                        entry.route,
-                        entry.provider,
-                        credential,
-                        requested.clone(),
-                    ));
-                }
+        for entry in snapshot.routes_of(model) {
+            if providers.contains(&entry.provider) {
+                choose(route_choice(
+                    snapshot,
+                    model,
+                    entry.route,
+                    entry.provider,
+                    credential,
+                    requested.clone(),
+                ));
             }
-            *position += 1;
         }
-        return Ok(true);
+        *position += 1;
     }
-    Ok(false)
+    Ok(true)
 }
 
 /// A model id or alias (`named`, when already looked up); `false` when
@@ -393,12 +397,15 @@ fn with_credentials(
     // position 0.
     let may_repeat = choice.requested.index > 0;
     let mut add = |candidate: Candidate| {
+        // Ids the catalog does not know have no model or route: the id
+        // itself, sent upstream as it is, tells them apart.
         let duplicate = may_repeat
             && candidates.iter().any(|c| {
                 c.model == candidate.model
                     && c.route == candidate.route
                     && c.provider == candidate.provider
                     && c.credential == candidate.credential
+                    && (c.model.is_some() || c.requested.id == candidate.requested.id)
             });
         if !duplicate {
             candidates.push(candidate);

@@ -521,7 +521,7 @@ fn decide(
         settings: Vec::new(),
         merges: Vec::new(),
     };
-    request.settings = resolve_settings(snapshot, &request);
+    request.settings = resolve_settings(snapshot, &request, model_named);
 
     // Inputs.
     for spec in &program.inputs {
@@ -885,13 +885,36 @@ fn requested_model<'s>(snapshot: &'s Snapshot, name: &str) -> (Arc<str>, Option<
     (id, named)
 }
 
+/// The catalog model whose settings the per-model layers give: the
+/// requested model by its id, by an alias for it alone, or by a pin. An
+/// alias for several models, or an id the catalog does not know, has none.
+fn settings_model(snapshot: &Snapshot, name: &str, named: Option<&ModelName>) -> Option<usize> {
+    let named = match named {
+        Some(named) => named,
+        None => snapshot.model_named(candidates::match_pin(snapshot, name)?.2)?,
+    };
+    match named {
+        ModelName::Model(model) => Some(*model),
+        ModelName::Alias(models) => match models.as_slice() {
+            [model] => Some(*model),
+            _ => None,
+        },
+    }
+}
+
 /// `defaults.NAME`: the first layer that sets it, else its declared default.
-fn resolve_settings(snapshot: &Snapshot, request: &RequestState) -> Vec<Value> {
+fn resolve_settings(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    model_named: Option<&ModelName>,
+) -> Vec<Value> {
     let data = &snapshot.data;
     let tenant = data.tenants.tenants.get(request.caller.tenant);
     let workspace = tenant.and_then(|t| t.workspaces.get(request.caller.workspace));
     let key = request.caller.key.and_then(|k| data.tenants.keys.get(k));
-    let model = request.model.as_ref();
+    let model = settings_model(snapshot, &request.model, model_named)
+        .and_then(|model| data.catalog.models.get(model))
+        .map(|model| model.id.as_str());
     data.schema
         .settings
         .entries
@@ -912,7 +935,7 @@ fn resolve_settings(snapshot: &Snapshot, request: &RequestState) -> Vec<Value> {
                         settings
                             .per_model
                             .iter()
-                            .find(|(id, _)| id == model)
+                            .find(|(id, _)| Some(id.as_str()) == model)
                             .and_then(|(_, values)| values.get(index))
                             .cloned()
                     } else {
