@@ -429,3 +429,70 @@ fn explain_names_the_step_that_removed_each_candidate() {
         serde_json::json!({"remembered": true, "made_afresh_by": null})
     );
 }
+
+/// What `switchyard explain` prints for `policy`'s request.
+fn explain_text(policy: &str, key: &str, model: &str) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-text-{policy}-{key}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = dir.join("request.json");
+    std::fs::write(&request, format!("{{\"model\": \"{model}\"}}")).unwrap();
+    let output = Command::new(BIN)
+        .args(["explain", "--policy"])
+        .arg(format!("{PACKAGE_ROOT}/policies/{policy}.policy"))
+        .args(["--key", key, "--request"])
+        .arg(&request)
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn explain_plans_line(policy: &str, key: &str, model: &str) -> String {
+    let text = explain_text(policy, key, model);
+    text.trim_end().lines().last().unwrap().to_string()
+}
+
+#[test]
+fn explain_says_which_plans_are_decided_every_time() {
+    assert_eq!(
+        explain_plans_line("noirdoc", "acme-default", "qwen3.8-27b"),
+        "plans  made once per caller, model, endpoint and input values, then reused \
+         (refusals are decided every time)"
+    );
+    // ai-setu balances some plans: those draw on the request's seed.
+    assert_eq!(
+        explain_plans_line("ai-setu", "globex-default", "gpt-4.1"),
+        "plans  made once per caller, model, endpoint and input values, then reused \
+         (refusals, and plans a balance reorders, are decided every time)"
+    );
+}
+
+#[test]
+fn explain_shows_a_step_written_over_several_lines_whole() {
+    // Noirdoc's step 5 removes together.ai for its residency, written on
+    // the step's second line: the first line alone would blame the key's
+    // allowed providers.
+    let text = explain_text("noirdoc", "acme-eu-only", "qwen3.8-27b");
+    let step: Vec<&str> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("  5. line "))
+        .take(5)
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        step,
+        [
+            "5. line 65   require (empty(key.allowed_providers) or provider.name in key.allowed_providers)",
+            "and (empty(key.residency) or provider.region in key.residency)",
+            "and (key.no_cloud_act implies not provider.cloud_act)",
+            "and (key.require_s203 implies provider.s203_approved)",
+            "else provider_not_allowed_for_key  (kept 3, removed 1)",
+        ],
+        "{text}"
+    );
+}

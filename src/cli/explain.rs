@@ -9,7 +9,8 @@ use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{Decision, RequestContext, evaluate_traced};
 use crate::language::check_file;
-use crate::source::{MAX_FILE_BYTES, SourceMap, read_text};
+use crate::language::ir::{StepKind, StepSpec};
+use crate::source::{MAX_FILE_BYTES, SourceMap, Span, read_text};
 use crate::value::Value;
 use serde_json::json;
 use std::borrow::Cow;
@@ -193,6 +194,34 @@ fn policy_line(sources: &SourceMap, offset: usize) -> (usize, String) {
     (line, text)
 }
 
+/// Where a step is written: from its keyword through its condition and,
+/// for `require`, the `else` that names its error.
+fn step_extent(sources: &SourceMap, spec: &StepSpec) -> Span {
+    let start = spec.span.start;
+    let mut end = spec.span.end.max(spec.condition.span.end);
+    if let (StepKind::Require(_), Some(text)) = (&spec.kind, sources.file_at(0).map(|f| &f.text)) {
+        let rest = text.get(end..).unwrap_or("");
+        if let Some(at) = rest.find("else") {
+            let line_end = rest[at..].find('\n').map_or(rest.len(), |n| at + n);
+            end += line_end;
+        }
+    }
+    Span { start, end }
+}
+
+/// The lines of the statement at `span` after its first, trimmed, without
+/// comment lines and blank lines.
+fn continuation_lines(sources: &SourceMap, span: Span) -> impl Iterator<Item = &str> {
+    sources
+        .file_at(0)
+        .and_then(|file| file.text.get(span.range()))
+        .unwrap_or("")
+        .lines()
+        .skip(1)
+        .map(str::trim)
+        .filter(|text| !text.is_empty() && !text.starts_with('#'))
+}
+
 fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> String {
     let trace = &decision.trace;
     let mut out = String::new();
@@ -223,12 +252,22 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
         line(String::from("eligibility"));
         for (index, step) in trace.steps.iter().enumerate() {
             let (number, text) = policy_line(sources, step.span.start);
-            line(format!(
-                "  {}. line {number:<4} {text}  (kept {}, removed {})",
-                index + 1,
-                step.kept,
-                step.removed
-            ));
+            let head = format!("  {}. line {number:<4} ", index + 1);
+            // A step written over several lines is shown whole: the clause
+            // that removed a candidate may be on any of them.
+            let mut rows = vec![format!("{head}{text}")];
+            let indent = " ".repeat(head.len() + 4);
+            let whole = snapshot
+                .program
+                .steps
+                .get(index)
+                .map_or(step.span, |spec| step_extent(sources, spec));
+            rows.extend(continuation_lines(sources, whole).map(|more| format!("{indent}{more}")));
+            let counts = format!("  (kept {}, removed {})", step.kept, step.removed);
+            if let Some(last) = rows.last_mut() {
+                last.push_str(&counts);
+            }
+            rows.into_iter().for_each(&mut line);
         }
     }
     if !trace.keys.is_empty() {
@@ -408,9 +447,15 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
 /// reads more.
 fn plans_line(snapshot: &Snapshot, sources: &SourceMap) -> String {
     if snapshot.remembered_plans().is_some() {
-        return String::from(
+        // A balance draws on each request's seed: what it reorders is not kept.
+        let every_time = if snapshot.program.balance.is_empty() {
+            "refusals are decided every time"
+        } else {
+            "refusals, and plans a balance reorders, are decided every time"
+        };
+        return format!(
             "plans  made once per caller, model, endpoint and input values, then reused \
-             (refusals are decided every time)",
+             ({every_time})"
         );
     }
     match snapshot.plans_made_afresh_by() {
