@@ -1013,6 +1013,57 @@ failover {
     Ok(())
 }
 
+/// Which provider answers each of `count` requests when `a` answers as
+/// `a_steps` says and `b` answers 200, the order preferring routes whose
+/// success rate (unmeasured: 1) is perfect, `a` first on a tie.
+async fn served_by_measured_success(a_steps: &str, count: usize) -> Vec<String> {
+    let gateway = Setup::new(
+        r#"
+order {
+  by coalesce(stats.success_rate, 1) < 1
+}
+failover {
+  attempts 2
+  on 400 => stop, error passthrough
+  on any => next, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        a_then_b(),
+    )
+    .start(&format!(
+        "providers:\n  a: {{sequence: [{a_steps}]}}\n  b: {{}}\n"
+    ))
+    .await;
+    for _ in 0..count {
+        gateway.api.chat(&chat_body(false)).await;
+    }
+    let requests = gateway.sim.requests();
+    let seen = providers_seen(&requests)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    gateway.stop().await;
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_provider_calls_invalid_does_not_lower_its_success_rate() -> TestResult {
+    // `a` answers the first request 400: the request was at fault, so `a`
+    // stays first for the second.
+    assert_eq!(
+        served_by_measured_success("\"400\", \"200\"", 2).await,
+        ["a", "a"]
+    );
+    // A 500 is the provider's failure: the first request fails over to `b`,
+    // and `b`, measured perfect, goes first for the second.
+    assert_eq!(
+        served_by_measured_success("\"500\", \"200\"", 2).await,
+        ["a", "b", "b"]
+    );
+    Ok(())
+}
+
 // ------------------------------------------------------------- 5. capacity
 
 fn capacity_policy(wait: &str) -> String {

@@ -25,6 +25,14 @@ pub enum OutcomeClass {
 }
 
 impl OutcomeClass {
+    /// The provider answered that the request itself is at fault (malformed,
+    /// too large, unprocessable): the answer says nothing of the provider's
+    /// health, so it is no failure of the route's measured success rate;
+    /// otherwise one tenant's bad requests would rank a route lower for all.
+    pub fn blames_the_request(self) -> bool {
+        matches!(self, OutcomeClass::Status(400 | 413 | 422))
+    }
+
     fn matches(self, pattern: OutcomeKind) -> bool {
         match (pattern, self) {
             (OutcomeKind::Any, _) => true,

@@ -806,7 +806,9 @@ impl Exchange {
         };
         // A served attempt recorded its measurements before its last bytes
         // went out (`record_served`).
-        if let (Attempted::Failed { .. }, Some(keys)) = (&attempted, self.keys(index)) {
+        if let (Attempted::Failed { outcome, .. }, Some(keys)) = (&attempted, self.keys(index))
+            && !outcome.class.blames_the_request()
+        {
             self.proxy.state.record(
                 &keys.route,
                 Sample::default(),
