@@ -7,7 +7,7 @@
 use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::respond;
 use super::upstream::{Outgoing, outcome_facts};
-use super::wire::{self, EventKind, EventReader};
+use super::wire::{self, EventKind, EventReader, FinishedChoices};
 use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
@@ -1114,7 +1114,13 @@ impl Exchange {
         let mut held: Vec<Bytes> = Vec::new();
         let mut pending: VecDeque<wire::Event> = VecDeque::new();
         let mut usage = None;
-        let mut finished = false;
+        // The answer is complete once each choice asked for finished; a
+        // message or a response has one.
+        let choices = match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Completions => self.outgoing.choices(),
+            _ => 1,
+        };
+        let mut finished_choices = FinishedChoices::default();
         let first_byte: Option<Duration>;
         // Each chunk waits on the same timers, moved rather than made anew.
         let (mut hold, mut first_token, mut idle) =
@@ -1131,7 +1137,9 @@ impl Exchange {
                     kind => {
                         first_byte = Some(begun.elapsed());
                         usage = wire::accumulated_usage(usage, reported);
-                        finished |= kind == EventKind::Finished;
+                        if let EventKind::Finished(those) = kind {
+                            finished_choices = finished_choices.and(those);
+                        }
                         held.push(event.raw);
                         if kind == EventKind::Sentinel {
                             // The whole answer arrived at once.
@@ -1194,7 +1202,9 @@ impl Exchange {
                     _ => {}
                 }
                 usage = wire::accumulated_usage(usage, reported);
-                finished |= kind == EventKind::Finished;
+                if let EventKind::Finished(those) = kind {
+                    finished_choices = finished_choices.and(those);
+                }
                 if kind == EventKind::Sentinel {
                     self.record_end(finished_with(usage));
                 }
@@ -1205,8 +1215,10 @@ impl Exchange {
                     return Attempted::Served { usage, first_byte };
                 }
             }
+            let finished = finished_choices.are_all_of(choices);
+            // Cleared again by a choice that was not asked for.
+            self.finished_stream = finished.then(|| finished_with(usage));
             let wait = if finished {
-                self.finished_stream = Some(finished_with(usage));
                 FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
                 timeouts.idle_ms
