@@ -3159,3 +3159,54 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
     gateway.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_ending_incomplete_is_passed_on_as_its_end() -> TestResult {
+    let pieces = [
+        (
+            0,
+            "event: response.created\ndata: {\"type\":\"response.created\",\
+             \"response\":{\"id\":\"r\",\"status\":\"in_progress\"}}\n\n",
+        ),
+        (
+            0,
+            "event: response.output_text.delta\ndata: \
+             {\"type\":\"response.output_text.delta\",\"delta\":\"cut short\"}\n\n",
+        ),
+        (
+            0,
+            "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\
+             \"response\":{\"id\":\"r\",\"status\":\"incomplete\",\
+             \"incomplete_details\":{\"reason\":\"max_output_tokens\"},\
+             \"usage\":{\"input_tokens\":5,\"output_tokens\":16}}}\n\n",
+        ),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "cut short", "{}", reply.text);
+    // The provider's own end, a normal one, and no error after it.
+    let last = sse_events(&reply.text).last().copied().unwrap_or_default();
+    assert_eq!(
+        event_name(last),
+        Some("response.incomplete"),
+        "{}",
+        reply.text
+    );
+    let data = event_json(last).unwrap_or_default();
+    assert_eq!(
+        data["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    // Served, with the usage it reported.
+    let log = gateway.log.clone();
+    until("the request is logged", || log.lines().len() == 1).await;
+    let line = &log.lines()[0];
+    assert_eq!((line.outcome, line.error()), ("served", ""));
+    let exchange = line.exchange.as_ref().unwrap();
+    assert_eq!(exchange.tokens(), (5, 16));
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}

@@ -274,8 +274,10 @@ impl Facts<'_> {
                 None => EventKind::Malformed,
             },
             Endpoint::Responses => match event_type {
-                Some("response.completed") => EventKind::Sentinel,
-                Some("response.failed") | Some("response.incomplete") => EventKind::Error,
+                // An incomplete response is a normal end too (the output
+                // limit, a content filter), which its final event reports.
+                Some("response.completed") | Some("response.incomplete") => EventKind::Sentinel,
+                Some("response.failed") => EventKind::Error,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
@@ -684,6 +686,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_responses_stream_ends_completed_or_incomplete_and_fails_only_as_failed() {
+        let responses = Endpoint::Responses;
+        let event = |kind: &str, response: &str| {
+            parse_event(Bytes::from(format!(
+                "event: {kind}\ndata: {{\"type\":\"{kind}\",\"response\":{response}}}\n\n"
+            )))
+        };
+        let usage = r#"{"usage":{"input_tokens":5,"output_tokens":16}}"#;
+        // `incomplete` is a normal end (`max_output_tokens`, a content
+        // filter), its usage counted as a completed response's.
+        for kind in ["response.completed", "response.incomplete"] {
+            let event = event(kind, usage);
+            assert_eq!(
+                event.meaning(responses),
+                (EventKind::Sentinel, Some((5, 16)))
+            );
+            assert_eq!(event.meaning_by_tree(responses), event.meaning(responses));
+        }
+        assert_eq!(
+            event("response.failed", r#"{"error":{"code":"server_error"}}"#).kind(responses),
+            EventKind::Error
+        );
+    }
+
     /// Event data as JSON text, from the members `meaning` reads and the
     /// values that tell them apart, nested, and with members given twice
     /// (which a JSON tree cannot hold).
@@ -724,6 +751,7 @@ mod tests {
                 "\"message_delta\"",
                 "\"response.completed\"",
                 "\"response.failed\"",
+                "\"response.incomplete\"",
                 "\"stop\"",
                 "0",
                 "1",
