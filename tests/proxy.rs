@@ -3210,3 +3210,42 @@ async fn a_responses_stream_ending_incomplete_is_passed_on_as_its_end() -> TestR
     gateway.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResult {
+    let gateway = scripted_then_b(&[(0, "data: [DONE]\n\n")], Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    gateway.stop().await;
+
+    // The Responses API's end as its first event is no answer either.
+    let completed = "event: response.completed\ndata: {\"type\":\"response.completed\",\
+                     \"response\":{\"id\":\"r\",\"status\":\"completed\",\"output\":[]}}\n\n";
+    let gateway = scripted_then_b(&[(0, completed)], Then::EndAfter(Duration::ZERO)).await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_stream_in_one_chunk_is_served() -> TestResult {
+    let whole = [
+        choice_chunk(0, Some("all at once")),
+        choice_chunk(0, None),
+        String::from("data: [DONE]\n\n"),
+    ]
+    .concat();
+    let gateway = scripted_then_b(&[(0, &whole)], Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "all at once", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}

@@ -1134,6 +1134,19 @@ impl Exchange {
                     EventKind::Error => {
                         return failed(OutcomeClass::Malformed, Some(event.data.clone()));
                     }
+                    // The end before anything of an answer: an empty answer,
+                    // not to be served as complete while failover can still
+                    // find a real one. An answer that arrived whole in one
+                    // chunk began with another event, and its end is taken
+                    // after the commit.
+                    EventKind::Sentinel => {
+                        return failed(
+                            OutcomeClass::Malformed,
+                            Some(String::from(
+                                "the provider's stream ended before any answer",
+                            )),
+                        );
+                    }
                     kind => {
                         first_byte = Some(begun.elapsed());
                         usage = wire::accumulated_usage(usage, reported);
@@ -1141,14 +1154,6 @@ impl Exchange {
                             finished_choices = finished_choices.and(those);
                         }
                         held.push(event.raw);
-                        if kind == EventKind::Sentinel {
-                            // The whole answer arrived at once.
-                            self.record_served(index, begun, first_byte, usage, false);
-                            if !self.commit(index, held, link).await {
-                                return Attempted::Cancelled;
-                            }
-                            return Attempted::Served { usage, first_byte };
-                        }
                         break 'first;
                     }
                 }
