@@ -3249,3 +3249,30 @@ async fn a_whole_stream_in_one_chunk_is_served() -> TestResult {
     gateway.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline() -> TestResult {
+    // A comment every 20 ms for 4 s: upstream chunks keep coming, but none
+    // begins the answer before `a`'s 500 ms deadline.
+    let pieces: Vec<(u64, &str)> = (0..200).map(|_| (20, ": keep-alive\n\n")).collect();
+    let a = scripted_provider(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let gateway = Setup::new(
+        &only_fails_over_on("first_token_timeout"),
+        OUTCOME_ERRORS,
+        catalog(
+            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
+            &[model("m", &["a", "b"])],
+        ),
+    )
+    .start("providers:\n  b: {}\n")
+    .await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    assert!(
+        reply.elapsed < Duration::from_secs(3),
+        "{:?}",
+        reply.elapsed
+    );
+    gateway.stop().await;
+    Ok(())
+}

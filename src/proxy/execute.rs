@@ -1158,14 +1158,22 @@ impl Exchange {
                     }
                 }
             }
+            // A ready chunk goes first, as in the committed loop; one that
+            // keeps coming could then keep the deadline's timer from ever
+            // being polled, so a provider sending only comments is held to
+            // the deadline here.
+            if clock.now_ms() >= first_deadline {
+                return failed(OutcomeClass::FirstTokenTimeout, None);
+            }
             let (holding, hold_at) = (self.holding(link), self.hold_until());
             let chunk = tokio::select! {
+                biased;
+                chunk = upstream.next() => Some(chunk),
                 () = async { hold.until(clock, hold_at).await }, if holding => {
                     self.send_stream_head(None, link);
                     continue;
                 }
                 () = first_token.until(clock, first_deadline) => None,
-                chunk = upstream.next() => Some(chunk),
             };
             let bytes = match chunk {
                 None => return failed(OutcomeClass::FirstTokenTimeout, None),
@@ -1229,11 +1237,29 @@ impl Exchange {
                 timeouts.idle_ms
             };
             let wake = by_attempt(clock.now_ms().saturating_add(wait));
-            let chunk = tokio::select! {
-                () = idle.until(clock, wake) => None,
-                chunk = upstream.next() => Some(chunk),
+            let past_attempt_deadline =
+                || attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
+            // A ready chunk goes before an idle wait that ran out at the
+            // same time (`biased`). Both are ready together when the
+            // exchange was not polled for a while: it runs inside the
+            // response body, which waits while the client does not read,
+            // and the provider kept sending meanwhile; that is no stall,
+            // though an unbiased `select!` took it for one half the time.
+            // (No test forces it: it needs the client's socket buffers
+            // full at the moment the wait runs out.) Taking chunks first
+            // cannot starve the idle wait, which each chunk restarts anyway;
+            // the attempt's deadline, which chunks do not move, is checked
+            // before each wait.
+            let chunk = if past_attempt_deadline() {
+                None
+            } else {
+                tokio::select! {
+                    biased;
+                    chunk = upstream.next() => Some(chunk),
+                    () = idle.until(clock, wake) => None,
+                }
             };
-            let out_of_time = attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
+            let out_of_time = past_attempt_deadline();
             match chunk {
                 Some(Some(Ok(bytes))) => match reader.push(&bytes) {
                     Ok(events) => pending.extend(events),
