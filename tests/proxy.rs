@@ -3012,3 +3012,318 @@ async fn shutdown_finishes_requests_in_flight_and_refuses_new_connections() -> T
     stack.sim.shutdown().await;
     Ok(())
 }
+
+// ------------------------------------------- streams the sim does not send
+
+/// Every failure before the first event fails over; after it, a stream
+/// that breaks stops with `broken_stream`. No stall is reached by chance:
+/// the idle timeout is long.
+const PATIENT_STREAMS: &str = r#"
+timeouts {
+  idle 10s
+}
+failover {
+  attempts 2
+  on stream_broken => stop, error broken_stream
+  on 5xx, connect_error, reset, timeout, first_token_timeout, malformed => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#;
+
+/// How a hand-written provider's stream goes on after its last piece.
+#[derive(Clone, Copy)]
+enum Then {
+    /// Waits this long, then ends the chunked body properly.
+    EndAfter(Duration),
+    /// Closes the connection without ending the chunked body.
+    Cut,
+}
+
+/// A provider written by hand, for streams the sim does not send: every
+/// request gets a `200` stream of `pieces`, each written as one chunk
+/// after waiting its milliseconds, then what `then` says. Its base URL.
+async fn scripted_provider(pieces: &[(u64, &str)], then: Then) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pieces: Vec<(u64, String)> = pieces
+        .iter()
+        .map(|(wait, text)| (*wait, text.to_string()))
+        .collect();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let pieces = pieces.clone();
+            tokio::spawn(async move {
+                // The request: its head, then as many bytes as it says.
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                let head_end = loop {
+                    let read = socket.read(&mut buffer).await?;
+                    if read == 0 {
+                        return Ok::<_, std::io::Error>(());
+                    }
+                    request.extend_from_slice(&buffer[..read]);
+                    if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .unwrap_or(0);
+                while request.len() < head_end + length {
+                    let read = socket.read(&mut buffer).await?;
+                    if read == 0 {
+                        return Ok(());
+                    }
+                    request.extend_from_slice(&buffer[..read]);
+                }
+                socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                          transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+                    )
+                    .await?;
+                for (wait, text) in pieces {
+                    tokio::time::sleep(Duration::from_millis(wait)).await;
+                    let chunk = format!("{:x}\r\n{text}\r\n", text.len());
+                    socket.write_all(chunk.as_bytes()).await?;
+                }
+                if let Then::EndAfter(wait) = then {
+                    tokio::time::sleep(wait).await;
+                    socket.write_all(b"0\r\n\r\n").await?;
+                }
+                Ok(())
+            });
+        }
+    });
+    format!("http://{address}/v1")
+}
+
+/// A catalog provider at `base_url`, with one credential.
+fn provider_at(id: &str, format: &str, base_url: &str) -> String {
+    provider(id, format, "").replace(&format!("http://{{sim}}/{id}/v1"), base_url)
+}
+
+/// `a`, a hand-written provider playing `pieces` then `then`, and `b`, a
+/// simulated one answering normally, both serving model `m`, `a` first.
+async fn scripted_then_b(pieces: &[(u64, &str)], then: Then) -> Gateway {
+    let a = scripted_provider(pieces, then).await;
+    Setup::new(
+        PATIENT_STREAMS,
+        STREAM_ERRORS,
+        catalog(
+            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
+            &[model("m", &["a", "b"])],
+        ),
+    )
+    .start("providers:\n  b: {}\n")
+    .await
+}
+
+/// A chat chunk of choice `index`: some `content`, or its finish reason.
+fn choice_chunk(index: u32, content: Option<&str>) -> String {
+    let (delta, finish) = match content {
+        Some(text) => (json!({"content": text}), Json::Null),
+        None => (json!({}), json!("stop")),
+    };
+    let chunk = json!({
+        "object": "chat.completion.chunk",
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// The content a chat stream gave choice `index`, joined.
+fn choice_text(text: &str, index: u64) -> String {
+    sse_events(text)
+        .iter()
+        .filter_map(|event| event_json(event))
+        .filter_map(|data| {
+            let choice = data["choices"].as_array()?.first()?.clone();
+            (choice["index"].as_u64() == Some(index))
+                .then(|| {
+                    choice
+                        .pointer("/delta/content")?
+                        .as_str()
+                        .map(str::to_string)
+                })
+                .flatten()
+        })
+        .collect()
+}
+
+/// Two choices: both begin, choice 0 finishes first.
+fn two_choices_begun() -> Vec<String> {
+    vec![
+        choice_chunk(0, Some("zero")),
+        choice_chunk(1, Some("one")),
+        choice_chunk(0, None),
+    ]
+}
+
+fn two_choices_body() -> Json {
+    let mut body = chat_body(true);
+    body["n"] = json!(2);
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_two_choices_cut_after_the_first_finished_ends_with_an_error_event()
+-> TestResult {
+    let begun = two_choices_begun();
+    let pieces: Vec<(u64, &str)> = begun.iter().map(|chunk| (0, chunk.as_str())).collect();
+    let gateway = scripted_then_b(&pieces, Then::Cut).await;
+    let reply = gateway.api.chat(&two_choices_body()).await;
+    // Choice 1 never finished: the answer is not complete.
+    assert_ends_with_broken_stream_error(&reply);
+    assert_eq!(choice_text(&reply.text, 1), "one");
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() -> TestResult {
+    let begun = two_choices_begun();
+    let (more, last) = (choice_chunk(1, Some(" more")), choice_chunk(1, None));
+    let mut pieces: Vec<(u64, &str)> = begun.iter().map(|chunk| (0, chunk.as_str())).collect();
+    // Longer than the grace a finished stream gets, shorter than the idle
+    // timeout.
+    pieces.push((1500, &more));
+    pieces.push((0, &last));
+    // Then the provider lingers without `[DONE]`.
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::from_secs(60))).await;
+    let reply = gateway.api.chat(&two_choices_body()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(choice_text(&reply.text, 0), "zero", "{}", reply.text);
+    assert_eq!(choice_text(&reply.text, 1), "one more", "{}", reply.text);
+    // Both finished: the end is added promptly, not after the idle timeout.
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    assert!(
+        reply.elapsed < Duration::from_secs(8),
+        "{:?}",
+        reply.elapsed
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_ending_incomplete_is_passed_on_as_its_end() -> TestResult {
+    let pieces = [
+        (
+            0,
+            "event: response.created\ndata: {\"type\":\"response.created\",\
+             \"response\":{\"id\":\"r\",\"status\":\"in_progress\"}}\n\n",
+        ),
+        (
+            0,
+            "event: response.output_text.delta\ndata: \
+             {\"type\":\"response.output_text.delta\",\"delta\":\"cut short\"}\n\n",
+        ),
+        (
+            0,
+            "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\
+             \"response\":{\"id\":\"r\",\"status\":\"incomplete\",\
+             \"incomplete_details\":{\"reason\":\"max_output_tokens\"},\
+             \"usage\":{\"input_tokens\":5,\"output_tokens\":16}}}\n\n",
+        ),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "cut short", "{}", reply.text);
+    // The provider's own end, a normal one, and no error after it.
+    let last = sse_events(&reply.text).last().copied().unwrap_or_default();
+    assert_eq!(
+        event_name(last),
+        Some("response.incomplete"),
+        "{}",
+        reply.text
+    );
+    let data = event_json(last).unwrap_or_default();
+    assert_eq!(
+        data["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    // Served, with the usage it reported.
+    let log = gateway.log.clone();
+    until("the request is logged", || log.lines().len() == 1).await;
+    let line = &log.lines()[0];
+    assert_eq!((line.outcome, line.error()), ("served", ""));
+    let exchange = line.exchange.as_ref().unwrap();
+    assert_eq!(exchange.tokens(), (5, 16));
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResult {
+    let gateway = scripted_then_b(&[(0, "data: [DONE]\n\n")], Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    gateway.stop().await;
+
+    // The Responses API's end as its first event is no answer either.
+    let completed = "event: response.completed\ndata: {\"type\":\"response.completed\",\
+                     \"response\":{\"id\":\"r\",\"status\":\"completed\",\"output\":[]}}\n\n";
+    let gateway = scripted_then_b(&[(0, completed)], Then::EndAfter(Duration::ZERO)).await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_stream_in_one_chunk_is_served() -> TestResult {
+    let whole = [
+        choice_chunk(0, Some("all at once")),
+        choice_chunk(0, None),
+        String::from("data: [DONE]\n\n"),
+    ]
+    .concat();
+    let gateway = scripted_then_b(&[(0, &whole)], Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "all at once", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline() -> TestResult {
+    // A comment every 20 ms for 4 s: upstream chunks keep coming, but none
+    // begins the answer before `a`'s 500 ms deadline.
+    let pieces: Vec<(u64, &str)> = (0..200).map(|_| (20, ": keep-alive\n\n")).collect();
+    let a = scripted_provider(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let gateway = Setup::new(
+        &only_fails_over_on("first_token_timeout"),
+        OUTCOME_ERRORS,
+        catalog(
+            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
+            &[model("m", &["a", "b"])],
+        ),
+    )
+    .start("providers:\n  b: {}\n")
+    .await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    assert!(
+        reply.elapsed < Duration::from_secs(3),
+        "{:?}",
+        reply.elapsed
+    );
+    gateway.stop().await;
+    Ok(())
+}

@@ -81,6 +81,15 @@ impl<'a> ClientBody<'a> {
         out.into_bytes()
     }
 
+    /// The value of member `key` as written; of a repeated key the last.
+    pub fn member(&self, key: &str) -> Option<&'a RawValue> {
+        self.members
+            .iter()
+            .rev()
+            .find(|(name, _)| name == key)
+            .map(|(_, value)| *value)
+    }
+
     /// The members a later one with the same key replaces; `None` when no
     /// key repeats (the usual case, found without allocating).
     fn superseded(&self) -> Option<HashSet<usize>> {

@@ -6,6 +6,8 @@
 //! given twice counts by its last value, as in a tree
 //! (`Event::meaning_by_tree` is the reference).
 
+use super::wire::FinishedChoices;
+use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
 use std::fmt;
@@ -17,8 +19,8 @@ pub struct EventData {
     pub event_type: Option<String>,
     /// `error` is there and not null.
     pub error: bool,
-    /// `choices` is a list with a choice whose `finish_reason` is not null.
-    pub finished_choice: bool,
+    /// The choices of the `choices` list whose `finish_reason` is not null.
+    pub finished_choices: FinishedChoices,
     /// `delta` is an object whose `stop_reason` is not null.
     pub delta_stopped: bool,
     /// The values of `usage`, `message` and `response`, for the usage they
@@ -63,7 +65,7 @@ impl<'de> Visitor<'de> for EventMembers {
                     };
                 }
                 Some(1) => data.error = !members.next_value::<Json>()?.is_null(),
-                Some(2) => data.finished_choice = members.next_value_seed(Choices)?,
+                Some(2) => data.finished_choices = members.next_value_seed(Choices)?,
                 Some(3) => {
                     data.delta_stopped =
                         members.next_value_seed(NonNullMember(&["stop_reason"]))?;
@@ -122,62 +124,189 @@ fn has_non_null<'de, A: MapAccess<'de>>(
     Ok(found)
 }
 
-/// Reads any JSON value, answering `false` for all but the shapes a
-/// reading looks into.
-macro_rules! other_values_are_false {
-    () => {
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
-            Ok(false)
+/// Reads any JSON value, answering `$value` for all but the shapes a
+/// reading looks into (and those it defines itself).
+macro_rules! other_values_are {
+    ($type:ty, $value:expr) => {
+        other_values_are!(@one visit_bool, bool, $type, $value);
+        other_values_are!(@one visit_i64, i64, $type, $value);
+        other_values_are!(@one visit_u64, u64, $type, $value);
+        other_values_are!(@one visit_f64, f64, $type, $value);
+        other_values_are!(@one visit_str, &str, $type, $value);
+        fn visit_unit<E: serde::de::Error>(self) -> Result<$type, E> {
+            Ok($value)
         }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<bool, E> {
-            Ok(false)
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
-            Ok(false)
+    };
+    (@one $name:ident, $input:ty, $type:ty, $value:expr) => {
+        fn $name<E: serde::de::Error>(self, _: $input) -> Result<$type, E> {
+            Ok($value)
         }
     };
 }
 
-/// `choices`: a list with a choice whose `finish_reason` is not null.
+/// `choices`: of a list, the choices whose `finish_reason` is not null,
+/// by their `index`.
 struct Choices;
 
 impl<'de> DeserializeSeed<'de> for Choices {
-    type Value = bool;
+    type Value = FinishedChoices;
 
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<FinishedChoices, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Choices {
+    type Value = FinishedChoices;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    other_values_are!(FinishedChoices, FinishedChoices::default());
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<FinishedChoices, A::Error> {
+        let mut finished = FinishedChoices::default();
+        let mut place: u64 = 0;
+        while let Some(choice) = choices.next_element_seed(Choice { place })? {
+            if let Some(index) = choice {
+                finished.add(index);
+            }
+            place = place.saturating_add(1);
+        }
+        Ok(finished)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<FinishedChoices, A::Error> {
+        while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(FinishedChoices::default())
+    }
+}
+
+/// A choice, at `place` in its list: `None` unless it is an object whose
+/// `finish_reason` is not null; then its `index` (its place when it has
+/// none), `Some(None)` when that is not a whole number.
+struct Choice {
+    place: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for Choice {
+    type Value = Option<Option<u64>>;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Option<Option<u64>>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Choice {
+    type Value = Option<Option<u64>>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    other_values_are!(Option<Option<u64>>, None);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<Option<u64>>, A::Error> {
+        while items.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Option<Option<u64>>, A::Error> {
+        let (mut finished, mut index) = (false, Some(self.place));
+        while let Some(member) = members.next_key_seed(NameIn(&["finish_reason", "index"]))? {
+            match member {
+                Some(0) => finished = members.next_value_seed(NotNull)?,
+                Some(1) => index = members.next_value_seed(WholeNumber)?,
+                _ => {
+                    members.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(finished.then_some(index))
+    }
+}
+
+/// Any value: whether it is not null, checked but not kept.
+struct NotNull;
+
+impl<'de> DeserializeSeed<'de> for NotNull {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NotNull {
     type Value = bool;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("a JSON value")
     }
 
-    other_values_are_false!();
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<bool, A::Error> {
-        let mut finished = false;
-        while let Some(reason) = choices.next_element_seed(NonNullMember(&["finish_reason"]))? {
-            finished |= reason;
-        }
-        Ok(finished)
+    fn visit_none<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<bool, A::Error> {
+    fn visit_some<D: Deserializer<'de>>(self, value: D) -> Result<bool, D::Error> {
+        IgnoredAny::deserialize(value)?;
+        Ok(true)
+    }
+}
+
+/// Any value: the whole number it is, if it is one that fits in a `u64`.
+struct WholeNumber;
+
+impl<'de> DeserializeSeed<'de> for WholeNumber {
+    type Value = Option<u64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Option<u64>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WholeNumber {
+    type Value = Option<u64>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Option<u64>, E> {
+        Ok(Some(number))
+    }
+    // Negative: serde_json reads a number that fits in a `u64` as one.
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<u64>, A::Error> {
+        while items.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Option<u64>, A::Error> {
         while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
+        Ok(None)
     }
 }
 
@@ -200,7 +329,7 @@ impl<'de> Visitor<'de> for NonNullMember {
         formatter.write_str("a JSON value")
     }
 
-    other_values_are_false!();
+    other_values_are!(bool, false);
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<bool, A::Error> {
         while items.next_element::<IgnoredAny>()?.is_some() {}

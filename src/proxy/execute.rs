@@ -7,7 +7,7 @@
 use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::respond;
 use super::upstream::{Outgoing, outcome_facts};
-use super::wire::{self, EventKind, EventReader};
+use super::wire::{self, EventKind, EventReader, FinishedChoices};
 use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
@@ -1116,7 +1116,13 @@ impl Exchange {
         let mut held: Vec<Bytes> = Vec::new();
         let mut pending: VecDeque<wire::Event> = VecDeque::new();
         let mut usage = None;
-        let mut finished = false;
+        // The answer is complete once each choice asked for finished; a
+        // message or a response has one.
+        let choices = match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Completions => self.outgoing.choices(),
+            _ => 1,
+        };
+        let mut finished_choices = FinishedChoices::default();
         let first_byte: Option<Duration>;
         // Each chunk waits on the same timers, moved rather than made anew.
         let (mut hold, mut first_token, mut idle) =
@@ -1130,31 +1136,46 @@ impl Exchange {
                     EventKind::Error => {
                         return failed(OutcomeClass::Malformed, Some(event.data.clone()));
                     }
+                    // The end before anything of an answer: an empty answer,
+                    // not to be served as complete while failover can still
+                    // find a real one. An answer that arrived whole in one
+                    // chunk began with another event, and its end is taken
+                    // after the commit.
+                    EventKind::Sentinel => {
+                        return failed(
+                            OutcomeClass::Malformed,
+                            Some(String::from(
+                                "the provider's stream ended before any answer",
+                            )),
+                        );
+                    }
                     kind => {
                         first_byte = Some(begun.elapsed());
                         usage = wire::accumulated_usage(usage, reported);
-                        finished |= kind == EventKind::Finished;
-                        held.push(event.raw);
-                        if kind == EventKind::Sentinel {
-                            // The whole answer arrived at once.
-                            self.record_served(index, begun, first_byte, usage, false);
-                            if !self.commit(index, held, link).await {
-                                return Attempted::Cancelled;
-                            }
-                            return Attempted::Served { usage, first_byte };
+                        if let EventKind::Finished(those) = kind {
+                            finished_choices = finished_choices.and(those);
                         }
+                        held.push(event.raw);
                         break 'first;
                     }
                 }
             }
+            // A ready chunk goes first, as in the committed loop; one that
+            // keeps coming could then keep the deadline's timer from ever
+            // being polled, so a provider sending only comments is held to
+            // the deadline here.
+            if clock.now_ms() >= first_deadline {
+                return failed(OutcomeClass::FirstTokenTimeout, None);
+            }
             let (holding, hold_at) = (self.holding(link), self.hold_until());
             let chunk = tokio::select! {
+                biased;
+                chunk = upstream.next() => Some(chunk),
                 () = async { hold.until(clock, hold_at).await }, if holding => {
                     self.send_stream_head(None, link);
                     continue;
                 }
                 () = first_token.until(clock, first_deadline) => None,
-                chunk = upstream.next() => Some(chunk),
             };
             let bytes = match chunk {
                 None => return failed(OutcomeClass::FirstTokenTimeout, None),
@@ -1196,7 +1217,9 @@ impl Exchange {
                     _ => {}
                 }
                 usage = wire::accumulated_usage(usage, reported);
-                finished |= kind == EventKind::Finished;
+                if let EventKind::Finished(those) = kind {
+                    finished_choices = finished_choices.and(those);
+                }
                 if kind == EventKind::Sentinel {
                     self.record_end(finished_with(usage));
                 }
@@ -1207,18 +1230,38 @@ impl Exchange {
                     return Attempted::Served { usage, first_byte };
                 }
             }
+            let finished = finished_choices.are_all_of(choices);
+            // Cleared again by a choice that was not asked for.
+            self.finished_stream = finished.then(|| finished_with(usage));
             let wait = if finished {
-                self.finished_stream = Some(finished_with(usage));
                 FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
                 timeouts.idle_ms
             };
             let wake = by_attempt(clock.now_ms().saturating_add(wait));
-            let chunk = tokio::select! {
-                () = idle.until(clock, wake) => None,
-                chunk = upstream.next() => Some(chunk),
+            let past_attempt_deadline =
+                || attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
+            // A ready chunk goes before an idle wait that ran out at the
+            // same time (`biased`). Both are ready together when the
+            // exchange was not polled for a while: it runs inside the
+            // response body, which waits while the client does not read,
+            // and the provider kept sending meanwhile; that is no stall,
+            // though an unbiased `select!` took it for one half the time.
+            // (No test forces it: it needs the client's socket buffers
+            // full at the moment the wait runs out.) Taking chunks first
+            // cannot starve the idle wait, which each chunk restarts anyway;
+            // the attempt's deadline, which chunks do not move, is checked
+            // before each wait.
+            let chunk = if past_attempt_deadline() {
+                None
+            } else {
+                tokio::select! {
+                    biased;
+                    chunk = upstream.next() => Some(chunk),
+                    () = idle.until(clock, wake) => None,
+                }
             };
-            let out_of_time = attempt_deadline.is_some_and(|limit| clock.now_ms() >= limit);
+            let out_of_time = past_attempt_deadline();
             match chunk {
                 Some(Some(Ok(bytes))) => match reader.push(&bytes) {
                     Ok(events) => pending.extend(events),

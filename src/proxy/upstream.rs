@@ -93,6 +93,9 @@ pub struct Outgoing {
     /// object's braces. Every attempt's body shares it.
     members: Bytes,
     headers: HeaderMap,
+    /// How many choices the body asks for (its `n`): a streamed chat or
+    /// completion is complete only once each of them finished.
+    choices: u64,
 }
 
 impl Outgoing {
@@ -106,9 +109,16 @@ impl Outgoing {
         input_headers: &[&str],
         request_id: &str,
     ) -> Outgoing {
-        let members = body.map_or_else(Bytes::new, |body| {
-            Bytes::from(body.members_but(|key| key == "model" || input_fields.contains(&key)))
-        });
+        let dropped = |key: &str| key == "model" || input_fields.contains(&key);
+        let members = body.map_or_else(Bytes::new, |body| Bytes::from(body.members_but(dropped)));
+        // A routing input is not sent: the provider then gives its default,
+        // one choice. So does a `n` the provider would refuse.
+        let choices = body
+            .filter(|_| !dropped("n"))
+            .and_then(|body| body.member("n"))
+            .and_then(|n| serde_json::from_str::<u64>(n.get()).ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(1);
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
             if input_headers.contains(&name.as_str()) {
@@ -125,7 +135,16 @@ impl Outgoing {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        Outgoing { members, headers }
+        Outgoing {
+            members,
+            headers,
+            choices,
+        }
+    }
+
+    /// How many choices the answer has, when the endpoint gives choices.
+    pub fn choices(&self) -> u64 {
+        self.choices
     }
 
     /// Frees the body and headers once no further attempt can follow: a
@@ -421,6 +440,29 @@ mod tests {
         assert!(outgoing.headers.get("x-route-hint").is_none());
         assert_eq!(outgoing.headers["anthropic-version"], "2024-01-01");
         assert_eq!(outgoing.headers["x-request-id"], "req-1");
+    }
+
+    #[test]
+    fn the_choices_asked_for_are_the_n_the_provider_is_sent() {
+        let choices = |raw: &str, input_fields: &[&str]| {
+            let body = ClientBody::read(raw.as_bytes()).unwrap();
+            Outgoing::new(Some(&body), &HeaderMap::new(), input_fields, &[], "r").choices()
+        };
+        assert_eq!(choices(r#"{"model":"m","n":3}"#, &[]), 3);
+        assert_eq!(choices(r#"{"model":"m","n":3,"n":2}"#, &[]), 2);
+        for one in [
+            r#"{"model":"m"}"#,
+            r#"{"model":"m","n":null}"#,
+            r#"{"model":"m","n":0}"#,
+            r#"{"model":"m","n":-2}"#,
+            r#"{"model":"m","n":"2"}"#,
+        ] {
+            assert_eq!(choices(one, &[]), 1, "{one}");
+        }
+        // A routing input stays behind: the provider gives one choice.
+        assert_eq!(choices(r#"{"model":"m","n":3}"#, &["n"]), 1);
+        let none = Outgoing::new(None, &HeaderMap::new(), &[], &[], "r");
+        assert_eq!(none.choices(), 1);
     }
 
     #[test]

@@ -80,9 +80,10 @@ pub struct Event {
 pub enum EventKind {
     /// Content or metadata.
     Content,
-    /// The answer is complete (a finish reason, a stop reason, a completed
-    /// response); only the sentinel or usage may follow.
-    Finished,
+    /// Choices of the answer are complete (finish reasons; a stop reason,
+    /// which ends Anthropic's one choice). Once every choice the request
+    /// asked for is, only the sentinel or usage may follow.
+    Finished(FinishedChoices),
     /// The completion sentinel itself.
     Sentinel,
     /// A comment or keep-alive without data.
@@ -91,6 +92,61 @@ pub enum EventKind {
     Error,
     /// Not valid for the wire format.
     Malformed,
+}
+
+/// Which choices of an answer finished, by their `index`, without
+/// allocating: OpenAI allows at most 128 choices (`n`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FinishedChoices {
+    /// Bit `i` set: choice `i` finished.
+    indexes: u128,
+    /// A choice finished whose index is none of those: past 127, or not a
+    /// whole number.
+    untracked: bool,
+}
+
+impl FinishedChoices {
+    /// The only choice, as in an Anthropic message.
+    pub const FIRST: FinishedChoices = FinishedChoices {
+        indexes: 1,
+        untracked: false,
+    };
+
+    /// Counts choice `index` (`None`: not a whole number) as finished.
+    pub fn add(&mut self, index: Option<u64>) {
+        match index
+            .and_then(|index| u32::try_from(index).ok())
+            .and_then(|index| 1u128.checked_shl(index))
+        {
+            Some(bit) => self.indexes |= bit,
+            None => self.untracked = true,
+        }
+    }
+
+    /// Those finished here or in `other`.
+    pub fn and(self, other: FinishedChoices) -> FinishedChoices {
+        FinishedChoices {
+            indexes: self.indexes | other.indexes,
+            untracked: self.untracked || other.untracked,
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.indexes == 0 && !self.untracked
+    }
+
+    /// Whether exactly choices `0..expected` finished. A choice outside
+    /// them means the provider answers otherwise than asked: the answer is
+    /// then never taken as complete before its end, rather than ended early
+    /// with a choice missing.
+    pub fn are_all_of(self, expected: u64) -> bool {
+        let all = match expected {
+            1..=127 => (1u128 << expected) - 1,
+            128 => u128::MAX,
+            _ => return false,
+        };
+        !self.untracked && self.indexes == all
+    }
 }
 
 impl Event {
@@ -107,7 +163,7 @@ impl Event {
         let facts = Facts {
             event_type: data.event_type.as_deref().or(self.name.as_deref()),
             error: data.error,
-            finished_choice: data.finished_choice,
+            finished_choices: data.finished_choices,
             delta_stopped: data.delta_stopped,
         };
         let usage = data
@@ -138,16 +194,7 @@ impl Event {
                 .and_then(Json::as_str)
                 .or(self.name.as_deref()),
             error: data.get("error").is_some_and(|e| !e.is_null()),
-            finished_choice: data
-                .get("choices")
-                .and_then(Json::as_array)
-                .is_some_and(|choices| {
-                    choices.iter().any(|choice| {
-                        choice
-                            .get("finish_reason")
-                            .is_some_and(|reason| !reason.is_null())
-                    })
-                }),
+            finished_choices: finished_choices_in_tree(&data),
             delta_stopped: data
                 .pointer("/delta/stop_reason")
                 .is_some_and(|reason| !reason.is_null()),
@@ -198,8 +245,8 @@ struct Facts<'a> {
     event_type: Option<&'a str>,
     /// `error` is there and not null.
     error: bool,
-    /// A choice has a finish reason.
-    finished_choice: bool,
+    /// The choices with a finish reason.
+    finished_choices: FinishedChoices,
     /// `delta.stop_reason` is there and not null.
     delta_stopped: bool,
 }
@@ -212,27 +259,51 @@ impl Facts<'_> {
         }
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Completions => {
-                if self.finished_choice {
-                    EventKind::Finished
-                } else {
+                if self.finished_choices.is_empty() {
                     EventKind::Content
+                } else {
+                    EventKind::Finished(self.finished_choices)
                 }
             }
             Endpoint::Messages => match event_type {
                 Some("message_stop") => EventKind::Sentinel,
-                Some("message_delta") if self.delta_stopped => EventKind::Finished,
+                Some("message_delta") if self.delta_stopped => {
+                    EventKind::Finished(FinishedChoices::FIRST)
+                }
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
             Endpoint::Responses => match event_type {
-                Some("response.completed") => EventKind::Sentinel,
-                Some("response.failed") | Some("response.incomplete") => EventKind::Error,
+                // An incomplete response is a normal end too (the output
+                // limit, a content filter), which its final event reports.
+                Some("response.completed") | Some("response.incomplete") => EventKind::Sentinel,
+                Some("response.failed") => EventKind::Error,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
             Endpoint::Embeddings => EventKind::Malformed,
         }
     }
+}
+
+/// The choices in `data`'s `choices` list with a finish reason that is not
+/// null, by their `index`; a choice without one is the one at its place in
+/// the list.
+fn finished_choices_in_tree(data: &Json) -> FinishedChoices {
+    let mut finished = FinishedChoices::default();
+    let choices = data.get("choices").and_then(Json::as_array);
+    for (place, choice) in choices.into_iter().flatten().enumerate() {
+        if choice
+            .get("finish_reason")
+            .is_some_and(|reason| !reason.is_null())
+        {
+            finished.add(match choice.get("index") {
+                Some(index) => index.as_u64(),
+                None => u64::try_from(place).ok(),
+            });
+        }
+    }
+    finished
 }
 
 /// An event's usage: at its top level, or in the message (Anthropic) or
@@ -465,6 +536,91 @@ mod tests {
         assert_eq!(usage, Some((11, 22)));
     }
 
+    /// The kind of an event finishing the choices of these indexes.
+    fn finished(indexes: &[Option<u64>]) -> EventKind {
+        let mut choices = FinishedChoices::default();
+        for index in indexes {
+            choices.add(*index);
+        }
+        EventKind::Finished(choices)
+    }
+
+    #[test]
+    fn an_answer_is_finished_when_every_choice_asked_for_is() {
+        let of = |indexes: &[Option<u64>]| match finished(indexes) {
+            EventKind::Finished(choices) => choices,
+            _ => FinishedChoices::default(),
+        };
+        assert!(of(&[Some(0)]).are_all_of(1));
+        assert!(!of(&[Some(0)]).are_all_of(2));
+        assert!(of(&[Some(1), Some(0)]).are_all_of(2));
+        // The same choice twice is one.
+        assert!(!of(&[Some(0), Some(0)]).are_all_of(2));
+        assert!(
+            of(&[Some(0)])
+                .and(of(&[Some(0)]))
+                .and(of(&[Some(1)]))
+                .are_all_of(2)
+        );
+        let all: Vec<Option<u64>> = (0..128).map(Some).collect();
+        assert!(of(&all).are_all_of(128));
+        assert!(!of(&all[1..]).are_all_of(128));
+        // A choice outside those asked for, or one not told apart, never
+        // completes the answer early.
+        assert!(!of(&[Some(0), Some(1)]).are_all_of(1));
+        assert!(!of(&[Some(0), Some(200)]).are_all_of(1));
+        assert!(!of(&[Some(0), None]).are_all_of(1));
+        assert!(!of(&all).and(of(&[Some(128)])).are_all_of(128));
+        assert!(!of(&all).are_all_of(129));
+        assert!(!FinishedChoices::default().are_all_of(0));
+    }
+
+    #[test]
+    fn each_finished_choice_is_read_by_its_index() {
+        let chat = Endpoint::ChatCompletions;
+        for (choices, expected) in [
+            (
+                r#"[{"index":1,"finish_reason":"stop"},{"index":0,"finish_reason":null}]"#,
+                finished(&[Some(1)]),
+            ),
+            (
+                r#"[{"index":3,"finish_reason":"stop"},{"index":2,"finish_reason":"length"}]"#,
+                finished(&[Some(2), Some(3)]),
+            ),
+            // Without an index, a choice is the one at its place.
+            (
+                r#"[{"finish_reason":null},{"finish_reason":"stop"}]"#,
+                finished(&[Some(1)]),
+            ),
+            (
+                r#"[{"index":200,"finish_reason":"stop"}]"#,
+                finished(&[None]),
+            ),
+            (
+                r#"[{"index":"0","finish_reason":"stop"}]"#,
+                finished(&[None]),
+            ),
+            (
+                r#"[{"index":-1,"finish_reason":"stop"}]"#,
+                finished(&[None]),
+            ),
+            (
+                r#"[{"index":null,"finish_reason":"stop"}]"#,
+                finished(&[None]),
+            ),
+            // The last of two indexes counts.
+            (
+                r#"[{"index":0,"finish_reason":"stop","index":5}]"#,
+                finished(&[Some(5)]),
+            ),
+            (r#"[{"index":1,"finish_reason":null}]"#, EventKind::Content),
+        ] {
+            let event = parse_event(Bytes::from(format!("data: {{\"choices\":{choices}}}\n\n")));
+            assert_eq!(event.kind(chat), expected, "{choices}");
+            assert_eq!(event.meaning_by_tree(chat).0, expected, "{choices}");
+        }
+    }
+
     #[test]
     fn events_are_classified_per_endpoint() {
         let event = |text: &str| parse_event(Bytes::from(text.to_string()));
@@ -482,7 +638,7 @@ mod tests {
             event("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n")
                 .meaning(chat)
                 .0,
-            EventKind::Finished
+            finished(&[Some(0)])
         );
         assert_eq!(
             event("data: {not json\n\n").kind(chat),
@@ -505,7 +661,7 @@ mod tests {
         assert_eq!(
             event("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n")
                 .kind(messages),
-            EventKind::Finished
+            EventKind::Finished(FinishedChoices::FIRST)
         );
         assert_eq!(
             event("data: [DONE]\n\n").kind(messages),
@@ -527,6 +683,31 @@ mod tests {
         assert_eq!(
             event("data: [DONE]\n\n").meaning(chat),
             (EventKind::Sentinel, None)
+        );
+    }
+
+    #[test]
+    fn a_responses_stream_ends_completed_or_incomplete_and_fails_only_as_failed() {
+        let responses = Endpoint::Responses;
+        let event = |kind: &str, response: &str| {
+            parse_event(Bytes::from(format!(
+                "event: {kind}\ndata: {{\"type\":\"{kind}\",\"response\":{response}}}\n\n"
+            )))
+        };
+        let usage = r#"{"usage":{"input_tokens":5,"output_tokens":16}}"#;
+        // `incomplete` is a normal end (`max_output_tokens`, a content
+        // filter), its usage counted as a completed response's.
+        for kind in ["response.completed", "response.incomplete"] {
+            let event = event(kind, usage);
+            assert_eq!(
+                event.meaning(responses),
+                (EventKind::Sentinel, Some((5, 16)))
+            );
+            assert_eq!(event.meaning_by_tree(responses), event.meaning(responses));
+        }
+        assert_eq!(
+            event("response.failed", r#"{"error":{"code":"server_error"}}"#).kind(responses),
+            EventKind::Error
         );
     }
 
@@ -553,6 +734,7 @@ mod tests {
                 "output_tokens",
                 "\\u0074ype",
                 "content",
+                "index",
             ]),
         ];
         // Null often: a member that is there but null is read as absent.
@@ -569,7 +751,11 @@ mod tests {
                 "\"message_delta\"",
                 "\"response.completed\"",
                 "\"response.failed\"",
+                "\"response.incomplete\"",
                 "\"stop\"",
+                "0",
+                "1",
+                "128",
                 "\"h\\u00e9\\n\"",
             ]),
         ]
@@ -648,7 +834,7 @@ mod tests {
             (
                 r#"{"choices":[{"finish_reason":null},{"finish_reason":"length"}]}"#,
                 chat,
-                (EventKind::Finished, None),
+                (finished(&[Some(1)]), None),
             ),
             (
                 r#"{"choices":{"finish_reason":"stop"}}"#,
@@ -683,7 +869,7 @@ mod tests {
             (
                 r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
                 messages,
-                (EventKind::Finished, None),
+                (EventKind::Finished(FinishedChoices::FIRST), None),
             ),
             (r#"{"type":7}"#, messages, (EventKind::Malformed, None)),
             (
@@ -724,7 +910,7 @@ mod tests {
             assert!(!event.tree_readable());
             assert_eq!(
                 event.meaning(Endpoint::ChatCompletions),
-                (EventKind::Finished, None)
+                (finished(&[Some(0)]), None)
             );
         }
         // Not JSON at all: both readings say so.
