@@ -3110,10 +3110,20 @@ fn provider_at(id: &str, format: &str, base_url: &str) -> String {
 /// `a`, a hand-written provider playing `pieces` then `then`, and `b`, a
 /// simulated one answering normally, both serving model `m`, `a` first.
 async fn scripted_then_b(pieces: &[(u64, &str)], then: Then) -> Gateway {
+    scripted_then_b_under(PATIENT_STREAMS, STREAM_ERRORS, pieces, then).await
+}
+
+/// The same under the policy's own `sections` and `errors`.
+async fn scripted_then_b_under(
+    sections: &str,
+    errors: &str,
+    pieces: &[(u64, &str)],
+    then: Then,
+) -> Gateway {
     let a = scripted_provider(pieces, then).await;
     Setup::new(
-        PATIENT_STREAMS,
-        STREAM_ERRORS,
+        sections,
+        errors,
         catalog(
             &[provider_at("a", "openai", &a), provider("b", "openai", "")],
             &[model("m", &["a", "b"])],
@@ -3324,6 +3334,33 @@ async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline()
         "{:?}",
         reply.elapsed
     );
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_in_place_of_a_streams_first_event_is_read_as_the_providers_error() -> TestResult {
+    // `a` answers 200, then an Anthropic-style error event instead of the
+    // answer: the rule on the error's type fails over; any other reading
+    // of it stops with `other_outcome`.
+    let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":\
+                      {\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+    let gateway = scripted_then_b_under(
+        r#"
+failover {
+  attempts 2
+  on malformed when upstream.error.type == "overloaded_error" and upstream.error.message == "Overloaded"
+    => next, error upstream_failed
+  on any => stop, error other_outcome
+}
+"#,
+        OUTCOME_ERRORS,
+        &[(0, overloaded)],
+        Then::EndAfter(Duration::ZERO),
+    )
+    .await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
     gateway.stop().await;
     Ok(())
 }

@@ -1097,6 +1097,7 @@ impl Exchange {
         let endpoint = self.endpoint;
         let state = self.proxy.state.clone();
         let clock = state.clock();
+        let status = response.status().as_u16();
         let mut upstream = response.bytes_stream();
         let mut reader = EventReader::default();
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
@@ -1133,8 +1134,26 @@ impl Exchange {
                 match kind {
                     EventKind::Comment => held.push(event.raw),
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
+                    // An error in place of the answer: its error object read
+                    // as an error answer's is, so that rules on
+                    // `upstream.error.*` tell an overload from a fault.
                     EventKind::Error => {
-                        return failed(OutcomeClass::Malformed, Some(event.data.clone()));
+                        let mut facts = outcome_facts(
+                            status,
+                            &HeaderMap::new(),
+                            event.data.as_bytes(),
+                            SystemTime::now(),
+                        );
+                        facts.error_message = facts
+                            .error_message
+                            .or_else(|| Some(Arc::from(event.data.as_str())));
+                        return Attempted::Failed {
+                            outcome: AttemptOutcome {
+                                class: OutcomeClass::Malformed,
+                                facts,
+                            },
+                            passthrough: None,
+                        };
                     }
                     // The end before anything of an answer: an empty answer,
                     // not to be served as complete while failover can still
