@@ -802,6 +802,30 @@ async fn a_status_without_a_standard_name_still_has_a_reason_phrase() -> TestRes
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_status_computed_outside_the_error_statuses_answers_500() -> TestResult {
+    // `check` refuses such constants; computed at run time, 503 + 0.5 and
+    // 503 + 100 are no error status either.
+    for (status, expected) in [
+        ("coalesce(upstream.status, 502)", 503),
+        ("coalesce(upstream.status, 502) + 0.5", 500),
+        ("coalesce(upstream.status, 502) + 100", 500),
+    ] {
+        let gateway = Setup::new(
+            "failover {\n  attempts 1\n  on any => stop, error computed\n}\n",
+            &format!("  computed = {status}, \"the provider failed\""),
+            catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+        )
+        .start("providers:\n  a: {sequence: [\"503\"]}\n")
+        .await;
+        let reply = gateway.api.chat(&chat_body(false)).await;
+        assert_eq!(reply.status, expected, "{status}: {}", reply.text);
+        assert_eq!(openai_error(&reply).0, "computed", "{}", reply.text);
+        gateway.stop().await;
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------- 3. retries
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -517,7 +517,7 @@ fn error_response(
     let status = machine
         .eval(&spec.status, focus)
         .as_number()
-        .filter(|s| (400.0..=599.0).contains(s))
+        .filter(|s| (400.0..=599.0).contains(s) && s.fract() == 0.0)
         .map_or(500, |s| s as u16);
     let message = match machine.eval(&spec.message, focus) {
         Value::Null => spec.name.clone(),
