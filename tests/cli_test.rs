@@ -496,3 +496,18 @@ fn explain_shows_a_step_written_over_several_lines_whole() {
         "{text}"
     );
 }
+
+#[test]
+fn a_plan_of_providers_at_models_may_name_models_with_a_slash() {
+    let policy = format!("{PACKAGE_ROOT}/policies/anonrouter.policy");
+    let cases = format!(
+        "policy: {policy}\ncases:\n  - name: models with a slash\n    key: lumen-default\n    \
+         body: {{model: deepseek/deepseek-v3.2, messages: [{{role: user, content: Hi}}]}}\n    \
+         expect:\n      plan: [tinfoil@deepseek/deepseek-v3.2, venice@deepseek/deepseek-v3.2, \
+         near-ai-us@deepseek/deepseek-v3.2, deepinfra@deepseek/deepseek-v3.2]\n"
+    );
+    let (output, _) = run_cases("slash-models", "slash.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+}

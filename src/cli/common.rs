@@ -30,6 +30,14 @@ fn default_endpoint() -> String {
 
 impl RequestSpec {
     pub fn from_json(value: Json) -> Result<RequestSpec, String> {
+        // A request file is a body, or a body with its endpoint and
+        // headers: an endpoint without a body is a mistake, not a body.
+        if value.get("endpoint").is_some() && value.get("body").is_none() {
+            return Err(String::from(
+                "the request file names an `endpoint` but has no `body`; \
+                 write the body under `body`, or leave `endpoint` out for a chat completion",
+            ));
+        }
         if value.get("body").is_some() {
             serde_json::from_value(value)
                 .map_err(|e| format!("the request file does not have the expected form: {e}"))
@@ -267,5 +275,23 @@ mod tests {
             listen_failure("the proxy", "127.0.0.1:8080", &other, None),
             "the proxy cannot listen on 127.0.0.1:8080: something else"
         );
+    }
+
+    #[test]
+    fn a_request_file_is_a_body_or_a_body_with_its_endpoint() {
+        let bare = RequestSpec::from_json(serde_json::json!({"model": "m"})).unwrap();
+        assert_eq!(bare.endpoint, "chat_completions");
+        assert_eq!(bare.body, serde_json::json!({"model": "m"}));
+        let wrapped = RequestSpec::from_json(
+            serde_json::json!({"endpoint": "messages", "body": {"model": "m"}}),
+        )
+        .unwrap();
+        assert_eq!(wrapped.endpoint, "messages");
+        // An endpoint next to a model, not a body: the endpoint would be lost.
+        let error =
+            RequestSpec::from_json(serde_json::json!({"endpoint": "messages", "model": "m"}))
+                .err()
+                .unwrap();
+        assert!(error.contains("no `body`"), "{error}");
     }
 }

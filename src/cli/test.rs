@@ -191,7 +191,12 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 ));
             }
             if let Some(expected) = &expect.plan {
-                let with_credential = expected.iter().any(|e| e.contains('/'));
+                // `provider/credential@model`: a model id may hold a `/` too.
+                let with_credential = expected.iter().any(|e| {
+                    e.split_once('@')
+                        .map_or(e.as_str(), |(at, _)| at)
+                        .contains('/')
+                });
                 let with_model = expected.iter().any(|e| e.contains('@'));
                 let actual: Vec<String> = plan
                     .candidates
