@@ -24,7 +24,13 @@ impl Drop for Serving {
 /// `serve` with the shipped Noirdoc policy on a free port; its standard
 /// error, line by line.
 fn serve() -> (Serving, Receiver<String>) {
+    serve_with(&[])
+}
+
+/// The same with these variables in its environment.
+fn serve_with(variables: &[(&str, &str)]) -> (Serving, Receiver<String>) {
     let mut child = Command::new(BIN)
+        .envs(variables.iter().copied())
         .args([
             "serve",
             "--policy",
@@ -86,6 +92,34 @@ fn a_sighup_that_finds_nothing_changed_says_so() {
         "SIGHUP: the policy's files are unchanged; the policy being served stays",
         &mut seen,
     );
+    signal(&serving, "TERM");
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+}
+
+#[test]
+fn a_secret_is_read_without_its_trailing_line_break_and_one_with_a_break_inside_is_named() {
+    // Mounted from a file, a secret often ends in a line break: it is sent
+    // without it. One broken inside cannot be sent at all: `serve` says so
+    // instead of each attempt failing as if the provider were unreachable.
+    let (mut serving, lines) = serve_with(&[
+        ("NOIRDOC_IONOS_KEY", "sk-ionos-123\n"),
+        ("NOIRDOC_AKI_IO_KEY", "sk-aki\n123"),
+    ]);
+    let mut seen = Vec::new();
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    let about = |provider: &str| {
+        seen.iter()
+            .filter(|line| line.contains(&format!("provider={provider} ")))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let aki = about("aki-io");
+    assert!(
+        aki.len() == 1 && aki[0].contains("holds a control character"),
+        "{}",
+        seen.join("\n")
+    );
+    assert!(about("ionos").is_empty(), "{}", seen.join("\n"));
     signal(&serving, "TERM");
     assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
 }

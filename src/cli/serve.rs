@@ -69,21 +69,27 @@ pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, Sour
     }
 }
 
-/// Says which credentials have no secret in the environment: their routes
-/// are skipped until a reload finds one. When none has, says so plainly:
-/// every request would fail.
-fn warn_missing_secrets(snapshot: &Snapshot) {
+/// Says which credentials have no secret in the environment, or one no
+/// request header can carry: their routes are skipped until a reload finds
+/// one. When none has, says so plainly: every request would fail.
+fn warn_missing_secrets(snapshot: &Snapshot, secrets: &dyn SecretSource) {
     let (mut credentials, mut missing) = (0, 0);
     for (provider_index, provider) in snapshot.data.catalog.providers.iter().enumerate() {
         for (credential_index, credential) in provider.credentials.iter().enumerate() {
             credentials += 1;
             if snapshot.secret(provider_index, credential_index).is_none() {
                 missing += 1;
+                let problem = if secrets.get(&credential.env).is_some() {
+                    "the credential's variable holds a control character (a line break inside \
+                     it?) that no request header can carry; its routes are skipped"
+                } else {
+                    "the credential's variable is not set; its routes are skipped"
+                };
                 tracing::warn!(
                     provider = %provider.id,
                     credential = %credential.id,
                     variable = %credential.env,
-                    "the credential's variable is not set; its routes are skipped"
+                    "{problem}"
                 );
             }
         }
@@ -114,7 +120,7 @@ impl Service {
         snapshot: Snapshot,
         sources: &SourceMap,
     ) -> Result<(Running, Arc<Reloader>, Option<crate::reload::Watch>), String> {
-        warn_missing_secrets(&snapshot);
+        warn_missing_secrets(&snapshot, self.secrets.as_ref());
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
             .map_err(|error| {

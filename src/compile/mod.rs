@@ -30,6 +30,19 @@ use std::sync::Arc;
 pub struct Secret(Arc<str>);
 
 impl Secret {
+    /// A variable's value as a secret: without the whitespace around it (a
+    /// secret mounted from a file often ends in a line break), and none
+    /// when it is empty or holds a control character, which no request
+    /// header can carry: its routes are skipped rather than every attempt
+    /// at them failing as if the provider were unreachable.
+    pub fn from_value(value: &str) -> Option<Secret> {
+        let value = value.trim();
+        let sendable = value
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80);
+        (!value.is_empty() && sendable).then(|| Secret(Arc::from(value)))
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -490,7 +503,7 @@ impl Snapshot {
                     .map(|credential| {
                         secrets
                             .get(&credential.env)
-                            .map(|value| Secret(Arc::from(value)))
+                            .and_then(|value| Secret::from_value(&value))
                     })
                     .collect()
             })
@@ -869,6 +882,17 @@ mod tests {
         let ngrok = compile("ngrok");
         assert!(!ngrok.program.models.requests_one_id());
         assert!(ai_setu.program.models.requests_one_id());
+    }
+
+    #[test]
+    fn a_secret_is_its_value_without_the_whitespace_around_it() {
+        let secret = |value: &str| Secret::from_value(value).map(|s| s.expose().to_string());
+        assert_eq!(secret("sk-live-123\n").as_deref(), Some("sk-live-123"));
+        assert_eq!(secret("  sk-live-123\r\n").as_deref(), Some("sk-live-123"));
+        // Nothing a header can send: no secret, so its routes are skipped.
+        assert_eq!(secret(" \n"), None);
+        assert_eq!(secret("sk-live\n123"), None);
+        assert_eq!(secret("sk-live\u{7f}"), None);
     }
 
     #[test]
