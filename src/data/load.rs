@@ -133,14 +133,17 @@ fn parse_data<T: serde::de::DeserializeOwned>(
     }
     // Only a file that is JSON from its first character: JSON that does not
     // fit the schema is read again as YAML, whose errors have positions.
-    if reading == Reading::JsonFast
-        && text.trim_start().starts_with('{')
-        && let Ok(raw) = serde_json::from_str::<T>(text)
-    {
-        return Some(Parsed {
-            raw,
-            located: false,
-        });
+    let mut json_error = None;
+    if reading == Reading::JsonFast && text.trim_start().starts_with('{') {
+        match serde_json::from_str::<T>(text) {
+            Ok(raw) => {
+                return Some(Parsed {
+                    raw,
+                    located: false,
+                });
+            }
+            Err(error) => json_error = Some(error),
+        }
     }
     // The YAML reader slows down on very long lines; the JSON reader does
     // not. One pass over the bytes.
@@ -150,6 +153,17 @@ fn parse_data<T: serde::de::DeserializeOwned>(
         .position(|line| line.len() > MAX_LINE_BYTES)
     {
         let file = sources.file(source);
+        // Compact JSON cannot be read as YAML: its own reader's error,
+        // placed by line and column, says what is wrong, not the line's length.
+        if let Some(error) = json_error {
+            let at = file.map_or(0, |f| f.offset_of(error.line(), error.column()));
+            diagnostics.push(schema_diagnostic(
+                YamlError::of_text(&error.to_string()),
+                source,
+                Span::new(at, at + 1),
+            ));
+            return None;
+        }
         let start = file.map_or(0, |f| f.offset_of(index + 1, 1));
         diagnostics.push(
             Diagnostic::new(codes::DATA_SCHEMA, format!("line {} is longer than 256 KiB", index + 1))
@@ -161,36 +175,39 @@ fn parse_data<T: serde::de::DeserializeOwned>(
     match serde_saphyr::from_str_with_options::<T>(text, yaml_options()) {
         Ok(raw) => Some(Parsed { raw, located: true }),
         Err(error) => {
-            let read = YamlError::of(&error);
             let span = error.location().map_or_else(Span::default, |location| {
                 span_at(sources, source, &location)
             });
-            let (code, help) = match &read.unknown_field {
-                Some(unknown) => {
-                    let help = unknown
-                        .suggestion()
-                        .map(|close| format!("did you mean {close}?"))
-                        .unwrap_or_else(|| {
-                            format!(
-                                "the fields allowed here are: {}",
-                                unknown.allowed.join(", ")
-                            )
-                        });
-                    (codes::DATA_UNKNOWN_FIELD, help)
-                }
-                None => (
-                    codes::DATA_SCHEMA,
-                    String::from("see docs/data.md for the form of each data file"),
-                ),
-            };
-            diagnostics.push(
-                Diagnostic::new(code, read.message)
-                    .at(source, span, "here")
-                    .help(help),
-            );
+            diagnostics.push(schema_diagnostic(YamlError::of(&error), source, span));
             None
         }
     }
+}
+
+/// A data file that does not fit its schema, at `span`: an unknown field
+/// with the fields allowed there, anything else with where the forms are.
+fn schema_diagnostic(read: YamlError, source: SourceId, span: Span) -> Diagnostic {
+    let (code, help) = match &read.unknown_field {
+        Some(unknown) => {
+            let help = unknown
+                .suggestion()
+                .map(|close| format!("did you mean {close}?"))
+                .unwrap_or_else(|| {
+                    format!(
+                        "the fields allowed here are: {}",
+                        unknown.allowed.join(", ")
+                    )
+                });
+            (codes::DATA_UNKNOWN_FIELD, help)
+        }
+        None => (
+            codes::DATA_SCHEMA,
+            String::from("see docs/data.md for the form of each data file"),
+        ),
+    };
+    Diagnostic::new(code, read.message)
+        .at(source, span, "here")
+        .help(help)
 }
 
 /// How data files are read: budgets that fit catalogs of tens of thousands
@@ -1010,5 +1027,39 @@ mod tests {
         );
         assert!(diagnostics.is_empty(), "{diagnostics:?}");
         assert!(data.expect("data").located);
+    }
+
+    #[test]
+    fn compact_json_too_long_for_yaml_says_what_is_wrong_where() {
+        // One line of over 256 KiB, which only the JSON reader takes: its
+        // own error, at its column, and not the line's length.
+        let providers: Vec<String> = (0..3000)
+            .map(|n| {
+                format!(
+                    "{{\"id\":\"p{n}\",\"format\":\"openai\",\"base_url\":\"http://127.0.0.1:1/v1\",\
+                     \"credentials\":[{{\"id\":\"p{n}-key\",\"key\":\"${{P_KEY}}\"}}]}}"
+                )
+            })
+            .collect();
+        let mut catalog = format!("{{\"providers\":[{}],\"models\":[]}}", providers.join(","));
+        let typo = catalog.rfind("\"format\"").expect("a provider");
+        catalog.replace_range(typo..typo + 8, "\"formatt\"");
+        assert!(catalog.len() > MAX_LINE_BYTES);
+        let (_, diagnostics) = load_both(&catalog, "{\"tenants\":[]}", Reading::JsonFast);
+        let [diagnostic] = diagnostics.as_slice() else {
+            panic!("{diagnostics:?}")
+        };
+        assert_eq!(diagnostic.code.id, codes::DATA_UNKNOWN_FIELD.id);
+        assert!(
+            diagnostic.message.contains("`formatt`"),
+            "{}",
+            diagnostic.message
+        );
+        let label = diagnostic.primary.as_ref().expect("located");
+        assert!(
+            label.span.start > typo && label.span.start < typo + 40,
+            "{} against {typo}",
+            label.span.start
+        );
     }
 }

@@ -25,9 +25,18 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SpannedMap<V> {
                 f.write_str("a mapping")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = access.next_entry()? {
-                    entries.push(entry);
+                let mut entries: Vec<(Spanned<String>, V)> = Vec::new();
+                // The YAML reader refuses a repeated key itself; JSON's
+                // would keep both, and one of them would be read silently.
+                let mut keys = std::collections::HashSet::new();
+                while let Some((key, value)) = access.next_entry::<Spanned<String>, V>()? {
+                    if !keys.insert(key.value.clone()) {
+                        return Err(de::Error::custom(format_args!(
+                            "duplicate mapping key: {}",
+                            key.value
+                        )));
+                    }
+                    entries.push((key, value));
                 }
                 Ok(SpannedMap(entries))
             }
@@ -54,10 +63,14 @@ pub struct UnknownField {
 
 impl YamlError {
     pub fn of(error: &serde_saphyr::Error) -> YamlError {
-        let plain = error.without_snippet().to_string();
+        YamlError::of_text(&error.without_snippet().to_string())
+    }
+
+    /// A reader's error message (YAML's or JSON's: both end in where).
+    pub fn of_text(plain: &str) -> YamlError {
         let message = match plain.rfind(" at line ") {
-            Some(at) => plain.get(..at).unwrap_or(&plain),
-            None => plain.as_str(),
+            Some(at) => plain.get(..at).unwrap_or(plain),
+            None => plain,
         };
         YamlError {
             unknown_field: UnknownField::of(message),
