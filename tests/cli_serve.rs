@@ -29,16 +29,19 @@ fn serve() -> (Serving, Receiver<String>) {
 
 /// The same with these variables in its environment.
 fn serve_with(variables: &[(&str, &str)]) -> (Serving, Receiver<String>) {
+    serve_policy("policies/noirdoc.policy", variables, &["--no-watch"])
+}
+
+/// `serve` of `policy` with these variables and further arguments.
+fn serve_policy(
+    policy: &str,
+    variables: &[(&str, &str)],
+    more: &[&str],
+) -> (Serving, Receiver<String>) {
     let mut child = Command::new(BIN)
         .envs(variables.iter().copied())
-        .args([
-            "serve",
-            "--policy",
-            "policies/noirdoc.policy",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-watch",
-        ])
+        .args(["serve", "--policy", policy, "--listen", "127.0.0.1:0"])
+        .args(more)
         .current_dir(ROOT)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -122,4 +125,44 @@ fn a_secret_is_read_without_its_trailing_line_break_and_one_with_a_break_inside_
     assert!(about("ionos").is_empty(), "{}", seen.join("\n"));
     signal(&serving, "TERM");
     assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+}
+
+/// Noirdoc's policy with `definition` added, reading Noirdoc's data where
+/// it is.
+fn noirdoc_with(definition: &str) -> String {
+    std::fs::read_to_string(format!("{ROOT}/policies/noirdoc.policy"))
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{ROOT}/policies/noirdoc/"))
+        .replacen(
+            "eligibility {\n",
+            &format!("{definition}\neligibility {{\n"),
+            1,
+        )
+}
+
+#[test]
+fn serve_shows_a_policys_warnings_at_start_and_when_a_reload_brings_them() {
+    let dir =
+        std::env::temp_dir().join(format!("switchyard-serve-warnings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("warned.policy");
+    std::fs::write(&policy, noirdoc_with("let unused_at_start = 1")).unwrap();
+    let (mut serving, lines) = serve_policy(policy.to_str().unwrap(), &[], &[]);
+    let mut seen = Vec::new();
+    wait_for(&lines, "`unused_at_start` is never used", &mut seen);
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    // Saved by rename, as editors do.
+    let saved = dir.join("warned.policy.new");
+    std::fs::write(&saved, noirdoc_with("let unused_after_reload = 2")).unwrap();
+    std::fs::rename(&saved, &policy).unwrap();
+    wait_for(&lines, "`unused_after_reload` is never used", &mut seen);
+    wait_for(&lines, "policy reloaded", &mut seen);
+    assert!(
+        seen.iter().any(|line| line.contains("W0602")),
+        "{}",
+        seen.join("\n")
+    );
+    signal(&serving, "TERM");
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,6 +8,7 @@ use super::daemon::{
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::diagnostics::Severity;
 use crate::diagnostics::render::{self, Style};
 use crate::language::check_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
@@ -49,8 +50,24 @@ pub struct ServeArgs {
 
 /// Checks and compiles a policy, as `check` does; on failure prints why.
 pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, SourceMap), ExitCode> {
-    match compile_report(check_file(policy), secrets) {
-        Ok(compiled) => Ok(compiled),
+    let report = check_file(policy);
+    // A policy that checks may still have warnings, as `check` shows them.
+    let warnings: Vec<String> = match report.policy {
+        Some(_) => report
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity() == Severity::Warning)
+            .map(|d| render::human(d, &report.sources, Style::Plain))
+            .collect(),
+        None => Vec::new(),
+    };
+    match compile_report(report, secrets) {
+        Ok(compiled) => {
+            for warning in &warnings {
+                problem(format_args!("{warning}\n"));
+            }
+            Ok(compiled)
+        }
         Err(report) => {
             // Through the log's writer: with `--log-format json`, each
             // diagnostic is a JSON line too.

@@ -164,6 +164,18 @@ impl Reloader {
         let started = Instant::now();
         let report = check_file_cached(&self.policy, Some(&self.data));
         let files = self.files_of(&report.sources, &report.unread);
+        // What `check` would warn about the new files, said only when they
+        // go live: a rule that can never match is worth knowing at once.
+        let warnings: Vec<String> = match report.policy {
+            Some(_) => report
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity() == crate::diagnostics::Severity::Warning)
+                .take(SHOWN_DIAGNOSTICS)
+                .map(|d| render::one_line(d, &report.sources))
+                .collect(),
+            None => Vec::new(),
+        };
         match compile_report(report, self.secrets.as_ref()) {
             Ok((snapshot, _)) => {
                 self.remember_files(files, true);
@@ -186,6 +198,9 @@ impl Reloader {
                 }
                 let version = snapshot.version.clone();
                 self.install(snapshot);
+                for warning in &warnings {
+                    tracing::warn!("{warning}");
+                }
                 let mut status = self.status();
                 status.reloads += 1;
                 status.last_success = Some((unix_ms(), version.clone()));
