@@ -295,9 +295,12 @@ impl Reloader {
             // Events the watch may have missed (the kernel's queue ran
             // over) can be the policy's as well as any.
             let rescan = batch.iter().any(|event| event.need_rescan());
+            // After a failed reload, a file's permissions may be what was
+            // wrong: a chmod that makes it readable changes only metadata.
+            let failing = relevant.status().last_failure.is_some();
             let changes: Vec<&PathBuf> = batch
                 .iter()
-                .filter(|event| changes_content(&event.kind))
+                .filter(|event| changes_content(&event.kind, failing))
                 .flat_map(|event| event.paths.iter())
                 .collect();
             if !rescan && changes.is_empty() {
@@ -590,12 +593,14 @@ impl Drop for Watch {
     }
 }
 
-/// Whether an event may change what a file holds. Reads (which a reload
-/// itself causes) and metadata changes do not.
-fn changes_content(kind: &EventKind) -> bool {
+/// Whether an event may change what a file holds, or, while the last
+/// reload `failing`, whether the file can be read. Reads (which a reload
+/// itself causes) do not; metadata changes (permissions, owners, times)
+/// only matter for a file that could not be read.
+fn changes_content(kind: &EventKind, failing: bool) -> bool {
     match kind {
         EventKind::Create(_) | EventKind::Remove(_) => true,
-        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Modify(ModifyKind::Metadata(_)) => failing,
         EventKind::Modify(_) => true,
         EventKind::Access(_) | EventKind::Any | EventKind::Other => false,
     }
@@ -702,6 +707,19 @@ mod tests {
         std::fs::write(dir.join("..v1").join("p.policy"), "").unwrap();
         symlink("..v1", dir.join("..data")).unwrap();
         symlink("..data/p.policy", dir.join("p.policy")).unwrap();
+    }
+
+    #[test]
+    fn a_metadata_change_matters_only_after_a_failed_reload() {
+        use notify::event::{AccessKind, DataChange, MetadataKind};
+        let chmod = EventKind::Modify(ModifyKind::Metadata(MetadataKind::Permissions));
+        assert!(!changes_content(&chmod, false));
+        assert!(changes_content(&chmod, true));
+        let written = EventKind::Modify(ModifyKind::Data(DataChange::Content));
+        assert!(changes_content(&written, false));
+        // A reload's own reads never start another.
+        let read = EventKind::Access(AccessKind::Read);
+        assert!(!changes_content(&read, false) && !changes_content(&read, true));
     }
 
     #[test]
