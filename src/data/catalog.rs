@@ -213,6 +213,19 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>
         );
         return;
     };
+    if text.contains("${") {
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            String::from("`base_url` does not read environment variables"),
+            "not read here",
+            Some(String::from(
+                "write the URL itself; only a credential's `key` reads `${NAME}`",
+            )),
+        );
+        return;
+    }
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let query = rest
         .split_once('?')

@@ -721,7 +721,10 @@ pub(super) fn secret_diagnostic(source: SourceId, span: Span, field: &str) -> Di
         format!("`{field}` holds what looks like a literal secret"),
     )
     .at(source, span, "secret value")
-    .help("put the secret in an environment variable and write `${NAME}` here; rotate the exposed key");
+    .help(
+        "only a credential's `key` reads a secret, as `key: ${NAME}` with NAME in the environment; \
+         remove it from here, and rotate the exposed key",
+    );
     diagnostic.quote_source = false;
     diagnostic
 }
