@@ -68,10 +68,14 @@ impl YamlError {
 
     /// A reader's error message (YAML's or JSON's: both end in where).
     pub fn of_text(plain: &str) -> YamlError {
-        let message = match plain.rfind(" at line ") {
-            Some(at) => plain.get(..at).unwrap_or(plain),
-            None => plain,
-        };
+        // What follows the position is the library's; the position itself
+        // is shown by the caller, and for an alias where it was used too.
+        let message = without_trailing_position(plain);
+        let message = message
+            .strip_suffix(')')
+            .and_then(|rest| rest.rsplit_once(" (used"))
+            .filter(|(_, used)| is_position(used.trim_start_matches(" at line ")))
+            .map_or(message, |(before, _)| before);
         YamlError {
             unknown_field: UnknownField::of(message),
             message: for_writers(message),
@@ -147,6 +151,23 @@ pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> FileProblem {
     FileProblem::at(file, place, crate::diagnostics::redact::redact(&message))
 }
 
+/// `message` without a final " at line N, column M" (YAML's) or
+/// " at line N column M" (JSON's); a position inside it stays.
+fn without_trailing_position(message: &str) -> &str {
+    match message.rsplit_once(" at line ") {
+        Some((before, position)) if is_position(position) => before,
+        _ => message,
+    }
+}
+
+/// `N, column M` or `N column M`.
+fn is_position(text: &str) -> bool {
+    let number = |text: &str| !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    text.split_once(", column ")
+        .or_else(|| text.split_once(" column "))
+        .is_some_and(|(line, column)| number(line) && number(column))
+}
+
 /// The YAML library's message as someone writing the file needs it: what
 /// was expected in their terms, without the advice the library gives to
 /// the Rust code calling it ("use Option<String>", "set
@@ -166,6 +187,9 @@ fn for_writers(message: &str) -> String {
             "the file holds more than one YAML document; remove the `---` that starts the next"
         }
         "cannot deserialize null into string" => "expected a string, found nothing",
+        message if message.starts_with("budget breached") => {
+            "the file's aliases expand to more than a data file may hold; write the repeated values out"
+        }
         message if message.starts_with("invalid boolean") => "expected `true` or `false`",
         message if message.starts_with("invalid floating point") => "expected a number",
         message
@@ -534,7 +558,29 @@ pub struct RawKey {
 
 #[cfg(test)]
 mod tests {
-    use super::for_writers;
+    use super::{YamlError, for_writers};
+
+    #[test]
+    fn a_message_loses_its_trailing_position_only() {
+        for (library, writer) in [
+            (
+                "missing field `id` at line 3, column 5",
+                "missing field `id`",
+            ),
+            (
+                "unknown variant `x` at line 1 column 20",
+                "unknown variant `x`",
+            ),
+            // An alias: where its anchor is stays, where it was used goes.
+            (
+                "expected string scalar (defined at line 30, column 20) (used at line 42, column 13) at line 42, column 13",
+                "expected string scalar (defined at line 30, column 20)",
+            ),
+            ("a name at line breaks", "a name at line breaks"),
+        ] {
+            assert_eq!(YamlError::of_text(library).message, writer);
+        }
+    }
 
     #[test]
     fn library_messages_read_as_what_the_writer_must_fix() {
@@ -556,6 +602,10 @@ mod tests {
             ("Missing field `output`", "missing field `output`"),
             ("invalid floating point number", "expected a number"),
             ("invalid i64", "expected a whole number"),
+            (
+                "budget breached: RecordedAnchorEvents { recorded_anchor_events: 1000001 }",
+                "the file's aliases expand to more than a data file may hold; write the repeated values out",
+            ),
         ] {
             assert_eq!(for_writers(library), writer);
         }
