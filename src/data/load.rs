@@ -929,7 +929,12 @@ pub fn load_reading(
     );
 
     let diagnostics = std::mem::take(&mut v.diagnostics);
-    let schema = std::mem::take(&mut v.schema);
+    let mut schema = std::mem::take(&mut v.schema);
+    schema.refused = v
+        .refused_attributes
+        .iter()
+        .map(|(_, name)| name.clone())
+        .collect();
     (
         Some(Data {
             schema,

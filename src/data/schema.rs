@@ -207,6 +207,10 @@ pub struct Schema {
     pub key: AttrTable,
     /// Layered defaults (`defaults.x` in policies).
     pub settings: AttrTable,
+    /// Attributes whose declaration was refused (a type that does not
+    /// exist): a policy reading one gets no error of its own, as the data's
+    /// error already says what to fix.
+    pub refused: Vec<String>,
 }
 
 impl Schema {

@@ -1151,6 +1151,10 @@ impl Checker<'_> {
                 Ty::Unknown => return broken(span),
                 Ty::Record(record) => match record.field(&segment.name) {
                     Some(field) => field.clone(),
+                    // The data refused its declaration and said why.
+                    None if self.data.schema.refused.contains(&segment.name) => {
+                        return broken(span);
+                    }
                     None => {
                         let help =
                             suggest(&segment.name, record.fields.iter().map(|(f, _)| f.as_str()))
