@@ -166,3 +166,17 @@ fn serve_shows_a_policys_warnings_at_start_and_when_a_reload_brings_them() {
     assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn stopping_without_a_drain_says_requests_are_cut() {
+    let (mut serving, lines) = serve_policy(
+        "policies/noirdoc.policy",
+        &[],
+        &["--no-watch", "--drain", "0s"],
+    );
+    let mut seen = Vec::new();
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    signal(&serving, "TERM");
+    wait_for(&lines, "requests in flight are cut now", &mut seen);
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+}

@@ -177,9 +177,15 @@ impl Service {
         let hangups = hangup_reloads(reloader);
         stop_signal().await;
         hangups.abort();
-        status(format_args!(
-            "switchyard: stopping; requests in flight may take up to {drain:?}"
-        ));
+        if drain.is_zero() {
+            status(format_args!(
+                "switchyard: stopping; requests in flight are cut now (--drain 0s)"
+            ));
+        } else {
+            status(format_args!(
+                "switchyard: stopping; requests in flight may take up to {drain:?}"
+            ));
+        }
         running.shutdown().await;
     }
 }
