@@ -511,3 +511,37 @@ fn a_plan_of_providers_at_models_may_name_models_with_a_slash() {
     assert!(output.status.success(), "{stdout}");
     assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
 }
+
+#[test]
+fn a_cases_file_without_cases_fails() {
+    let cases = format!("policy: {}\ncases: []\n", noirdoc());
+    let (output, file) = run_cases("no-cases", "empty.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!("FAIL  {}: it holds no cases", file.display())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
+}
+
+#[test]
+fn a_cases_file_named_twice_runs_once() {
+    let file = format!("{PACKAGE_ROOT}/policies/noeta.tests.yaml");
+    let once = Command::new(BIN)
+        .args(["test", &file])
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .unwrap();
+    let twice = Command::new(BIN)
+        .args(["test", &file, "policies/noeta.tests.yaml"])
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .unwrap();
+    let summary = |output: &Output| {
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        stdout.trim_end().lines().last().unwrap().to_string()
+    };
+    assert!(once.status.success() && twice.status.success());
+    assert_eq!(summary(&once), summary(&twice));
+}

@@ -176,6 +176,9 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
             return Err(why_no_file(&path));
         }
     }
+    // A file named twice (`policies/x policies/*`) is run once.
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|file| seen.insert(std::fs::canonicalize(file).unwrap_or_else(|_| file.clone())));
     Ok(files)
 }
 

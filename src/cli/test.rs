@@ -674,6 +674,13 @@ pub fn run(args: &TestArgs) -> ExitCode {
                 continue;
             }
         };
+        // A file of no cases tests nothing: it fails, as a case that could
+        // not fail does.
+        if tests.cases.is_empty() {
+            say!("FAIL  {shown}: it holds no cases; write some under `cases:`");
+            failed += 1;
+            continue;
+        }
         let directory = file.parent().unwrap_or_else(|| Path::new("."));
         let file_name = file
             .file_name()
