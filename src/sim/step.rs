@@ -123,6 +123,8 @@ const ERROR_OPTIONS: [&str; 3] = ["retry_after", "code", "message"];
 #[derive(Debug)]
 struct Word {
     offset: usize,
+    /// Where the word ends in the step, in characters, as `offset` starts it.
+    end: usize,
     name: String,
     value: Option<String>,
 }
@@ -187,6 +189,7 @@ fn words(text: &str) -> Result<Vec<Word>, StepError> {
         }
         words.push(Word {
             offset: start,
+            end: at,
             name,
             value,
         });
@@ -241,15 +244,25 @@ pub fn parse_step(text: &str) -> Result<Step, StepError> {
     }
     let action = build_action(&parts)?;
     Ok(Step {
-        text: words_text(text),
+        text: words_text(text, &words),
         action,
         slow_headers: parts.slow_headers,
     })
 }
 
-/// The step with its spacing normalised, as the record shows it.
-fn words_text(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+/// The step's words as written, one space between them, as the record
+/// shows it: spaces inside a quoted value stay.
+fn words_text(text: &str, words: &[Word]) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    words
+        .iter()
+        .map(|word| {
+            chars
+                .get(word.offset..word.end)
+                .map_or_else(String::new, |written| written.iter().collect())
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
@@ -519,6 +532,11 @@ mod tests {
             step("  503   code=x ").text,
             "503 code=x",
             "the record shows the step with normal spacing"
+        );
+        assert_eq!(
+            step("503   message=\"two  spaces \\\"q\\\"\"    code=x").text,
+            "503 message=\"two  spaces \\\"q\\\"\" code=x",
+            "a quoted value keeps its spaces, as it is answered"
         );
     }
 
