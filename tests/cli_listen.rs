@@ -207,3 +207,19 @@ fn a_scenario_that_does_not_read_is_shown_at_its_place() {
         "{stderr}"
     );
 }
+
+#[test]
+fn demo_asked_to_listen_where_its_providers_do_says_so() {
+    let output = Command::new(BIN)
+        .args(["demo", "--listen", "127.0.0.1:9100"])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the demo's simulated providers listen on 127.0.0.1:9100"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("another process"), "{stderr}");
+}

@@ -169,6 +169,15 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             Ok(addr) => addr,
             Err(error) => return fail(error),
         };
+        // Not "another process": the demo's own providers would be there.
+        if args.listen.port() == sim_addr.port()
+            && (args.listen.ip() == sim_addr.ip() || args.listen.ip().is_unspecified())
+        {
+            return fail(format!(
+                "the demo's simulated providers listen on {SIM_ADDR}; give the proxy another \
+                 address, such as --listen 127.0.0.1:8080"
+            ));
+        }
         let simulated = match sim::start(sim_addr, scenario).await {
             Ok(handle) => handle,
             // The shipped catalog names this address: there is no other.
