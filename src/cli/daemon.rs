@@ -143,27 +143,73 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn stop_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// The signals a long-running command answers, listened for from the
+/// moment they are made: before that, SIGTERM and SIGHUP take their default
+/// action and end the process on the spot. Made before the command says it
+/// is ready, so that a signal sent on reading that line is always handled.
+pub struct Signals {
     #[cfg(unix)]
-    {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(signal) => signal,
-                Err(_) => {
-                    let _ = interrupt.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Starts listening for SIGINT and SIGTERM; inside the runtime.
+    pub fn to_stop() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+                hangup: None,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+
+    /// The same, and for SIGHUP, which reloads.
+    pub fn to_stop_or_reload() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let hangup = signal(SignalKind::hangup())?;
+            let mut signals = Signals::to_stop()?;
+            signals.hangup = Some(hangup);
+            Ok(signals)
+        }
+        #[cfg(not(unix))]
+        {
+            Signals::to_stop()
+        }
+    }
+
+    /// SIGHUP's stream, for whoever reloads on it; `None` once taken or
+    /// where there is no SIGHUP.
+    #[cfg(unix)]
+    pub fn take_hangup(&mut self) -> Option<tokio::signal::unix::Signal> {
+        self.hangup.take()
+    }
+
+    /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+    pub async fn stopped(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => {}
+                _ = self.terminate.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! providers, one of them flaky, in one process. No provider keys needed.
 
 use super::common::listen_failure;
-use super::daemon::{LogFormat, fail, init_logging, raise_open_file_limit, runtime};
+use super::daemon::{LogFormat, Signals, fail, init_logging, raise_open_file_limit, runtime};
 use super::exit;
 use super::serve::{Service, load};
 use crate::compile::AllSecrets;
@@ -194,9 +194,13 @@ pub fn run(args: &DemoArgs) -> ExitCode {
             Ok(started) => started,
             Err(message) => return fail(message),
         };
+        let signals = match Signals::to_stop_or_reload() {
+            Ok(signals) => signals,
+            Err(error) => return fail(format!("cannot listen for signals: {error}")),
+        };
         let shipped = copied || args.policy_dir.is_none();
         print_welcome(&tour, &policy, shipped, &running, simulated.providers());
-        Service::run_until_stopped(running, reloader, Duration::from_secs(5)).await;
+        Service::run_until_stopped(running, reloader, Duration::from_secs(5), signals).await;
         simulated.shutdown().await;
         ExitCode::from(exit::OK)
     });

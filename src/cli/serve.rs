@@ -3,8 +3,8 @@
 
 use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::daemon::{
-    LogFormat, duration_arg, fail, init_logging, problem, raise_open_file_limit, runtime, status,
-    stop_signal,
+    LogFormat, Signals, duration_arg, fail, init_logging, problem, raise_open_file_limit, runtime,
+    status,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
@@ -173,9 +173,14 @@ impl Service {
     }
 
     /// Serves until SIGINT or SIGTERM, reloading on SIGHUP.
-    pub async fn run_until_stopped(running: Running, reloader: Arc<Reloader>, drain: Duration) {
-        let hangups = hangup_reloads(reloader);
-        stop_signal().await;
+    pub async fn run_until_stopped(
+        running: Running,
+        reloader: Arc<Reloader>,
+        drain: Duration,
+        mut signals: Signals,
+    ) {
+        let hangups = hangup_reloads(reloader, &mut signals);
+        signals.stopped().await;
         hangups.abort();
         if drain.is_zero() {
             status(format_args!(
@@ -191,13 +196,15 @@ impl Service {
 }
 
 /// Reloads on every SIGHUP.
-fn hangup_reloads(reloader: Arc<Reloader>) -> tokio::task::JoinHandle<()> {
+fn hangup_reloads(reloader: Arc<Reloader>, signals: &mut Signals) -> tokio::task::JoinHandle<()> {
+    #[cfg(unix)]
+    let hangups = signals.take_hangup();
+    #[cfg(not(unix))]
+    let _ = signals;
     tokio::spawn(async move {
         #[cfg(unix)]
         {
-            let Ok(mut hangups) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
+            let Some(mut hangups) = hangups else {
                 return;
             };
             while hangups.recv().await.is_some() {
@@ -258,12 +265,16 @@ pub fn run(args: &ServeArgs) -> ExitCode {
             Ok(started) => started,
             Err(message) => return fail(message),
         };
+        let signals = match Signals::to_stop_or_reload() {
+            Ok(signals) => signals,
+            Err(error) => return fail(format!("cannot listen for signals: {error}")),
+        };
         status(format_args!(
             "switchyard: serving policy {name} (version {version}) from {} on http://{}",
             args.policy.display(),
             running.addr()
         ));
-        Service::run_until_stopped(running, reloader, args.drain).await;
+        Service::run_until_stopped(running, reloader, args.drain, signals).await;
         ExitCode::from(exit::OK)
     })
 }

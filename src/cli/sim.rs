@@ -1,7 +1,7 @@
 //! `switchyard sim`: simulated providers for demos and tests.
 
 use super::common::{CHOOSE_ANOTHER, listen_failure};
-use super::daemon::fail;
+use super::daemon::{Signals, fail};
 use super::exit;
 use crate::data::FileProblem;
 use crate::diagnostics::render::{self, Style};
@@ -66,12 +66,16 @@ async fn serve(listen: SocketAddr, scenario: Scenario) -> ExitCode {
             ));
         }
     };
+    let mut signals = match Signals::to_stop() {
+        Ok(signals) => signals,
+        Err(error) => return fail(format!("cannot listen for signals: {error}")),
+    };
     say!(
         "switchyard sim: listening on http://{} for {}",
         handle.addr(),
         handle.providers().join(", ")
     );
-    shutdown_signal().await;
+    signals.stopped().await;
     handle.shutdown().await;
     ExitCode::from(exit::OK)
 }
@@ -87,22 +91,6 @@ fn init_logging() {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
-}
-
-/// Resolves on Ctrl-C or, on Unix, SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut terminate) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// A scenario that does not parse, as a diagnostic: `E0901`, the source
