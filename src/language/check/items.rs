@@ -7,9 +7,24 @@ use super::types::Ty;
 use super::{Checker, PASSTHROUGH, RaiseKind};
 use crate::diagnostics::{Diagnostic, codes, suggest};
 use crate::language::ast::*;
-use crate::language::ir::{self, ErrorRef, Term};
+use crate::language::ir::{self, ErrorRef, Term, TermKind};
 use crate::source::Span;
+use crate::value::Value;
 use std::collections::HashMap;
+
+/// Response headers that frame the message or its connection, which the
+/// proxy and its HTTP library set from what is actually sent.
+const FRAMING_HEADERS: [&str; 9] = [
+    "content-length",
+    "transfer-encoding",
+    "content-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+];
 
 /// The `budget` of a failover block, if it has one.
 fn budget_of(block: &FailoverBlock) -> Option<&Expr> {
@@ -373,7 +388,36 @@ impl<'a> Checker<'a> {
                     Some(what.to_string()),
                 );
             }
+            // Headers that frame the message or its connection: hyper and
+            // the proxy set them from what is sent, and a policy's value
+            // would contradict the body (a client reading a wrong length).
+            if headers && valid_name && FRAMING_HEADERS.contains(&key.as_str()) {
+                self.error_at(
+                    codes::BAD_HEADER_VALUE,
+                    field.name.span,
+                    format!("`{name}` is set by the proxy from the response itself"),
+                    "framing header",
+                    Some(format!(
+                        "a policy cannot set {}; remove this line",
+                        FRAMING_HEADERS.join(", ")
+                    )),
+                );
+            }
             let (ty, _, term) = self.check_expr(&field.value, place, &Scope::default());
+            if headers
+                && let TermKind::Const(Value::String(text)) = &term.kind
+                && text.chars().any(|c| c.is_control() && c != '\t')
+            {
+                self.error_at(
+                    codes::BAD_HEADER_VALUE,
+                    field.value.span,
+                    String::from("a header value cannot hold a line break or control character"),
+                    "not sendable",
+                    Some(String::from(
+                        "write the value on one line, without control characters",
+                    )),
+                );
+            }
             let listing_list =
                 !headers && matches!(ty.required(), Ty::List(inner) if inner.is_scalar());
             if !ty.is_scalar() && !listing_list {
