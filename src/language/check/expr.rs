@@ -210,6 +210,9 @@ pub enum Named<'e> {
     Merge(MergeOp, &'e Expr, &'e Expr),
     /// An input whose type bounds it (`int A..B`).
     BoundedInput,
+    /// A setting or attribute an entry may leave out: not required, and
+    /// with no default.
+    MayBeAbsent,
 }
 
 /// Looks names up for [`stops_retrying`]: a bare name (a `let` or a
@@ -287,8 +290,11 @@ impl Limits<'_, '_> {
                         "defaults" | "tenant" | "workspace" | "key" | "provider" | "route"
                         | "model" | "credential" | "deployment",
                         ..,
-                    ]
-                    | ["upstream", "status"] => Finite { present: true },
+                    ] => match (self.names)(&names.join(".")) {
+                        Some(Named::MayBeAbsent) => Finite { present: false },
+                        _ => Finite { present: true },
+                    },
+                    ["upstream", "status"] => Finite { present: true },
                     ["upstream", "retry_after"] => NonNegative,
                     ["input", name, ..] => match (self.names)(&format!("input.{name}")) {
                         Some(Named::BoundedInput) => Finite { present: true },
@@ -361,10 +367,10 @@ impl Limits<'_, '_> {
                             Finite {
                                 present: values.iter().all(|v| present(*v)),
                             }
-                        } else if values
-                            .iter()
-                            .any(|v| finite(*v) || matches!(v, UpperBounded))
-                        {
+                        } else if values.iter().any(|v| {
+                            // An absent argument bounds nothing: the others decide.
+                            (finite(*v) && present(*v)) || matches!(v, UpperBounded)
+                        }) {
                             UpperBounded
                         } else {
                             Unknown
@@ -419,16 +425,20 @@ impl Limits<'_, '_> {
             Some(Named::Merge(op, request, default)) => {
                 let (request, default) = (self.number(request), self.number(default));
                 let finite = |x: InTheLimit| matches!(x, Constant(_) | Finite { .. });
+                let present = |x: InTheLimit| matches!(x, Constant(_) | Finite { present: true });
                 match op {
                     // The smaller, or the side that is set: below a finite
                     // default whatever the request asks, or the request's
-                    // own value when the default is absent.
-                    MergeOp::Min if finite(request) || finite(default) => {
-                        if finite(request) && finite(default) {
-                            Finite { present: true }
-                        } else {
-                            UpperBounded
-                        }
+                    // own value when the default is absent — so a default
+                    // that may be absent bounds nothing.
+                    MergeOp::Min if finite(request) && finite(default) => Finite {
+                        present: present(request) || present(default),
+                    },
+                    MergeOp::Min
+                        if (finite(request) && present(request))
+                            || (finite(default) && present(default)) =>
+                    {
+                        UpperBounded
                     }
                     MergeOp::Max | MergeOp::First if finite(request) && finite(default) => {
                         Finite { present: true }
@@ -436,7 +446,7 @@ impl Limits<'_, '_> {
                     _ => Unknown,
                 }
             }
-            Some(Named::BoundedInput) | None => Unknown,
+            Some(Named::BoundedInput | Named::MayBeAbsent) | None => Unknown,
         };
         self.depth -= 1;
         value
@@ -1996,16 +2006,25 @@ mod tests {
         let limit = parsed("3");
         let ceiling = (parsed("input.n"), parsed("defaults.max_retries"));
         let chosen = (parsed("input.n"), parsed("input.m"));
+        let loose = (parsed("input.n"), parsed("defaults.unset"));
         let lookup = |name: &str| match name {
             "limit" => Some(Named::Let(&limit)),
             "ceiling" => Some(Named::Merge(MergeOp::Min, &ceiling.0, &ceiling.1)),
             "chosen" => Some(Named::Merge(MergeOp::First, &chosen.0, &chosen.1)),
             "input.bounded" => Some(Named::BoundedInput),
+            "defaults.unset" => Some(Named::MayBeAbsent),
+            "loose" => Some(Named::Merge(MergeOp::Min, &loose.0, &loose.1)),
             _ => None,
         };
         let stops = |text: &str| stops_retrying(&parsed(text), &lookup);
         assert!(stops("retries < limit"));
         assert!(stops("retries < ceiling"));
+        // A setting with no default bounds nothing where no layer sets it.
+        assert!(!stops("present(loose) and retries < loose"));
+        assert!(!stops(
+            "present(input.n) and retries < min(input.n, defaults.unset)"
+        ));
+        assert!(stops("retries < min(input.n, coalesce(defaults.unset, 3))"));
         assert!(stops("retries < input.bounded"));
         assert!(!stops("retries < chosen"), "the client chooses it");
         assert!(!stops("retries < input.n"));

@@ -398,6 +398,25 @@ impl<'a> Checker<'a> {
     /// `budget` is bounded: a `let`'s or `merge`'s expressions, and whether
     /// `input.NAME` has a bounded type.
     fn named(&self, name: &str) -> Option<expr::Named<'a>> {
+        if let Some((root, attribute)) = name.split_once('.') {
+            let schema = &self.data.schema;
+            let table = match root {
+                "defaults" => Some(&schema.settings),
+                "tenant" => Some(&schema.tenant),
+                "workspace" => Some(&schema.workspace),
+                "key" => Some(&schema.key),
+                "provider" => Some(&schema.provider),
+                "route" => Some(&schema.route),
+                "model" => Some(&schema.model),
+                "credential" => Some(&schema.credential),
+                "deployment" => Some(&schema.deployment),
+                _ => None,
+            };
+            if let Some(decl) = table.and_then(|table| table.get(attribute)) {
+                return (!decl.required && decl.default.is_none())
+                    .then_some(expr::Named::MayBeAbsent);
+            }
+        }
         if let Some(input) = name.strip_prefix("input.") {
             let info = self.inputs.iter().find(|i| i.decl.name.name == input)?;
             return matches!(info.decl.ty.kind, TypeExprKind::IntRange { .. })
