@@ -1167,6 +1167,41 @@ async fn a_full_provider_answers_the_capacity_error_after_the_wait() -> TestResu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_wait_counts_from_the_end_of_the_body_not_its_start() -> TestResult {
+    // The provider stays full for 3 s; the second request's body takes
+    // 600 ms to arrive. Its 400 ms wait starts once the body is in: the
+    // capacity error comes at 1 s, not as soon as the body is in.
+    let (gateway, slow) = one_slot_taken("400ms", "3000ms").await;
+    let body = chat_body(false).to_string().into_bytes();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let pieces = vec![(0u64, first.to_vec()), (600, rest.to_vec())];
+    let uploaded = futures_util::StreamExt::then(
+        futures_util::stream::iter(pieces),
+        |(wait, piece)| async move {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            Ok::<_, std::io::Error>(piece)
+        },
+    );
+    let refused = Reply::of(
+        gateway
+            .api
+            .post("/v1/chat/completions", &Json::Null)
+            .body(reqwest::Body::wrap_stream(uploaded))
+            .bearer_auth(KEY),
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{}", refused.text);
+    assert!(
+        refused.elapsed >= Duration::from_millis(1000),
+        "refused {:?} after it began, its body 600 ms of that",
+        refused.elapsed
+    );
+    assert_eq!(slow.await?.status, 200);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_capacity_is_served_once_room_frees() -> TestResult {
     let (gateway, slow) = one_slot_taken("3s", "600ms").await;
     let sim = &gateway.sim;

@@ -144,6 +144,9 @@ pub struct Exchange {
     pub outgoing: Outgoing,
     /// When the request arrived, on the state's clock.
     pub started_ms: u64,
+    /// When the plan began to run: waits for capacity count from here, not
+    /// from the request's arrival, whose body may have taken a while.
+    running_since_ms: u64,
     pub report: Report,
     /// Whether the response headers went out (a stream held past
     /// `hold_headers`, or a committed answer).
@@ -208,6 +211,7 @@ impl Exchange {
             plan,
             outgoing,
             started_ms,
+            running_since_ms: started_ms,
             report: Report::default(),
             head_sent: false,
             hold_until_ms,
@@ -445,9 +449,10 @@ impl Exchange {
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
         let mut ticket: Option<Ticket> = None;
+        self.running_since_ms = self.now_ms();
         // Waiting for capacity never outlasts the time budget either.
         let wait_until = self
-            .started_ms
+            .running_since_ms
             .saturating_add(self.plan.capacity_wait_ms)
             .min(
                 self.plan
@@ -585,7 +590,7 @@ impl Exchange {
                     self.waiting_for_capacity = true;
                     self.wait_until(wake, link, changed).await;
                     self.waiting_for_capacity = false;
-                    self.report.waited_ms = self.elapsed_ms();
+                    self.report.waited_ms = self.now_ms().saturating_sub(self.running_since_ms);
                 }
                 NextCandidate::Done => break,
             }
@@ -633,7 +638,7 @@ impl Exchange {
             self.answered_by(index);
         }
         if self.waiting_for_capacity {
-            self.report.waited_ms = self.elapsed_ms();
+            self.report.waited_ms = self.now_ms().saturating_sub(self.running_since_ms);
         }
     }
 
