@@ -2047,6 +2047,24 @@ async fn missing_and_unknown_keys_get_401_in_the_callers_wire_format() -> TestRe
     assert_eq!(unknown.status, 401, "{}", unknown.text);
     assert_eq!(anthropic_error(&unknown).0, "authentication_error");
 
+    // Each log line names the code its client got.
+    let log = gateway.log.clone();
+    until("the four refusals are logged", || log.lines().len() == 4).await;
+    let logged: Vec<(&str, String)> = log
+        .lines()
+        .iter()
+        .map(|line| (line.outcome, line.error().to_string()))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            ("unauthorized", String::from("missing_api_key")),
+            ("unauthorized", String::from("invalid_api_key")),
+            ("unauthorized", String::from("missing_api_key")),
+            ("unauthorized", String::from("invalid_api_key")),
+        ]
+    );
+
     assert!(sim.requests().is_empty(), "nothing went upstream");
     gateway.stop().await;
     Ok(())

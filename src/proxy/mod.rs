@@ -616,15 +616,27 @@ enum Unauthorized {
     Unknown,
 }
 
+impl Unauthorized {
+    /// The code the client gets, and the log line says.
+    fn code(self) -> &'static str {
+        match self {
+            Unauthorized::Missing => "missing_api_key",
+            Unauthorized::Unknown => "invalid_api_key",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Unauthorized::Missing => {
+                "send an API key as `Authorization: Bearer KEY` or `x-api-key: KEY`"
+            }
+            Unauthorized::Unknown => "the API key is not valid",
+        }
+    }
+}
+
 fn unauthorized(wire: WireFormat, request_id: &str, why: Unauthorized) -> Response<ProxyBody> {
-    let (code, message) = match why {
-        Unauthorized::Missing => (
-            "missing_api_key",
-            "send an API key as `Authorization: Bearer KEY` or `x-api-key: KEY`",
-        ),
-        Unauthorized::Unknown => ("invalid_api_key", "the API key is not valid"),
-    };
-    let mut response = respond::builtin_error(wire, request_id, 401, code, message);
+    let mut response = respond::builtin_error(wire, request_id, 401, why.code(), why.message());
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -726,7 +738,7 @@ async fn complete(
                 endpoint,
                 None,
                 "",
-                (401, "unauthorized"),
+                (401, why.code()),
                 "unauthorized",
             );
             let response = unauthorized(wire, &request_id, why);
