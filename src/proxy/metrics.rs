@@ -217,7 +217,7 @@ impl Metrics {
             "switchyard_upstream_first_byte_seconds".into(),
             Some(Unit::Seconds),
             SharedString::const_str(
-                "Time to the first byte of the answers served (first event for streams), by provider.",
+                "Time to the first token of the answers served: the first event of a stream, the whole of any other answer, by provider.",
             ),
         );
         self.recorder.describe_gauge(
