@@ -52,6 +52,24 @@ impl Facts {
     fn knows(&self, path: &str) -> bool {
         self.0.iter().any(|known| known == path)
     }
+
+    /// The facts that still hold inside an aggregate, where a candidate's
+    /// fields and definitions name each candidate in turn: those about the
+    /// request, the caller and the data.
+    fn outside_candidates(&self, candidate_lets: &[String]) -> Facts {
+        let about_candidates = |path: &str| {
+            let head = path.split('.').next().unwrap_or(path);
+            Root::from_name(head).is_some_and(Root::is_candidate)
+                || candidate_lets.iter().any(|name| name == head)
+        };
+        Facts(
+            self.0
+                .iter()
+                .filter(|path| !about_candidates(path))
+                .cloned()
+                .collect(),
+        )
+    }
 }
 
 /// Where an expression sits, beyond its place.
@@ -1886,11 +1904,12 @@ impl Checker<'_> {
             return broken(span);
         }
         self.usage.aggregate = true;
+        let outside = scope.facts.outside_candidates(&self.candidate_let_names());
         let inner = Scope {
             in_aggregate: true,
             facts: match filter {
-                Some(filter) => scope.facts.with(facts_if_true(filter)),
-                None => scope.facts.clone(),
+                Some(filter) => outside.with(facts_if_true(filter)),
+                None => outside.clone(),
             },
             it: None,
         };
@@ -1898,7 +1917,7 @@ impl Checker<'_> {
             Some(filter) => {
                 let filter_scope = Scope {
                     in_aggregate: true,
-                    facts: scope.facts.clone(),
+                    facts: outside.clone(),
                     it: None,
                 };
                 let (ty, term) = self.expr(filter, place, &filter_scope);
