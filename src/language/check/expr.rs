@@ -703,20 +703,35 @@ impl Checker<'_> {
         );
     }
 
-    /// A string literal compared with an enumeration must be one of its members.
+    /// A string literal compared with an enumeration must be one of its
+    /// members: written alone, in a list, or as what an `if` or a
+    /// `coalesce` may give.
     fn enum_literal(&mut self, enum_ty: &EnumTy, expr: &Expr) {
-        let literals: Vec<(&str, Span)> = match &expr.kind {
-            ExprKind::Literal(Literal::String(s)) => vec![(s.as_str(), expr.span)],
-            ExprKind::List(items) => items
-                .iter()
-                .filter_map(|item| match &item.kind {
-                    ExprKind::Literal(Literal::String(s)) => Some((s.as_str(), item.span)),
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        for (text, span) in literals {
+        fn literals<'e>(expr: &'e Expr, found: &mut Vec<(&'e str, Span)>) {
+            match &expr.kind {
+                ExprKind::Literal(Literal::String(s)) => found.push((s.as_str(), expr.span)),
+                ExprKind::List(items) => {
+                    for item in items {
+                        if let ExprKind::Literal(Literal::String(s)) = &item.kind {
+                            found.push((s.as_str(), item.span));
+                        }
+                    }
+                }
+                ExprKind::If(_, then, otherwise) => {
+                    literals(then, found);
+                    literals(otherwise, found);
+                }
+                ExprKind::Call(function, arguments) if function.name == "coalesce" => {
+                    for argument in arguments {
+                        literals(argument, found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        literals(expr, &mut found);
+        for (text, span) in found {
             if !enum_ty.has(text) {
                 let help = suggest(text, enum_ty.members.iter().map(String::as_str))
                     .map(|close| format!("did you mean \"{close}\"?"))
