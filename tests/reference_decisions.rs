@@ -512,7 +512,8 @@ tenants:
         sha256: 9d72c7cfb7ccac5fb1184e70600d9a57c2871be7e61bfab2cb13e76717bce387
 "#;
 
-/// `sections` compiled as a policy over [`TWO_PROVIDERS`] and [`ONE_TENANT`].
+/// `sections` compiled as a policy over [`TWO_PROVIDERS`] and [`ONE_TENANT`],
+/// with a failover of `defaults.max_attempts` unless they have their own.
 fn two_providers(name: &str, sections: &str) -> Snapshot {
     let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -520,9 +521,14 @@ fn two_providers(name: &str, sections: &str) -> Snapshot {
     std::fs::write(dir.join("tenants.yaml"), ONE_TENANT).unwrap();
     let path = dir.join("policy.policy");
     let identifier = name.replace('-', "_");
+    let failover = if sections.contains("failover {") {
+        ""
+    } else {
+        "failover {\n  attempts defaults.max_attempts\n  on any => next, error upstream_failed\n}\n"
+    };
     let policy = format!(
         "policy {identifier} {{\n  catalog \"catalog.yaml\"\n  tenants \"tenants.yaml\"\n}}\n{sections}\n\
-         failover {{\n  attempts defaults.max_attempts\n  on any => next, error upstream_failed\n}}\n\
+         {failover}\
          errors {{\n  no_route = 503, \"no provider can serve this model\"\n  \
          unknown_model = 404, \"there is no such model\"\n  \
          upstream_failed = 502, \"every provider failed\"\n}}\n"
@@ -581,4 +587,33 @@ fn unknown_ids_served_by_one_provider_are_each_a_candidate() {
         .collect();
     // `vendor/foo` repeated is one candidate; `vendor/bar` is another.
     assert_eq!(sent, ["vendor/foo", "vendor/bar"]);
+}
+
+#[test]
+fn what_a_shorthand_makes_is_read_as_a_written_object() {
+    let snapshot = two_providers(
+        "shorthand-types",
+        "input p from body \"p\" : { tries: int 1..3, mode: one of [fast, cheap] }\n  \
+         shorthand number => { tries: it, mode: \"fast\" }\n  malformed error no_route\n\
+         models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+         defaults {\n  layers tenant\n}\n\
+         let tries = if coalesce(input.p.mode == \"fast\", false) then coalesce(input.p.tries, 1) else 1\n\
+         failover {\n  attempts tries\n  on any => next, error upstream_failed\n}",
+    );
+    let ask = |p: serde_json::Value| {
+        let body = json!({"model": "small-chat", "p": p, "messages": []});
+        decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[]).result
+    };
+    // The shorthand's number is held to the field's range, as a written
+    // object's is; its enumeration member is one by name.
+    match ask(json!(3)) {
+        Ok(plan) => assert_eq!(plan.attempts, 3),
+        Err(refusal) => panic!("{refusal:?}"),
+    }
+    for out_of_range in [json!(1_000_000_000), json!(2.5)] {
+        match ask(out_of_range.clone()) {
+            Err(refusal) => assert_eq!(refusal.error.code, "no_route", "{out_of_range}"),
+            Ok(plan) => panic!("{out_of_range} gave {} attempts", plan.attempts),
+        }
+    }
 }

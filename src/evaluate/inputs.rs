@@ -78,7 +78,11 @@ pub fn parse_input(
         let is_object = matches!(raw, Raw::Json(Json::Object(_)));
         if !is_object {
             let value = parse(snapshot, shorthand_type, &raw).map_err(problem)?;
-            return Ok(expand_shorthand(spec, value));
+            // What the shorthand makes is read as if the client had written
+            // it: each field to its type, a number within its range, an
+            // enumeration's member by its name.
+            let expanded = expand_shorthand(spec, value).to_json();
+            return parse(snapshot, &spec.ty, &Raw::Json(&expanded)).map_err(problem);
         }
     }
     parse(snapshot, &spec.ty, &raw).map_err(problem)

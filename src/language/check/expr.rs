@@ -706,7 +706,7 @@ impl Checker<'_> {
     /// A string literal compared with an enumeration must be one of its
     /// members: written alone, in a list, or as what an `if` or a
     /// `coalesce` may give.
-    fn enum_literal(&mut self, enum_ty: &EnumTy, expr: &Expr) {
+    pub(super) fn enum_literal(&mut self, enum_ty: &EnumTy, expr: &Expr) {
         fn literals<'e>(expr: &'e Expr, found: &mut Vec<(&'e str, Span)>) {
             match &expr.kind {
                 ExprKind::Literal(Literal::String(s)) => found.push((s.as_str(), expr.span)),

@@ -361,6 +361,14 @@ impl<'a> Checker<'a> {
         if let ExprKind::Object(literal_fields) = &shorthand.value.kind {
             for ((name, actual), (ident, expr)) in written.fields.iter().zip(literal_fields) {
                 match target.field(name) {
+                    // Read as a written object is: an enumeration's member
+                    // by its name.
+                    Some(expected) if matches!(actual.required(), Ty::String) => {
+                        match expected.required() {
+                            Ty::Enum(members) => self.enum_literal(members, expr),
+                            _ => self.require_type(expr, actual, expected),
+                        }
+                    }
                     Some(expected) => self.require_type(expr, actual, expected),
                     None => {
                         let help = suggest(name, target.fields.iter().map(|(f, _)| f.as_str()))
