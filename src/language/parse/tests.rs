@@ -449,6 +449,14 @@ fn precedence_follows_the_documented_table() {
         expr("x not in l").kind,
         bin(BinaryOp::NotIn, path("x"), path("l"))
     );
+    // Like every operator, across lines and comments.
+    for split in ["x not\n  in l", "x not  # unless listed\n  in l"] {
+        assert_eq!(
+            expr(split).kind,
+            bin(BinaryOp::NotIn, path("x"), path("l")),
+            "{split}"
+        );
+    }
     assert_eq!(
         expr("-a * b").kind,
         bin(
