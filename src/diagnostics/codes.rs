@@ -30,7 +30,7 @@ codes! {
     BAD_LITERAL = "E0104", Error, "a number or duration literal is malformed or out of range";
     BAD_STATUS_PATTERN = "E0105", Error, "a status pattern is not a valid HTTP status or class";
     BAD_PIN_TEMPLATE = "E0106", Error, "a pin template does not have exactly one target and one `{model}` placeholder";
-    TOO_DEEP = "E0107", Error, "expressions are nested too deeply";
+    TOO_DEEP = "E0107", Error, "an expression is nested too deeply or chains too many operands";
     READ_FAILED = "E0108", Error, "a file could not be read";
 
     DATA_SCHEMA = "E0201", Error, "a data file does not match its schema";

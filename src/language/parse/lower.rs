@@ -1059,9 +1059,12 @@ impl Lowerer {
             self.error(
                 codes::TOO_DEEP,
                 span,
-                String::from("this expression is too long to check"),
+                format!(
+                    "this expression chains more than {} operands",
+                    MAX_EXPRESSION_PARTS / 2
+                ),
                 "this expression",
-                "split it into `let` definitions",
+                "split it into `let` definitions; a chain of `x == a or x == b …` is `x in [a, b, …]`",
             );
             return None;
         }
