@@ -115,9 +115,21 @@ fn found_at(text: &str, offset: usize) -> (String, usize) {
     let token = rest.get(..length).unwrap_or("");
     if first == '\n' || first == '\r' {
         (String::from("end of line"), 0)
+    } else if first != ' ' && (first.is_whitespace() || first.is_control() || is_invisible(first)) {
+        // Shown between backticks it would look like nothing, or a space.
+        (
+            format!("the invisible character U+{:04X}", u32::from(first)),
+            length,
+        )
     } else {
         (format!("`{token}`"), length)
     }
+}
+
+/// Characters that print as nothing: zero-width spaces and joiners, the
+/// byte-order mark, directional marks.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
 }
 
 /// At most this many things are named after "expected": every section
