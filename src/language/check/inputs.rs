@@ -2,7 +2,7 @@
 //! routing, their types, shorthands and errors.
 
 use super::env::{self, Place, Root, Roots};
-use super::expr::Scope;
+use super::expr::{self, Scope};
 use super::types::{EnumTy, RecordTy, Ty};
 use super::{Checker, InputInfo, RaiseKind};
 use crate::diagnostics::{Diagnostic, codes, suggest};
@@ -359,6 +359,32 @@ impl<'a> Checker<'a> {
             return (it_input, term);
         };
         if let ExprKind::Object(literal_fields) = &shorthand.value.kind {
+            // A number written for a field of a range must be in it: the
+            // expansion is read as a written object, and every request
+            // using the shorthand would be refused.
+            let declared = match &decl.ty.kind {
+                TypeExprKind::Object(fields) => fields.as_slice(),
+                _ => &[],
+            };
+            for (ident, expr) in literal_fields {
+                let range = declared.iter().find_map(|field| match field.ty.kind {
+                    TypeExprKind::IntRange { low, high } if field.name.name == ident.name => {
+                        Some((low, high))
+                    }
+                    _ => None,
+                });
+                if let (Some((low, high)), Some(number)) = (range, expr::constant_number(expr))
+                    && (number.fract() != 0.0 || number < low || number > high)
+                {
+                    self.error_at(
+                        codes::TYPE_MISMATCH,
+                        expr.span,
+                        format!("`{number}` is outside `{}`'s range", ident.name),
+                        "out of range",
+                        Some(format!("write a whole number from {low} to {high}")),
+                    );
+                }
+            }
             for ((name, actual), (ident, expr)) in written.fields.iter().zip(literal_fields) {
                 match target.field(name) {
                     // Read as a written object is: an enumeration's member
