@@ -180,3 +180,27 @@ fn stopping_without_a_drain_says_requests_are_cut() {
     wait_for(&lines, "requests in flight are cut now", &mut seen);
     assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
 }
+
+#[test]
+fn a_policys_warnings_at_start_are_warnings_in_json_logs_too() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-serve-json-warnings-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("warned.policy");
+    std::fs::write(&policy, noirdoc_with("let unused_at_start = 1")).unwrap();
+    let (mut serving, lines) = serve_policy(
+        policy.to_str().unwrap(),
+        &[],
+        &["--no-watch", "--log-format", "json"],
+    );
+    let mut seen = Vec::new();
+    wait_for(&lines, "`unused_at_start` is never used", &mut seen);
+    let line = seen.last().unwrap();
+    assert!(line.contains("\"level\":\"WARN\""), "{line}");
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    signal(&serving, "TERM");
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -87,6 +87,12 @@ pub fn problem(message: fmt::Arguments<'_>) {
     status_at("ERROR", message);
 }
 
+/// Writes something worth knowing that stops nothing (a policy's warning
+/// at start) as [`status`] does, at the warning level.
+pub fn warning(message: fmt::Arguments<'_>) {
+    status_at("WARN", message);
+}
+
 /// A status line at `level`: plain text, or with `--log-format json` a
 /// JSON object like every other line, so collectors can read them all.
 fn status_at(level: &str, message: fmt::Arguments<'_>) {

@@ -4,7 +4,7 @@
 use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::daemon::{
     LogFormat, Signals, duration_arg, fail, init_logging, problem, raise_open_file_limit, runtime,
-    status,
+    status, warning,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
@@ -63,8 +63,8 @@ pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, Sour
     };
     match compile_report(report, secrets) {
         Ok(compiled) => {
-            for warning in &warnings {
-                problem(format_args!("{warning}\n"));
+            for text in &warnings {
+                warning(format_args!("{text}\n"));
             }
             Ok(compiled)
         }
@@ -96,11 +96,15 @@ fn warn_missing_secrets(snapshot: &Snapshot, secrets: &dyn SecretSource) {
             credentials += 1;
             if snapshot.secret(provider_index, credential_index).is_none() {
                 missing += 1;
-                let problem = if secrets.get(&credential.env).is_some() {
-                    "the credential's variable holds a control character (a line break inside \
-                     it?) that no request header can carry; its routes are skipped"
-                } else {
-                    "the credential's variable is not set; its routes are skipped"
+                let problem = match secrets.get(&credential.env) {
+                    Some(value) if value.trim().is_empty() => {
+                        "the credential's variable holds only whitespace; its routes are skipped"
+                    }
+                    Some(_) => {
+                        "the credential's variable holds a control character (a line break \
+                         inside it?) that no request header can carry; its routes are skipped"
+                    }
+                    None => "the credential's variable is not set; its routes are skipped",
                 };
                 tracing::warn!(
                     provider = %provider.id,
