@@ -1187,7 +1187,8 @@ impl Exchange {
             // A ready chunk goes first, as in the committed loop; one that
             // keeps coming could then keep the deadline's timer from ever
             // being polled, so a provider sending only comments is held to
-            // the deadline here.
+            // the deadline here, even when a chunk is waiting at that
+            // moment (its event came after the deadline all the same).
             if clock.now_ms() >= first_deadline {
                 return failed(OutcomeClass::FirstTokenTimeout, None);
             }

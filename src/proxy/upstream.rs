@@ -317,7 +317,14 @@ pub fn outcome_facts(
             header_text("retry-after").and_then(|text| seconds(text).or_else(|| date(text)))
         });
     let json: Option<Json> = serde_json::from_slice(body).ok();
-    let error = json.as_ref().and_then(|j| j.get("error"));
+    // OpenAI's and Anthropic's `error`; in a Responses stream, a failed
+    // response's `response.error`, or an `error` event's own fields.
+    let error = json.as_ref().and_then(|j| {
+        j.get("error")
+            .filter(|e| !e.is_null())
+            .or_else(|| j.pointer("/response/error").filter(|e| !e.is_null()))
+            .or_else(|| (j.get("type").and_then(Json::as_str) == Some("error")).then_some(j))
+    });
     let text = |value: Option<&Json>| -> Option<Arc<str>> {
         match value? {
             Json::String(s) => Some(Arc::from(s.as_str())),
@@ -385,6 +392,25 @@ mod tests {
         assert_eq!(anthropic.retry_after_ms, Some(1_500));
         assert_eq!(anthropic.error_type.as_deref(), Some("overloaded_error"));
         assert_eq!(anthropic.error_code, None);
+
+        // What a Responses stream says in place of its answer: a failed
+        // response's error, or an error event's own fields.
+        let failed = outcome_facts(
+            200,
+            &HeaderMap::new(),
+            br#"{"type":"response.failed","response":{"error":{"code":"server_error","message":"down"}}}"#,
+            now,
+        );
+        assert_eq!(failed.error_code.as_deref(), Some("server_error"));
+        assert_eq!(failed.error_message.as_deref(), Some("down"));
+        let event = outcome_facts(
+            200,
+            &HeaderMap::new(),
+            br#"{"type":"error","code":"rate_limit_exceeded","message":"slow down"}"#,
+            now,
+        );
+        assert_eq!(event.error_code.as_deref(), Some("rate_limit_exceeded"));
+        assert_eq!(event.error_message.as_deref(), Some("slow down"));
 
         let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>", now);
         assert_eq!(garbage.status, Some(502));
