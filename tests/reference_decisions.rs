@@ -498,6 +498,11 @@ models:
     routes:
       - {provider: alpha, price: {input: 0.1, output: 0.4}}
       - {provider: beta, price: {input: 0.2, output: 0.6}}
+  # Its id reads as a pin too: as a pin it is taken, settings and all.
+  - id: "alpha:small-chat"
+    kind: chat
+    routes:
+      - {provider: beta, price: {input: 0.3, output: 0.9}}
 "#;
 
 const ONE_TENANT: &str = r#"

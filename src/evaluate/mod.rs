@@ -889,9 +889,10 @@ fn requested_model<'s>(snapshot: &'s Snapshot, name: &str) -> (Arc<str>, Option<
 /// requested model by its id, by an alias for it alone, or by a pin. An
 /// alias for several models, or an id the catalog does not know, has none.
 fn settings_model(snapshot: &Snapshot, name: &str, named: Option<&ModelName>) -> Option<usize> {
-    let named = match named {
-        Some(named) => named,
-        None => snapshot.model_named(candidates::match_pin(snapshot, name)?.2)?,
+    // Pins first, as candidates are resolved.
+    let named = match candidates::match_pin(snapshot, name) {
+        Some((_, _, model_id)) => snapshot.model_named(model_id)?,
+        None => named?,
     };
     match named {
         ModelName::Model(model) => Some(*model),
