@@ -200,10 +200,17 @@ fn step_extent(sources: &SourceMap, spec: &StepSpec) -> Span {
     let start = spec.span.start;
     let mut end = spec.span.end.max(spec.condition.span.end);
     if let (StepKind::Require(_), Some(text)) = (&spec.kind, sources.file_at(0).map(|f| &f.text)) {
+        // The line of the first `else` outside a comment.
         let rest = text.get(end..).unwrap_or("");
-        if let Some(at) = rest.find("else") {
-            let line_end = rest[at..].find('\n').map_or(rest.len(), |n| at + n);
-            end += line_end;
+        let mut offset = 0;
+        for line in rest.split_inclusive('\n') {
+            let code = line.split('#').next().unwrap_or("");
+            let words = code.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+            if words.into_iter().any(|word| word == "else") {
+                end += offset + line.trim_end_matches('\n').len();
+                break;
+            }
+            offset += line.len();
         }
     }
     Span { start, end }
@@ -478,4 +485,32 @@ fn plans_json(snapshot: &Snapshot, sources: &SourceMap) -> serde_json::Value {
         "remembered": snapshot.remembered_plans().is_some(),
         "made_afresh_by": reader.map(|(line, source)| json!({"line": line, "source": source})),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::language::ir::{ErrorRef, Term, TermKind};
+
+    #[test]
+    fn a_step_runs_to_the_else_that_names_its_error_not_one_in_a_comment() {
+        let text = "require provider.region in key.regions  # or else\n  else residency\n\
+                    require x else y\n";
+        let mut sources = SourceMap::default();
+        sources.add("p.policy", text);
+        let condition_end = text.find("  #").unwrap_or(0);
+        let spec = StepSpec {
+            kind: StepKind::Require(ErrorRef::Declared(0)),
+            condition: Term::new(
+                TermKind::Const(Value::Bool(true)),
+                Span::new(8, condition_end),
+            ),
+            span: Span::new(0, 7),
+        };
+        let extent = step_extent(&sources, &spec);
+        assert_eq!(
+            text.get(extent.range()),
+            Some("require provider.region in key.regions  # or else\n  else residency")
+        );
+    }
 }
