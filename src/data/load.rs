@@ -940,11 +940,7 @@ pub fn load_reading(
 
     let diagnostics = std::mem::take(&mut v.diagnostics);
     let mut schema = std::mem::take(&mut v.schema);
-    schema.refused = v
-        .refused_attributes
-        .iter()
-        .map(|(_, name)| name.clone())
-        .collect();
+    schema.refused = std::mem::take(&mut v.refused_attributes);
     (
         Some(Data {
             schema,

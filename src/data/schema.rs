@@ -210,7 +210,7 @@ pub struct Schema {
     /// Attributes whose declaration was refused (a type that does not
     /// exist): a policy reading one gets no error of its own, as the data's
     /// error already says what to fix.
-    pub refused: Vec<String>,
+    pub refused: Vec<(Subject, String)>,
 }
 
 impl Schema {

@@ -688,6 +688,22 @@ impl Checker<'_> {
         );
     }
 
+    /// Whether the data refused the declaration of attribute `name` of
+    /// the record `prefix` ends in (`provider`, `first.route`, `defaults`).
+    fn refused_attribute(&self, prefix: &str, name: &str) -> bool {
+        let record = prefix.rsplit('.').next().unwrap_or(prefix);
+        let subject = if record == "defaults" {
+            "setting"
+        } else {
+            record
+        };
+        self.data
+            .schema
+            .refused
+            .iter()
+            .any(|(refused, attribute)| refused.name() == subject && attribute == name)
+    }
+
     fn maybe_absent(&mut self, expr: &Expr, ty: &Ty) {
         let what = expr
             .path_text()
@@ -1195,7 +1211,7 @@ impl Checker<'_> {
                 Ty::Record(record) => match record.field(&segment.name) {
                     Some(field) => field.clone(),
                     // The data refused its declaration and said why.
-                    None if self.data.schema.refused.contains(&segment.name) => {
+                    None if self.refused_attribute(&prefix, &segment.name) => {
                         return broken(span);
                     }
                     None => {
