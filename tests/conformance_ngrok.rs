@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    Reply, Stack, chat_body, closed_port, data_file, messages_body, recompile, replay, sha256_hex,
-    streamed,
+    Reply, Stack, chat_body, closed_port, data_file, messages_body, model_list, recompile, replay,
+    sha256_hex, streamed,
 };
 use serde_json::{Value, json};
 use std::future::Future;
@@ -550,6 +550,33 @@ async fn the_access_scope_blocks_providers_and_models() {
             "anthropic/anthropic-primary@claude-sonnet-4-5",
         ]
     );
+}
+
+/// [G24] [G27] the model list of a scoped key leaves out a model its scope
+/// blocks, though a request for it is served with the fallback model
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_keys_model_list_leaves_out_what_only_a_fallback_serves() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
+    let listed = |entries: Vec<Value>| -> Vec<String> {
+        entries
+            .iter()
+            .filter_map(|entry| entry["id"].as_str().map(String::from))
+            .collect()
+    };
+    let scoped = listed(model_list(&stack, TUNNELCO_SCOPED, false).await);
+    let unscoped = listed(model_list(&stack, TUNNELCO, false).await);
+    // llama runs only on providers outside the scope (groq, openrouter).
+    assert!(
+        unscoped.iter().any(|id| id == "llama-3.3-70b"),
+        "{unscoped:?}"
+    );
+    assert!(!scoped.iter().any(|id| id == "llama-3.3-70b"), "{scoped:?}");
+    assert!(
+        scoped.iter().any(|id| id == "claude-sonnet-4-5"),
+        "{scoped:?}"
+    );
+    stack.stop().await;
 }
 
 /// [G24] [G28] no provider key for the requested provider is

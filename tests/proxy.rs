@@ -1037,6 +1037,36 @@ failover {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_list_reads_health_as_it_is_now() -> TestResult {
+    let gateway = Setup::new(
+        r#"
+listing {
+  "paused" = health.paused
+}
+failover {
+  attempts 1
+  on 429 => stop, pause provider for 60s, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n")
+    .await;
+    let paused = |reply: &Reply| reply.json.pointer("/data/0/paused").cloned();
+    let before = gateway.api.get("/v1/models").await;
+    assert_eq!(paused(&before), Some(json!(false)), "{}", before.text);
+    let refused = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(refused.status, 502, "{}", refused.text);
+    // `a` is paused now: still listed (the key may call it), and said so.
+    let after = gateway.api.get("/v1/models").await;
+    assert_eq!(paused(&after), Some(json!(true)), "{}", after.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 /// Which provider answers each of `count` requests when `a` answers as
 /// `a_steps` says and `b` answers 200, the order preferring routes whose
 /// success rate (unmeasured: 1) is perfect, `a` first on a tie.

@@ -349,9 +349,18 @@ impl Plan {
     }
 
     /// The `listing` fields of the plan's model in `GET /v1/models`: read
-    /// for the plan's first candidate, aggregates over all of them.
-    pub fn listing(&self, snapshot: &Snapshot) -> Vec<(String, Value)> {
-        let health = [];
+    /// for the plan's first candidate, aggregates over all of them, under
+    /// the candidates' health as `health` has it now.
+    pub fn listing(
+        &self,
+        snapshot: &Snapshot,
+        health: &dyn super::health::HealthView,
+    ) -> Vec<(String, Value)> {
+        let health: Vec<_> = self
+            .candidates
+            .iter()
+            .map(|candidate| health.health(candidate))
+            .collect();
         let mut machine = self.machine(snapshot, &health);
         let focus = &Focus::on(0);
         snapshot

@@ -7,6 +7,8 @@ use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate};
 use serde_json::{Map, Value as Json, json};
 
 /// Endpoints a model of this kind may be called on, in the order tried.
+/// Every one, whatever the listing's own wire format: the list is what the
+/// key may call, and a model reached only through `/v1/messages` is one.
 fn endpoints(kind: ModelKind) -> &'static [Endpoint] {
     match kind {
         ModelKind::Chat => &[
@@ -20,7 +22,8 @@ fn endpoints(kind: ModelKind) -> &'static [Endpoint] {
 }
 
 /// Every catalog model for which some endpoint of its kind gets a plan for
-/// this caller, once, with the policy's `listing` fields. Which models are
+/// this caller with a candidate of that model (not only of models the
+/// policy adds after it), once, with the policy's `listing` fields. Which models are
 /// listed does not depend on health (a paused provider is still one the key
 /// may call); the listing fields describe the plan under `health` as it is
 /// now (say, the provider that would answer first), or under full health
@@ -36,7 +39,8 @@ pub fn list(
         .catalog
         .models
         .iter()
-        .filter_map(|model| entry(snapshot, caller, wire, health, model))
+        .enumerate()
+        .filter_map(|(index, model)| entry(snapshot, caller, wire, health, (index, model)))
         .collect();
     match wire {
         WireFormat::OpenAi => json!({ "object": "list", "data": entries }),
@@ -62,7 +66,8 @@ pub fn one(
         .catalog
         .models
         .iter()
-        .find(|model| model.id == id)?;
+        .enumerate()
+        .find(|(_, model)| model.id == id)?;
     entry(snapshot, caller, wire, health, model)
 }
 
@@ -72,7 +77,7 @@ fn entry(
     caller: Caller,
     wire: WireFormat,
     health: &dyn HealthView,
-    model: &Model,
+    (index, model): (usize, &Model),
 ) -> Option<Json> {
     // One id for every listing's decisions, so a listing of many models
     // allocates none per decision.
@@ -89,15 +94,28 @@ fn entry(
         seed: 0,
         rotation: 0,
     };
+    // A plan for it whose candidates serve it: a policy may add other
+    // models after the one asked for (fallbacks), which say nothing of it.
+    let serves_it = |plan: &crate::evaluate::Plan| {
+        plan.candidates
+            .iter()
+            .any(|candidate| candidate.model == Some(index))
+    };
     let (endpoint, healthy_plan) = endpoints(model.kind).iter().find_map(|endpoint| {
         let plan = evaluate(snapshot, &context(*endpoint), &Healthy)
             .result
-            .ok()?;
+            .ok()
+            .filter(serves_it)?;
         Some((*endpoint, plan))
     })?;
-    let plan = evaluate(snapshot, &context(endpoint), health)
+    let (plan, health) = match evaluate(snapshot, &context(endpoint), health)
         .result
-        .unwrap_or(healthy_plan);
+        .ok()
+        .filter(serves_it)
+    {
+        Some(plan) => (plan, health),
+        None => (healthy_plan, &Healthy as &dyn HealthView),
+    };
     let mut entry = Map::new();
     entry.insert(String::from("id"), json!(model.id));
     match wire {
@@ -112,7 +130,7 @@ fn entry(
             entry.insert(String::from("created_at"), json!("1970-01-01T00:00:00Z"));
         }
     }
-    for (name, value) in plan.listing(snapshot) {
+    for (name, value) in plan.listing(snapshot, health) {
         entry.insert(name, value.to_json());
     }
     Some(Json::Object(entry))
