@@ -552,7 +552,7 @@ async fn the_access_scope_blocks_providers_and_models() {
     );
 }
 
-/// [G24] [G27] the model list of a scoped key leaves out a model its scope
+/// [G27] the model list of a scoped key leaves out a model its scope
 /// blocks, though a request for it is served with the fallback model
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scoped_keys_model_list_leaves_out_what_only_a_fallback_serves() {
