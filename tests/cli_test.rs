@@ -332,33 +332,39 @@ fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
     }
 }
 
-/// `switchyard explain --format json` for a Noirdoc request.
-fn explain_json(key: &str, model: &str) -> serde_json::Value {
+/// What `switchyard explain` prints on standard output for `policy`'s
+/// request for `model` by `key`, with `more` arguments.
+fn explain_output(policy: &str, key: &str, model: &str, more: &[&str]) -> Vec<u8> {
     let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-{key}-{model}-{}",
+        "switchyard-cli-explain-{policy}-{key}-{model}-{}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let request = dir.join("request.json");
     std::fs::write(&request, format!("{{\"model\": \"{model}\"}}")).unwrap();
     let output = Command::new(BIN)
-        .args([
-            "explain",
-            "--policy",
-            &noirdoc(),
-            "--key",
-            key,
-            "--format",
-            "json",
-        ])
-        .arg("--request")
+        .args(["explain", "--policy"])
+        .arg(format!("{PACKAGE_ROOT}/policies/{policy}.policy"))
+        .args(["--key", key, "--request"])
         .arg(&request)
+        .args(more)
         .current_dir(PACKAGE_ROOT)
         .output()
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(output.status.success(), "{output:?}");
-    serde_json::from_slice(&output.stdout).unwrap()
+    output.stdout
+}
+
+/// `switchyard explain --format json` for a Noirdoc request.
+fn explain_json(key: &str, model: &str) -> serde_json::Value {
+    serde_json::from_slice(&explain_output(
+        "noirdoc",
+        key,
+        model,
+        &["--format", "json"],
+    ))
+    .unwrap()
 }
 
 /// Each candidate's provider and the step (1-based) that removed it.
@@ -432,24 +438,7 @@ fn explain_names_the_step_that_removed_each_candidate() {
 
 /// What `switchyard explain` prints for `policy`'s request.
 fn explain_text(policy: &str, key: &str, model: &str) -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-text-{policy}-{key}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let request = dir.join("request.json");
-    std::fs::write(&request, format!("{{\"model\": \"{model}\"}}")).unwrap();
-    let output = Command::new(BIN)
-        .args(["explain", "--policy"])
-        .arg(format!("{PACKAGE_ROOT}/policies/{policy}.policy"))
-        .args(["--key", key, "--request"])
-        .arg(&request)
-        .current_dir(PACKAGE_ROOT)
-        .output()
-        .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout).unwrap()
+    String::from_utf8(explain_output(policy, key, model, &[])).unwrap()
 }
 
 fn explain_plans_line(policy: &str, key: &str, model: &str) -> String {

@@ -168,18 +168,17 @@ fn policies_whose_plans_depend_on_the_key_alone_remember_them() {
     assert_eq!(noirdoc.remembered_plans(), Some(2));
 }
 
-/// Noirdoc's policy text as `edit` changes it, compiled with Noirdoc's data.
-/// It compiles on its own thread, so that a walk gone exponential fails the
-/// test instead of hanging the suite (compiling takes milliseconds).
-fn noirdoc_edited(name: &str, edit: impl FnOnce(String) -> String) -> Snapshot {
+/// `files` (name, text) written to a directory of their own and
+/// `policy` among them compiled there, on its own thread, so that a walk
+/// gone exponential fails the test instead of hanging the suite (compiling
+/// takes milliseconds).
+fn compiled_from(name: &str, files: &[(&str, String)], policy: &str) -> Snapshot {
     let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
-    let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
-        .unwrap()
-        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"));
-    let path = dir.join(format!("{name}.policy"));
-    std::fs::write(&path, edit(text)).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    let path = dir.join(policy);
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         // The receiver is gone only if the test already failed.
@@ -193,6 +192,16 @@ fn noirdoc_edited(name: &str, edit: impl FnOnce(String) -> String) -> Snapshot {
         Ok(snapshot) => snapshot,
         Err(report) => panic!("{name} does not compile: {:#?}", report.diagnostics),
     }
+}
+
+/// Noirdoc's policy text as `edit` changes it, compiled with Noirdoc's data.
+fn noirdoc_edited(name: &str, edit: impl FnOnce(String) -> String) -> Snapshot {
+    let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/policies");
+    let text = std::fs::read_to_string(format!("{policies}/noirdoc.policy"))
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{policies}/noirdoc/"));
+    let file = format!("{name}.policy");
+    compiled_from(name, &[(file.as_str(), edit(text))], &file)
 }
 
 #[test]
@@ -520,11 +529,6 @@ tenants:
 /// `sections` compiled as a policy over [`TWO_PROVIDERS`] and [`ONE_TENANT`],
 /// with a failover of `defaults.max_attempts` unless they have their own.
 fn two_providers(name: &str, sections: &str) -> Snapshot {
-    let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("catalog.yaml"), TWO_PROVIDERS).unwrap();
-    std::fs::write(dir.join("tenants.yaml"), ONE_TENANT).unwrap();
-    let path = dir.join("policy.policy");
     let identifier = name.replace('-', "_");
     let failover = if sections.contains("failover {") {
         ""
@@ -538,13 +542,12 @@ fn two_providers(name: &str, sections: &str) -> Snapshot {
          unknown_model = 404, \"there is no such model\"\n  \
          upstream_failed = 502, \"every provider failed\"\n}}\n"
     );
-    std::fs::write(&path, policy).unwrap();
-    let compiled = compile_file(&path, &AllSecrets);
-    std::fs::remove_dir_all(&dir).unwrap();
-    match compiled {
-        Ok(snapshot) => snapshot,
-        Err(report) => panic!("{name} does not compile: {:#?}", report.diagnostics),
-    }
+    let files = [
+        ("catalog.yaml", TWO_PROVIDERS.to_string()),
+        ("tenants.yaml", ONE_TENANT.to_string()),
+        ("policy.policy", policy),
+    ];
+    compiled_from(name, &files, "policy.policy")
 }
 
 #[test]
