@@ -11,6 +11,7 @@ use crate::diagnostics::redact::redact;
 use crate::language::ast::PinTarget;
 use crate::language::ir::{CredentialSpec, ErrorRef, Read, SortKeySpec, TermKind};
 use crate::value::Value;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Why no candidate came out: the error, and what was wrong (for the trace).
@@ -138,23 +139,35 @@ fn split_at_separator<'a>(text: &'a str, separator: &str) -> Option<(&'a str, &'
     }
 }
 
-/// The first pin template `id` matches: the providers it names (one, with
-/// its credential, for a credential pin) and the model part of the id.
-pub(crate) fn match_pin<'i>(
-    snapshot: &Snapshot,
-    id: &'i str,
-) -> Option<(Vec<usize>, Option<usize>, &'i str)> {
+/// What a pinned id names.
+pub(crate) struct Pinned<'s, 'i> {
+    /// The providers the pin names (one, for a credential pin); borrowed
+    /// from the snapshot for a provider pin: every pinned request asks,
+    /// for its settings and its candidates.
+    pub providers: Cow<'s, [usize]>,
+    /// The credential a credential pin names.
+    pub credential: Option<usize>,
+    /// The model part of the id.
+    pub model_id: &'i str,
+}
+
+/// The first pin template `id` matches, naming a provider or credential.
+pub(crate) fn match_pin<'s, 'i>(snapshot: &'s Snapshot, id: &'i str) -> Option<Pinned<'s, 'i>> {
     snapshot.program.models.pins.iter().find_map(|pin| {
         let rest = id.strip_prefix(pin.prefix.as_str())?;
         let (target, model_id) = split_at_separator(rest, &pin.separator)?;
         let (providers, credential) = match pin.target {
-            PinTarget::Provider => (snapshot.providers_named(target).to_vec(), None),
+            PinTarget::Provider => (Cow::Borrowed(snapshot.providers_named(target)), None),
             PinTarget::Credential => {
                 let (provider, credential) = snapshot.credential_with_id(target)?;
-                (vec![provider], Some(credential))
+                (Cow::Owned(vec![provider]), Some(credential))
             }
         };
-        (!providers.is_empty()).then_some((providers, credential, model_id))
+        (!providers.is_empty()).then_some(Pinned {
+            providers,
+            credential,
+            model_id,
+        })
     })
 }
 
@@ -165,7 +178,12 @@ fn resolve_pin(
     position: &mut usize,
     choose: &mut impl FnMut(RouteChoice),
 ) -> Result<bool, Unresolved> {
-    let Some((providers, credential, model_id)) = match_pin(snapshot, id) else {
+    let Some(Pinned {
+        providers,
+        credential,
+        model_id,
+    }) = match_pin(snapshot, id)
+    else {
         return Ok(false);
     };
     let models: &[usize] = match snapshot.model_named(model_id) {

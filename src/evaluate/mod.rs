@@ -891,7 +891,7 @@ fn requested_model<'s>(snapshot: &'s Snapshot, name: &str) -> (Arc<str>, Option<
 fn settings_model(snapshot: &Snapshot, name: &str, named: Option<&ModelName>) -> Option<usize> {
     // Pins first, as candidates are resolved.
     let named = match candidates::match_pin(snapshot, name) {
-        Some((_, _, model_id)) => snapshot.model_named(model_id)?,
+        Some(pinned) => snapshot.model_named(pinned.model_id)?,
         None => named?,
     };
     match named {
