@@ -8,7 +8,6 @@ use super::daemon::{
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
-use crate::diagnostics::Severity;
 use crate::diagnostics::render::{self, Style};
 use crate::language::check_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
@@ -52,15 +51,10 @@ pub struct ServeArgs {
 pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, SourceMap), ExitCode> {
     let report = check_file(policy);
     // A policy that checks may still have warnings, as `check` shows them.
-    let warnings: Vec<String> = match report.policy {
-        Some(_) => report
-            .diagnostics
-            .iter()
-            .filter(|d| d.severity() == Severity::Warning)
-            .map(|d| render::human(d, &report.sources, Style::Plain))
-            .collect(),
-        None => Vec::new(),
-    };
+    let warnings: Vec<String> = report
+        .warnings_of_a_policy()
+        .map(|d| render::human(d, &report.sources, Style::Plain))
+        .collect();
     match compile_report(report, secrets) {
         Ok(compiled) => {
             for text in &warnings {

@@ -61,6 +61,17 @@ pub struct CheckReport {
     pub unread: Vec<PathBuf>,
 }
 
+impl CheckReport {
+    /// The warnings of a policy that checks, as `serve` and reloads say
+    /// them when it goes live; none for one that does not (its errors are
+    /// what matters then).
+    pub fn warnings_of_a_policy(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.diagnostics.iter().filter(|d| {
+            self.policy.is_some() && d.severity() == crate::diagnostics::Severity::Warning
+        })
+    }
+}
+
 /// Largest policy file accepted: far above any real policy, small enough that
 /// a runaway file cannot exhaust memory in the checker.
 const MAX_POLICY_BYTES: usize = 4 * 1024 * 1024;

@@ -166,16 +166,11 @@ impl Reloader {
         let files = self.files_of(&report.sources, &report.unread);
         // What `check` would warn about the new files, said only when they
         // go live: a rule that can never match is worth knowing at once.
-        let warnings: Vec<String> = match report.policy {
-            Some(_) => report
-                .diagnostics
-                .iter()
-                .filter(|d| d.severity() == crate::diagnostics::Severity::Warning)
-                .take(SHOWN_DIAGNOSTICS)
-                .map(|d| render::one_line(d, &report.sources))
-                .collect(),
-            None => Vec::new(),
-        };
+        let warnings: Vec<String> = report
+            .warnings_of_a_policy()
+            .take(SHOWN_DIAGNOSTICS)
+            .map(|d| render::one_line(d, &report.sources))
+            .collect();
         match compile_report(report, self.secrets.as_ref()) {
             Ok((snapshot, _)) => {
                 self.remember_files(files, true);
