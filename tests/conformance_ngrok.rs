@@ -493,22 +493,38 @@ async fn an_unknown_model_or_malformed_address_is_err_ngrok_3802() {
 }
 
 /// [G24] [G27] the access key's scope: blocked providers and models are
-/// never tried, and a request only they could serve is ERR_NGROK_3804
+/// never tried, and a request for a blocked provider or model is
+/// ERR_NGROK_3804 before any attempt, though the account's fallback model
+/// is in scope and has a key
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_scope_blocks_providers_and_models() {
     let clock = Arc::new(ManualClock::default());
-    // Without anthropic's key, openrouter alone serves openrouter:gpt-4o and
-    // the fallback claude-sonnet-4-5.
-    let missing = ["NGROK_ANTHROPIC_KEY"];
+    let missing: [&str; 0] = [];
     let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
 
-    let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat_body("openrouter:gpt-4o"))).await;
-    assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
-    let reply = at_once(stack.messages(TUNNELCO_SCOPED, messages_body("openrouter:gpt-4o"))).await;
-    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3804);
+    // A blocked provider (the pin), and a model only blocked providers
+    // serve (llama-3.3-70b: groq and openrouter).
+    for model in ["openrouter:gpt-4o", "llama-3.3-70b"] {
+        let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat_body(model))).await;
+        assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3804);
+        let reply = at_once(stack.messages(TUNNELCO_SCOPED, messages_body(model))).await;
+        assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3804);
+    }
     // The unscoped key of the same account is served.
     let reply = at_once(stack.chat(TUNNELCO, chat_body("openrouter:gpt-4o"))).await;
     assert_served_by(&reply, "openrouter");
+    // A blocked model later in the models array is skipped, not refused.
+    stack.sim.clear();
+    let reply = at_once(stack.chat(
+        TUNNELCO_SCOPED,
+        with(
+            chat_body("gpt-4o"),
+            "models",
+            json!(["openrouter:gpt-4o-mini"]),
+        ),
+    ))
+    .await;
+    assert_served_by(&reply, "openai");
 
     // A key whose scope allows one model (a copy of the data with one more
     // access key): its other models, the fallback one included, are blocked.
@@ -553,7 +569,7 @@ async fn the_access_scope_blocks_providers_and_models() {
 }
 
 /// [G27] the model list of a scoped key leaves out a model its scope
-/// blocks, though a request for it is served with the fallback model
+/// blocks, though the account's fallback model is in scope
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scoped_keys_model_list_leaves_out_what_only_a_fallback_serves() {
     let clock = Arc::new(ManualClock::default());
@@ -580,18 +596,28 @@ async fn a_scoped_keys_model_list_leaves_out_what_only_a_fallback_serves() {
 }
 
 /// [G24] [G28] no provider key for the requested provider is
-/// ERR_NGROK_3805; a provider without a key is no candidate
+/// ERR_NGROK_3805 before any attempt, though the account's fallback model
+/// has a key; a provider without a key is no candidate
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_provider_key_is_err_ngrok_3805() {
-    // groq has no key at all; without anthropic's and openrouter's, nothing
-    // serves groq:llama-3.3-70b or the fallback model.
+    // groq has no key at all; every other key is set.
     let clock = Arc::new(ManualClock::default());
-    let missing = ["NGROK_ANTHROPIC_KEY", "NGROK_OPENROUTER_KEY"];
-    let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
+    let stack = Stack::shipped("ngrok", &fleet(&[]), &[], clock.clone()).await;
     let reply = at_once(stack.chat(TUNNELCO, chat_body("groq:llama-3.3-70b"))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3805);
     let reply = at_once(stack.messages(TUNNELCO, messages_body("groq:llama-3.3-70b"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3805);
+    // Later in the models array, it is skipped, not refused.
+    let reply = at_once(stack.chat(
+        TUNNELCO,
+        with(
+            chat_body("gpt-4o-mini"),
+            "models",
+            json!(["groq:llama-3.3-70b"]),
+        ),
+    ))
+    .await;
+    assert_served_by(&reply, "openai");
 
     // Every key unset.
     let clock = Arc::new(ManualClock::default());
