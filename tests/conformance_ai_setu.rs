@@ -1111,6 +1111,23 @@ async fn round_robin_balancing_rotates_the_candidates() {
     stack.stop().await;
 }
 
+/// [S30] [S31] the rotation is kept per model: requests for other models,
+/// and from tenants that do not balance, do not move it, even when they
+/// come in a period that is a multiple of the candidate count
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_rotates_per_model_whatever_else_is_served() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("ai-setu", HEALTHY, &[], clock.clone()).await;
+
+    let mut served = Vec::new();
+    for _ in 0..6 {
+        served.extend(first_choices(&stack, GLOBEX_BATCH, CLAUDE, 1).await);
+        first_choices(&stack, INITECH, GPT, 2).await;
+    }
+    assert!(is_rotation(&served, &GLOBEX_CLAUDE), "{served:?}");
+    stack.stop().await;
+}
+
 /// [S30] [S31] `least_busy`, batch's setting for any model once its
 /// claude-sonnet-4-5 setting is gone (it beats globex's `weighted`): the
 /// candidates with fewest requests in flight go first, the order otherwise kept

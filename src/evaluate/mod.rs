@@ -29,7 +29,7 @@ pub use order::Rng;
 
 use crate::compile::{ModelName, Snapshot};
 use crate::data::{ModelKind, WireFormat};
-use crate::language::ir::StepKind;
+use crate::language::ir::{BalanceSpec, StepKind, StrategySpec};
 use crate::source::Span;
 use crate::value::Value;
 use health::{AskedHealth, CandidateHealth, HealthView};
@@ -125,8 +125,29 @@ pub struct RequestContext<'a> {
     pub caller: Caller,
     /// Drives load balancing; the proxy draws one per request.
     pub seed: u64,
-    /// Drives round-robin balancing; the proxy counts requests per model.
+    /// Drives round-robin balancing; the proxy counts requests per model
+    /// ([`round_robin_model`]).
     pub rotation: u64,
+}
+
+/// The model whose round-robin counter a request named `requested` (its
+/// body's `model`) advances: the catalog model it names, directly, through
+/// an alias (its first model) or a pin; `""` for any other text, which
+/// shares one counter. `None` when the policy balances by no `round_robin`,
+/// so no counter is needed.
+pub fn round_robin_model<'s>(snapshot: &'s Snapshot, requested: &str) -> Option<&'s str> {
+    let rotates = |spec: &BalanceSpec| matches!(spec.strategy, StrategySpec::RoundRobin);
+    if !snapshot.program.balance.iter().any(rotates) {
+        return None;
+    }
+    let named = |id: &str| match snapshot.model_named(id)? {
+        ModelName::Model(model) => Some(*model),
+        ModelName::Alias(models) => models.first().copied(),
+    };
+    let model = named(requested)
+        .or_else(|| candidates::match_pin(snapshot, requested).and_then(|pin| named(pin.model_id)))
+        .and_then(|model| snapshot.data.catalog.models.get(model));
+    Some(model.map_or("", |model| model.id.as_str()))
 }
 
 /// Why a body that is JSON, but not an object, is refused.
@@ -995,6 +1016,22 @@ mod tests {
         } else {
             evaluate(&snapshot, &context, &Healthy)
         }
+    }
+
+    #[test]
+    fn round_robin_counts_per_catalog_model_and_only_when_the_policy_rotates() {
+        let policy = |name: &str| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("policies/{name}.policy"));
+            compile_file(&path, &AllSecrets).expect("the policy compiles")
+        };
+        let setu = policy("ai-setu");
+        let model = |requested| round_robin_model(&setu, requested);
+        assert_eq!(model("claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
+        assert_eq!(model("vertex/claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
+        assert_eq!(model("no-such-model"), Some(""));
+        assert_eq!(model("vertex/no-such-model"), Some(""));
+        assert_eq!(round_robin_model(&policy("noirdoc"), "gpt-5"), None);
     }
 
     #[test]

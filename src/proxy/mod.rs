@@ -18,7 +18,9 @@ pub mod wire;
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::diagnostics::redact::redact;
-use crate::evaluate::{Caller, Endpoint, RequestContext, evaluate, reads_body_member};
+use crate::evaluate::{
+    Caller, Endpoint, RequestContext, evaluate, reads_body_member, round_robin_model,
+};
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
 use crate::state::{InProcess, StateView};
@@ -100,8 +102,6 @@ pub struct Proxy {
     version_header: bool,
     /// What `/healthz` says about live reloads.
     pub reload_status: Mutex<ReloadStatus>,
-    /// Advances per request, for `round_robin` balancing.
-    rotation: AtomicU64,
     /// Requests being handled, as `switchyard_in_flight` counts them.
     requests_in_flight: AtomicU64,
     access_log: Arc<dyn AccessLog>,
@@ -167,7 +167,6 @@ impl Proxy {
             limits: options.limits,
             version_header: options.version_header,
             reload_status: Mutex::new(ReloadStatus::default()),
-            rotation: AtomicU64::new(0),
             requests_in_flight: AtomicU64::new(0),
             access_log,
             drain_over: watch::Sender::new(false),
@@ -1038,7 +1037,11 @@ fn prepare(
         headers: &headers,
         caller,
         seed: random_u64(),
-        rotation: proxy.rotation.fetch_add(1, Ordering::Relaxed),
+        rotation: body
+            .as_ref()
+            .ok()
+            .and_then(|body| round_robin_model(snapshot, body.get("model")?.as_str()?))
+            .map_or(0, |model| proxy.state.next_rotation(model)),
     };
     let deciding = Instant::now();
     let view = StateView {

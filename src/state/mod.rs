@@ -119,6 +119,9 @@ pub struct InProcess {
     clock: Arc<dyn Clock>,
     health: Mutex<health::HealthTables>,
     capacity: Mutex<capacity::CapacityTables>,
+    /// Round-robin counters by catalog model id (`""` for the rest); only
+    /// ids of a loaded catalog are keys, so the table stays small.
+    rotations: Mutex<foldhash::HashMap<Arc<str>, u64>>,
 }
 
 impl InProcess {
@@ -127,7 +130,22 @@ impl InProcess {
             clock,
             health: Mutex::new(health::HealthTables::default()),
             capacity: Mutex::new(capacity::CapacityTables::default()),
+            rotations: Mutex::default(),
         })
+    }
+
+    /// The round-robin counter of `model` (see
+    /// [`crate::evaluate::round_robin_model`]), then advanced: each model's
+    /// requests take turns whatever else the proxy serves.
+    pub fn next_rotation(&self, model: &str) -> u64 {
+        let mut rotations = lock(&self.rotations);
+        if let Some(counter) = rotations.get_mut(model) {
+            let turn = *counter;
+            *counter = turn.wrapping_add(1);
+            return turn;
+        }
+        rotations.insert(Arc::from(model), 1);
+        0
     }
 
     pub fn clock(&self) -> &dyn Clock {

@@ -414,3 +414,14 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn each_model_has_its_own_round_robin_counter() {
+    let (_, state) = state();
+    assert_eq!(state.next_rotation("a"), 0);
+    assert_eq!(state.next_rotation("a"), 1);
+    assert_eq!(state.next_rotation("b"), 0);
+    assert_eq!(state.next_rotation(""), 0);
+    assert_eq!(state.next_rotation("a"), 2);
+    assert_eq!(state.next_rotation("b"), 1);
+}
