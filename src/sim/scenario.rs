@@ -59,7 +59,8 @@ struct Overrides {
     first_token: Option<Duration>,
     chunk_interval: Option<Duration>,
     chunks: Option<u32>,
-    usage: Option<Usage>,
+    input_tokens: Option<u32>,
+    output_tokens: Option<u32>,
 }
 
 impl Overrides {
@@ -69,7 +70,10 @@ impl Overrides {
             first_token: self.first_token.unwrap_or(settings.first_token),
             chunk_interval: self.chunk_interval.unwrap_or(settings.chunk_interval),
             chunks: self.chunks.unwrap_or(settings.chunks),
-            usage: self.usage.unwrap_or(settings.usage),
+            usage: Usage {
+                input: self.input_tokens.unwrap_or(settings.usage.input),
+                output: self.output_tokens.unwrap_or(settings.usage.output),
+            },
         }
     }
 }
@@ -287,8 +291,8 @@ struct RawModel {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawUsage {
-    input: u32,
-    output: u32,
+    input: Option<u32>,
+    output: Option<u32>,
 }
 
 /// The settings fields of one level, whichever level it is.
@@ -471,10 +475,8 @@ impl Place<'_> {
             first_token: self.duration(raw.first_token)?,
             chunk_interval: self.duration(raw.chunk_interval)?,
             chunks,
-            usage: raw.usage.map(|usage| Usage {
-                input: usage.input,
-                output: usage.output,
-            }),
+            input_tokens: raw.usage.and_then(|usage| usage.input),
+            output_tokens: raw.usage.and_then(|usage| usage.output),
         })
     }
 
@@ -539,6 +541,23 @@ mod tests {
             Ok(scenario) => panic!("parses: {scenario:?}"),
             Err(error) => error.to_string(),
         }
+    }
+
+    #[test]
+    fn each_usage_count_comes_from_the_closest_level_that_sets_it() {
+        let scenario = parse(
+            "defaults: {usage: {input: 5}}\n\
+             providers:\n  \
+               a:\n    \
+                 usage: {output: 9}\n",
+        );
+        assert_eq!(
+            scenario.script("a", "m").map(|s| s.settings.usage),
+            Some(Usage {
+                input: 5,
+                output: 9
+            })
+        );
     }
 
     #[test]
