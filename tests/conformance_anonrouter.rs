@@ -2004,6 +2004,39 @@ async fn a60_a61_a66_401_and_402_penalize_the_whole_provider() {
     stack.stop().await;
 }
 
+/// [A60] [A61] NEAR AI's two regions are one provider (one name, one
+/// account): a 401 or 402 from near-ai-us penalizes near-ai-eu too, so
+/// qwen's TEE route there no longer leads; a 429 penalizes the one route
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a60_a61_a_providers_regions_are_penalized_together() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = shipped(&scenario(HEALTHY), &clock).await;
+    let near_ai_first = routed(DEEPSEEK, json!({"order": ["near-ai"]}));
+
+    let (reply, _) = chat(&stack, LUMEN, body(QWEN)).await;
+    assert_served(&reply, "near-ai-eu");
+    for (step, provider_penalized) in [("401", true), ("402", true), ("429", false)] {
+        replay(&stack, &scenario(&[("near-ai-us", &[step])]));
+        let (_, tried) = chat(&stack, LUMEN, near_ai_first.clone()).await;
+        assert_eq!(
+            tried.first().map(String::as_str),
+            Some("near-ai-us"),
+            "{step}"
+        );
+
+        replay(&stack, &scenario(HEALTHY));
+        let (reply, _) = chat(&stack, LUMEN, body(QWEN)).await;
+        let expected = if provider_penalized {
+            "deepinfra"
+        } else {
+            "near-ai-eu"
+        };
+        assert_served(&reply, expected);
+        forget_failures(&clock);
+    }
+    stack.stop().await;
+}
+
 /// [A62] [A67] [A69] [A93] a 400 means the request is invalid for the
 /// model: no other provider sees it, the client gets a sanitized 400 (never
 /// the provider's body), and the route is not penalized

@@ -15,6 +15,7 @@ use crate::evaluate::{
     Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
     OutcomeFacts, Plan, Progress, Timeouts,
 };
+use crate::language::ast::HealthScope;
 use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket, Timer};
 use crate::sync::lock;
 use bytes::Bytes;
@@ -674,23 +675,25 @@ impl Exchange {
             return;
         };
         for (scope, ms) in &reaction.pauses {
-            let key = ScopeKey::of(&self.snapshot, candidate, *scope);
-            self.proxy.state.pause(&key, failed_ms, *ms);
-            self.proxy.metrics.pause(scope_name(&key));
-            tracing::info!(
-                request_id = %self.request_id,
-                // A route's model may be an id a client sent: escaped, so
-                // it cannot break the line or reach a terminal raw.
-                scope = %key.to_string().escape_debug(),
-                for_ms = ms,
-                "paused"
-            );
+            self.proxy.metrics.pause(scope_name(*scope));
+            for key in ScopeKey::named_by(&self.snapshot, candidate, *scope) {
+                self.proxy.state.pause(&key, failed_ms, *ms);
+                tracing::info!(
+                    request_id = %self.request_id,
+                    // A route's model may be an id a client sent: escaped, so
+                    // it cannot break the line or reach a terminal raw.
+                    scope = %key.to_string().escape_debug(),
+                    for_ms = ms,
+                    "paused"
+                );
+            }
         }
         for scope in &reaction.penalties {
-            let key = ScopeKey::of(&self.snapshot, candidate, *scope);
-            self.proxy
-                .state
-                .penalize(&key, failed_ms, &self.snapshot.health.penalty);
+            for key in ScopeKey::named_by(&self.snapshot, candidate, *scope) {
+                self.proxy
+                    .state
+                    .penalize(&key, failed_ms, &self.snapshot.health.penalty);
+            }
         }
     }
 
@@ -1437,11 +1440,11 @@ pub async fn answer(started: Started) -> Option<Response<ProxyBody>> {
     Some(response)
 }
 
-fn scope_name(key: &ScopeKey) -> &'static str {
-    match key {
-        ScopeKey::Provider(_) => "provider",
-        ScopeKey::Route(..) => "route",
-        ScopeKey::Credential(..) => "credential",
+fn scope_name(scope: HealthScope) -> &'static str {
+    match scope {
+        HealthScope::Provider => "provider",
+        HealthScope::Route => "route",
+        HealthScope::Credential => "credential",
     }
 }
 

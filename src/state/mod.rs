@@ -46,13 +46,35 @@ impl ScopeKey {
         }
     }
 
-    /// The scope of a candidate that a `pause` or `penalize` names.
-    pub fn of(snapshot: &Snapshot, candidate: &Candidate, scope: HealthScope) -> ScopeKey {
+    /// What a `pause` or `penalize` of `scope` names for a candidate: its
+    /// route or credential, or for `provider` every catalog provider of the
+    /// candidate's provider's name, as its regions and variants share one
+    /// name (and one account).
+    pub fn named_by(
+        snapshot: &Snapshot,
+        candidate: &Candidate,
+        scope: HealthScope,
+    ) -> Vec<ScopeKey> {
         let keys = CandidateKeys::of(snapshot, candidate);
         match scope {
-            HealthScope::Provider => keys.provider,
-            HealthScope::Route => keys.route,
-            HealthScope::Credential => keys.credential,
+            HealthScope::Route => vec![keys.route],
+            HealthScope::Credential => vec![keys.credential],
+            HealthScope::Provider => {
+                let name = snapshot.interned.provider_name.get(candidate.provider);
+                let namesakes: Vec<ScopeKey> = snapshot
+                    .interned
+                    .provider_name
+                    .iter()
+                    .zip(&snapshot.interned.provider_id)
+                    .filter(|(other, _)| Some(*other) == name)
+                    .filter_map(|(_, id)| shared_text(Some(id)).map(ScopeKey::Provider))
+                    .collect();
+                if namesakes.is_empty() {
+                    vec![keys.provider]
+                } else {
+                    namesakes
+                }
+            }
         }
     }
 }
