@@ -337,6 +337,8 @@ pub struct Snapshot {
     pub let_slots: LetSlots,
     /// Per eligibility step, what the request alone settles of it.
     pub guards: Vec<Guard>,
+    /// Per eligibility step, whether it is asked once for the whole set.
+    pub once_per_set: Vec<bool>,
     /// The staged steps, guards and sort keys, compiled.
     pub(crate) compiled: Compiled,
     /// The `health` section's constants.
@@ -553,6 +555,7 @@ impl Snapshot {
             hoisted: staged.hoisted,
             let_slots,
             guards: staged.guards,
+            once_per_set: staged.once_per_set,
             compiled,
             health: HealthSettings::default(),
             plans: PlanMemo::for_program(&staged.program),

@@ -143,6 +143,10 @@ pub struct Staged {
     pub program: Program,
     /// Per eligibility step, what the request alone settles of it.
     pub guards: Vec<Guard>,
+    /// Per eligibility step, whether its condition is the same for every
+    /// candidate of a set (it reads the set only through aggregates), so it
+    /// is asked once per set.
+    pub once_per_set: Vec<bool>,
     /// Catalog-only terms, by slot: evaluated for every route and credential.
     pub statics: Vec<Term>,
     /// How many request-only slots a request may fill.
@@ -155,6 +159,9 @@ struct Stager<'p> {
     /// [`crate::language::ir::ModelsSpec::requests_one_id`].
     one_requested_id: bool,
     let_deps: Vec<Option<Deps>>,
+    /// Per definition, whether it reads the candidate it is asked for;
+    /// `None` until looked at.
+    let_focus: Vec<Option<bool>>,
     statics: Vec<Term>,
     hoisted: Vec<Term>,
     grouped: Vec<Term>,
@@ -167,6 +174,7 @@ pub fn stage(original: &Program) -> Staged {
         lets: &original.lets,
         one_requested_id: original.models.requests_one_id(),
         let_deps: vec![None; original.lets.len()],
+        let_focus: vec![None; original.lets.len()],
         statics: Vec::new(),
         hoisted: Vec::new(),
         grouped: Vec::new(),
@@ -211,9 +219,15 @@ pub fn stage(original: &Program) -> Staged {
             stager.guard(&step.condition, &program.lets, 0, &mut budget)
         })
         .collect();
+    let once_per_set = program
+        .steps
+        .iter()
+        .map(|step| !stager.reads_focus(&step.condition))
+        .collect();
     Staged {
         program,
         guards,
+        once_per_set,
         statics: stager.statics,
         hoisted: stager.hoisted.len(),
     }
@@ -306,6 +320,69 @@ impl Stager<'_> {
             TermKind::Record(fields) => fields
                 .iter()
                 .fold(Deps::NONE, |deps, (_, item)| deps.union(self.deps(item))),
+        }
+    }
+
+    /// Whether `term` may differ between the candidates it is asked for: it
+    /// reads the candidate outside aggregates, or an aggregate reads it as
+    /// `self`. Definitions are looked at once each, as checked.
+    fn reads_focus(&mut self, term: &Term) -> bool {
+        match &term.kind {
+            TermKind::Const(_) | TermKind::Hoisted(..) | TermKind::Merge(_) => false,
+            TermKind::Read(read) => {
+                let deps = read_deps(read, self.one_requested_id);
+                deps.catalog || deps.live
+            }
+            TermKind::Static(..) | TermKind::At(..) => true,
+            TermKind::Grouped(_, scored, _) => !scored.is_empty(),
+            TermKind::Aggregate(_, value, filter) => {
+                let mut scored = Vec::new();
+                let reads_only_scored_terms = scored_reads(value, &mut scored)
+                    && filter
+                        .as_deref()
+                        .is_none_or(|filter| scored_reads(filter, &mut scored));
+                !reads_only_scored_terms || !scored.is_empty()
+            }
+            TermKind::Let(index) => self.let_reads_focus(*index),
+            TermKind::Not(inner)
+            | TermKind::Negate(inner)
+            | TermKind::Field(inner, _)
+            | TermKind::ToEnum(_, inner) => self.reads_focus(inner),
+            TermKind::Binary(_, lhs, rhs) => self.reads_focus(lhs) || self.reads_focus(rhs),
+            TermKind::If(condition, then, otherwise) => {
+                self.reads_focus(condition) || self.reads_focus(then) || self.reads_focus(otherwise)
+            }
+            TermKind::Call(_, items) | TermKind::List(items) => {
+                items.iter().any(|item| self.reads_focus(item))
+            }
+            TermKind::Record(fields) => fields.iter().any(|(_, item)| self.reads_focus(item)),
+        }
+    }
+
+    fn let_reads_focus(&mut self, index: usize) -> bool {
+        match self.let_focus.get(index) {
+            Some(Some(reads)) => *reads,
+            Some(None) => {
+                // Taken to read it while its body is looked at: a cycle (which
+                // the checker refuses) is then asked per candidate.
+                if let Some(slot) = self.let_focus.get_mut(index) {
+                    *slot = Some(true);
+                }
+                let lets = self.lets;
+                let reads = stacker::maybe_grow(
+                    crate::language::check::STACK_RED_ZONE,
+                    crate::language::check::STACK_SEGMENT,
+                    || {
+                        lets.get(index)
+                            .is_none_or(|spec| self.reads_focus(&spec.term))
+                    },
+                );
+                if let Some(slot) = self.let_focus.get_mut(index) {
+                    *slot = Some(reads);
+                }
+                reads
+            }
+            None => true,
         }
     }
 
@@ -486,10 +563,63 @@ mod tests {
             lets: &[],
             one_requested_id: false,
             let_deps: Vec::new(),
+            let_focus: Vec::new(),
             statics: Vec::new(),
             hoisted: Vec::new(),
             grouped: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_condition_that_reads_the_set_only_through_aggregates_is_the_same_for_all() {
+        let mut stager = stager();
+        let cheap = binary(BinaryOp::Eq, read(Read::ModelId), read(Read::RequestModel));
+        // any price below the scored candidate's own: differs per candidate.
+        let below_scored = aggregate(binary(
+            BinaryOp::Lt,
+            read(Read::RoutePrice(crate::language::ir::PriceField::Input)),
+            at(
+                Who::Scored,
+                read(Read::RoutePrice(crate::language::ir::PriceField::Input)),
+            ),
+        ));
+        // The set alone, staged or not, and with request parts around it.
+        for set_wide in [
+            aggregate(cheap.clone()),
+            stager.stage(&aggregate(cheap.clone())),
+        ] {
+            assert!(!stager.reads_focus(&set_wide), "{set_wide:?}");
+            let with_request = binary(BinaryOp::Or, read(Read::RequestStream), set_wide);
+            assert!(!stager.reads_focus(&with_request));
+        }
+        for per_candidate in [
+            cheap.clone(),
+            below_scored.clone(),
+            stager.stage(&below_scored),
+            binary(
+                BinaryOp::And,
+                aggregate(cheap.clone()),
+                read(Read::ProviderId),
+            ),
+            at(Who::First, read(Read::ModelId)),
+        ] {
+            assert!(stager.reads_focus(&per_candidate), "{per_candidate:?}");
+        }
+        // Through definitions: one over the set, one of the candidate.
+        let definition = |term: Term| LetSpec {
+            name: String::from("d"),
+            term,
+            candidate: true,
+            aggregate: true,
+        };
+        let lets = [definition(aggregate(cheap.clone())), definition(cheap)];
+        let mut with_lets = Stager {
+            lets: &lets,
+            let_focus: vec![None; lets.len()],
+            ..super::tests::stager()
+        };
+        assert!(!with_lets.reads_focus(&Term::new(TermKind::Let(0), Span::default())));
+        assert!(with_lets.reads_focus(&Term::new(TermKind::Let(1), Span::default())));
     }
 
     #[test]

@@ -715,18 +715,28 @@ fn decide(
                     Some(code) => code,
                     None => &step.condition,
                 };
-                let rows = snapshot.statics.rows();
-                let by_row = compiled
-                    .filter(|_| in_catalog)
-                    .and_then(|code| code.settled_by_endpoint(step_index, request.endpoint, rows));
-                remaining.retain(|candidate| {
-                    let looked_up = by_row.and_then(|by_row| {
-                        let row = candidates.get(*candidate)?.static_row?;
-                        by_row.get(row).copied()
+                if snapshot.once_per_set.get(step_index) == Some(&true) {
+                    // The same for every candidate: asked of the first.
+                    if let Some(&first) = remaining.first()
+                        && !condition.truth(&mut machine, &Focus::on(first))
+                    {
+                        remaining.clear();
+                    }
+                } else {
+                    let rows = snapshot.statics.rows();
+                    let by_row = compiled.filter(|_| in_catalog).and_then(|code| {
+                        code.settled_by_endpoint(step_index, request.endpoint, rows)
                     });
-                    looked_up
-                        .unwrap_or_else(|| condition.truth(&mut machine, &Focus::on(*candidate)))
-                });
+                    remaining.retain(|candidate| {
+                        let looked_up = by_row.and_then(|by_row| {
+                            let row = candidates.get(*candidate)?.static_row?;
+                            by_row.get(row).copied()
+                        });
+                        looked_up.unwrap_or_else(|| {
+                            condition.truth(&mut machine, &Focus::on(*candidate))
+                        })
+                    });
+                }
             }
         }
         // An exclusive preference that nothing satisfies keeps everything:
