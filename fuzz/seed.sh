@@ -244,6 +244,7 @@ reset slow_headers=1.5s
 no_answer
 malformed first_token=250ms
 200 stall_after=2
+error_after=2 code=max_tokens_exceeded message="out of room"
 529 retry_after=1500ms code=overloaded_error message="try \"again\" \\ later"
 EOF
 cat > "$seeds/scenario/inline" <<'EOF'

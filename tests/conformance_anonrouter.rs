@@ -2161,6 +2161,53 @@ async fn a64_a65_a69_a70_a93_refusals_and_context_errors_stop_without_penalty() 
     stack.stop().await;
 }
 
+/// [A65] an output-limit error inside a stream, after output started (two
+/// content chunks, then the provider's error event): the client gets an
+/// error event and no end marker, nothing is retried, and the route is not
+/// penalized; any other error event there is a broken stream, whose route
+/// is penalized (decided, as for a cut)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a65_an_output_limit_error_inside_a_stream_stops_without_penalty() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = shipped(&scenario(HEALTHY), &clock).await;
+
+    for (code, expected) in [
+        ("max_tokens_exceeded", Penalty::None),
+        ("server_error", Penalty::Route),
+    ] {
+        let step = format!("error_after=2 code={code}");
+        let (reply, moved_on, penalty) =
+            first_attempt_answers(&stack, &clock, &step, streamed(body(DEEPSEEK))).await;
+        assert!(!moved_on, "{code}");
+        assert_eq!(penalty, expected, "{code}");
+        assert_eq!(reply.header(PROVIDER), Some("tinfoil"), "{code}");
+        assert!(
+            "hello from tinfoil".starts_with(&reply.answer_text()),
+            "{code}: {}",
+            reply.text
+        );
+        let (_, error) = reply.broken_stream();
+        assert_eq!(error["error"]["code"], "provider_error", "{code}");
+    }
+
+    // Anthropic's format names the error by its `type`.
+    replay(
+        &stack,
+        &scenario(&[("tinfoil", &["error_after=2 code=max_tokens_exceeded"])]),
+    );
+    let reply = stack
+        .messages(RESEARCH, streamed(message(DEEPSEEK, Value::Null)))
+        .await;
+    let (name, error) = reply.broken_stream();
+    assert_eq!(name.as_deref(), Some("error"), "{}", reply.text);
+    assert_eq!(error["type"], "error");
+    assert_eq!(stack.providers_tried(), names(&["tinfoil"]));
+    replay(&stack, &scenario(HEALTHY));
+    let (next, _) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
+    assert_served(&next, "tinfoil");
+    stack.stop().await;
+}
+
 /// [A126] [A128] when every permitted attempt failed after a fallback, 503
 /// provider_fallback_exhausted; when only one provider was tried, that
 /// provider's own sanitized error (its status; 502 provider_unreachable

@@ -3471,3 +3471,34 @@ failover {
     gateway.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_after_the_commit_is_read_as_the_providers_error() -> TestResult {
+    // `a` streams two chunks, then an error event: the rule on its code and
+    // type decides the error event the client gets; any other reading of it
+    // stops with `other_outcome`. Nothing fails over after the commit.
+    let (reply, requests) = failover_case(
+        r#"
+failover {
+  attempts 2
+  on stream_broken when upstream.error.code == "max_tokens_exceeded" and upstream.error.type == "server_error"
+    => stop, error upstream_failed
+  on any => stop, error other_outcome
+}
+"#,
+        OUTCOME_ERRORS,
+        "error_after=2 code=max_tokens_exceeded",
+        true,
+        |c| c,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(!reply.streamed_text().is_empty(), "{}", reply.text);
+    let events = sse_events(&reply.text);
+    let last = events.last().copied().unwrap_or_default();
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["error"]["code"], "upstream_failed", "{}", reply.text);
+    assert!(!reply.text.contains("[DONE]"), "{}", reply.text);
+    assert_eq!(providers_seen(&requests), ["a"]);
+    Ok(())
+}

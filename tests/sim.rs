@@ -530,6 +530,67 @@ async fn stall_after_sends_chunks_then_nothing() {
 }
 
 #[tokio::test]
+async fn error_after_sends_chunks_then_an_error_event_in_the_wire_format() {
+    let sim = sim(
+        "providers: {a: {sequence: [\"error_after=2 code=max_tokens_exceeded\"]}, \
+         b: {sequence: [error_after=0]}}",
+    )
+    .await;
+    let stream =
+        read_stream(post(&sim, "a", CHAT, json!({"model": "m", "stream": true})).await).await;
+    assert!(stream.clean_end, "the connection closes normally");
+    assert_eq!(stream.events.len(), 3, "{:?}", stream.events);
+    assert_eq!(chat_contents(&stream.events[..2]), "hello ");
+    let error = stream.events[2].json();
+    assert_eq!(error["error"]["code"], "max_tokens_exceeded");
+    assert_eq!(error["error"]["type"], "server_error");
+    assert_eq!(error["error"]["message"], "a failed mid-answer (simulated)");
+    assert!(stream.events.iter().all(|event| event.data != "[DONE]"));
+
+    let request = json!({"model": "claude-x", "max_tokens": 5, "stream": true});
+    let stream = read_stream(post(&sim, "a", "messages", request).await).await;
+    assert!(stream.clean_end);
+    assert_eq!(
+        names(&stream.events),
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "error"
+        ]
+    );
+    let error = stream.events[4].json();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "max_tokens_exceeded");
+
+    // The Responses error event is numbered after the events before it.
+    let request = json!({"model": "gpt-5-codex", "input": "hi", "stream": true});
+    let stream = read_stream(post(&sim, "a", "responses", request).await).await;
+    let error = stream.events.last().unwrap();
+    assert_eq!(error.name.as_deref(), Some("error"));
+    assert_eq!(
+        (error.json()["type"].as_str(), error.json()["code"].as_str()),
+        (Some("error"), Some("max_tokens_exceeded"))
+    );
+    assert_eq!(error.json()["sequence_number"], stream.events.len() - 1);
+
+    // After no chunk, the error comes in place of the answer.
+    let stream =
+        read_stream(post(&sim, "b", CHAT, json!({"model": "m", "stream": true})).await).await;
+    assert_eq!(stream.events.len(), 1, "{:?}", stream.events);
+    assert_eq!(stream.events[0].json()["error"]["code"], Json::Null);
+
+    // Without a stream, the error object alone, under the step's status.
+    let response = post(&sim, "a", CHAT, json!({"model": "m"})).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        json_of(response).await["error"]["code"],
+        "max_tokens_exceeded"
+    );
+}
+
+#[tokio::test]
 async fn malformed_answers_are_not_json() {
     let sim = sim("providers: {a: {sequence: [malformed]}}").await;
     let response = post(&sim, "a", CHAT, json!({"model": "m"})).await;

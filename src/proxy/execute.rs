@@ -6,7 +6,7 @@
 
 use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::respond;
-use super::upstream::{Outgoing, outcome_facts};
+use super::upstream::{Outgoing, error_event_facts, outcome_facts};
 use super::wire::{self, EventKind, EventReader, FinishedChoices};
 use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::Snapshot;
@@ -1120,6 +1120,18 @@ impl Exchange {
             },
             passthrough: None,
         };
+        // The provider's error event: its error object read as an error
+        // answer's is, so that rules on `upstream.error.*` tell one error
+        // from another (an overload from a fault, an output limit from a
+        // breakdown), before the commit and after it.
+        let failed_with_error_event =
+            |class: OutcomeClass, event: &wire::Event| Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class,
+                    facts: error_event_facts(status, &event.data),
+                },
+                passthrough: None,
+            };
 
         // Before the first event: nothing reached the client yet.
         let mut held: Vec<Bytes> = Vec::new();
@@ -1142,26 +1154,9 @@ impl Exchange {
                 match kind {
                     EventKind::Comment => held.push(event.raw),
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
-                    // An error in place of the answer: its error object read
-                    // as an error answer's is, so that rules on
-                    // `upstream.error.*` tell an overload from a fault.
+                    // An error in place of the answer.
                     EventKind::Error => {
-                        let mut facts = outcome_facts(
-                            status,
-                            &HeaderMap::new(),
-                            event.data.as_bytes(),
-                            SystemTime::now(),
-                        );
-                        facts.error_message = facts
-                            .error_message
-                            .or_else(|| Some(Arc::from(event.data.as_str())));
-                        return Attempted::Failed {
-                            outcome: AttemptOutcome {
-                                class: OutcomeClass::Malformed,
-                                facts,
-                            },
-                            passthrough: None,
-                        };
+                        return failed_with_error_event(OutcomeClass::Malformed, &event);
                     }
                     // The end before anything of an answer: an empty answer,
                     // not to be served as complete while failover can still
@@ -1239,8 +1234,10 @@ impl Exchange {
                             Some(String::from("the provider sent a malformed event")),
                         );
                     }
+                    // The client gets an error event of the policy's own
+                    // (no sentinel); the provider's says why it broke off.
                     EventKind::Error => {
-                        return failed(OutcomeClass::StreamBroken, Some(event.data.clone()));
+                        return failed_with_error_event(OutcomeClass::StreamBroken, &event);
                     }
                     _ => {}
                 }

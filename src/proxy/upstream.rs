@@ -342,6 +342,21 @@ pub fn outcome_facts(
     }
 }
 
+/// What a provider's error event in a stream of status `status` says: its
+/// error object, read as an error answer's body is; the event's whole data
+/// is the message when the object gives none.
+pub fn error_event_facts(status: u16, data: &str) -> OutcomeFacts {
+    // An event has no headers of its own, so no `Retry-After` to date.
+    let mut facts = outcome_facts(
+        status,
+        &HeaderMap::new(),
+        data.as_bytes(),
+        std::time::SystemTime::now(),
+    );
+    facts.error_message = facts.error_message.or_else(|| Some(Arc::from(data)));
+    facts
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
@@ -411,6 +426,19 @@ mod tests {
         );
         assert_eq!(event.error_code.as_deref(), Some("rate_limit_exceeded"));
         assert_eq!(event.error_message.as_deref(), Some("slow down"));
+
+        // An error event: the same object, and its data when it has no message.
+        let limit = error_event_facts(
+            200,
+            r#"{"error":{"message":"too long","type":"server_error","code":"max_tokens_exceeded"}}"#,
+        );
+        assert_eq!(
+            (limit.status, limit.error_code.as_deref()),
+            (Some(200), Some("max_tokens_exceeded"))
+        );
+        assert_eq!(limit.error_message.as_deref(), Some("too long"));
+        let bare = error_event_facts(200, r#"{"type":"error"}"#);
+        assert_eq!(bare.error_message.as_deref(), Some(r#"{"type":"error"}"#));
 
         let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>", now);
         assert_eq!(garbage.status, Some(502));

@@ -579,27 +579,74 @@ impl Play {
         stream_response(StatusCode::OK, body)
     }
 
+    /// The message of `error_after`'s error when the step gives none.
+    fn failure_message(&self, message: Option<&str>) -> String {
+        message.map_or_else(
+            || format!("{} failed mid-answer (simulated)", self.provider),
+            str::to_string,
+        )
+    }
+
+    /// The error event an `error_after` stream ends with; `None` for the
+    /// other endings. The events before the first chunk go out with it, so
+    /// after none they were not sent either.
+    fn stream_error(&self, ending: &Ending, events: &StreamEvents) -> Option<wire::Event> {
+        let Ending::ErrorAfter {
+            chunks,
+            code,
+            message,
+        } = ending
+        else {
+            return None;
+        };
+        let chunks_sent = events
+            .chunks
+            .len()
+            .min(usize::try_from(*chunks).unwrap_or(usize::MAX));
+        let events_sent = match chunks_sent {
+            0 => 0,
+            sent => events.preamble.len() + sent,
+        };
+        Some(wire::stream_error(
+            self.endpoint,
+            code.as_deref(),
+            &self.failure_message(message.as_deref()),
+            events_sent,
+        ))
+    }
+
     fn success(&self, success: &Success, stop: &Stop) -> Response<SimBody> {
         let status = StatusCode::from_u16(success.status).unwrap_or(StatusCode::OK);
         if let Some(events) = self.stream_events() {
+            let stream_error = self.stream_error(&success.ending, &events);
             let (feed, body) = SimBody::channel();
             let producer = Producer {
                 feed,
                 stop: stop.clone(),
             };
-            tokio::spawn(producer.stream(events, success.clone(), self.settings));
+            tokio::spawn(producer.stream(events, success.clone(), self.settings, stream_error));
             return stream_response(status, body);
         }
         let whole = self.answer().body(self.endpoint).to_string();
-        match success.ending {
+        match &success.ending {
             Ending::CutAfter(_) | Ending::StallAfter(_) => {
                 let (feed, body) = SimBody::channel();
                 let producer = Producer {
                     feed,
                     stop: stop.clone(),
                 };
-                tokio::spawn(producer.partial_body(whole, success.ending));
+                tokio::spawn(producer.partial_body(whole, success.ending.clone()));
                 with_json_type(status, body)
+            }
+            // A whole answer has no chunks to send first: the error alone,
+            // under the step's status, as some providers answer.
+            Ending::ErrorAfter { code, message, .. } => {
+                let error = wire::failed_answer_error(
+                    self.endpoint,
+                    code.as_deref(),
+                    &self.failure_message(message.as_deref()),
+                );
+                json_response(status, &error)
             }
             Ending::Complete | Ending::NoTerminator | Ending::Linger => {
                 with_json_type(status, SimBody::whole(whole))
@@ -637,11 +684,26 @@ impl Producer {
         }
     }
 
-    async fn stream(mut self, events: StreamEvents, success: Success, settings: Settings) {
+    /// Plays the stream; `stream_error` is the error event an
+    /// `error_after` stream ends with.
+    async fn stream(
+        mut self,
+        events: StreamEvents,
+        success: Success,
+        settings: Settings,
+        stream_error: Option<wire::Event>,
+    ) {
         match self.play_stream(&events, &success, &settings).await {
             Ok(()) => match success.ending {
                 Ending::CutAfter(_) => self.cut().await,
                 Ending::StallAfter(_) | Ending::Linger => self.stall().await,
+                // Then a normal close, as a provider's after its error (a
+                // client already gone gets nothing either way).
+                Ending::ErrorAfter { .. } => {
+                    if let Some(event) = stream_error {
+                        let _ = self.feed.send(event.to_text()).await;
+                    }
+                }
                 Ending::Complete | Ending::NoTerminator => {}
             },
             Err(Gone) => self.feed.abort().await,
@@ -656,7 +718,9 @@ impl Producer {
         settings: &Settings,
     ) -> Result<(), Gone> {
         let last_chunk = match success.ending {
-            Ending::CutAfter(chunks) | Ending::StallAfter(chunks) => Some(chunks),
+            Ending::CutAfter(chunks)
+            | Ending::StallAfter(chunks)
+            | Ending::ErrorAfter { chunks, .. } => Some(chunks),
             Ending::Complete | Ending::NoTerminator | Ending::Linger => None,
         };
         self.pause(success.first_token.unwrap_or(settings.first_token))
@@ -667,7 +731,8 @@ impl Producer {
             }
             if number == 1 {
                 // The events before the content go out with the first chunk,
-                // so `cut_after=0` and `stall_after=0` send nothing at all.
+                // so `cut_after=0` and `stall_after=0` send nothing at all
+                // (and `error_after=0` only its error).
                 for event in &events.preamble {
                     self.feed.send(event.to_text()).await?;
                 }

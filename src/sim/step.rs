@@ -41,7 +41,7 @@ pub struct Success {
 }
 
 /// How a successful answer ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ending {
     /// Every event, then the wire format's terminator.
     Complete,
@@ -51,6 +51,13 @@ pub enum Ending {
     CutAfter(u32),
     /// This many content chunks, then nothing more while the connection stays open.
     StallAfter(u32),
+    /// This many content chunks, then an error event and a normal close:
+    /// the provider failed mid-answer and said why.
+    ErrorAfter {
+        chunks: u32,
+        code: Option<String>,
+        message: Option<String>,
+    },
     /// Every event except the terminator, then nothing more while the
     /// connection stays open: an answer finished but never ended.
     Linger,
@@ -97,7 +104,7 @@ fn error_at(offset: usize, message: impl Into<String>) -> StepError {
 /// Words that stand alone.
 const FLAGS: [&str; 5] = ["reset", "no_answer", "malformed", "no_done", "linger"];
 /// Words written `name=value`.
-const OPTIONS: [&str; 8] = [
+const OPTIONS: [&str; 9] = [
     "retry_after",
     "code",
     "message",
@@ -105,19 +112,23 @@ const OPTIONS: [&str; 8] = [
     "first_token",
     "cut_after",
     "stall_after",
+    "error_after",
     "malformed_chunk",
 ];
 /// Options that shape a successful stream.
-const STREAM_OPTIONS: [&str; 6] = [
+const STREAM_OPTIONS: [&str; 7] = [
     "first_token",
     "cut_after",
     "stall_after",
+    "error_after",
     "malformed_chunk",
     "no_done",
     "linger",
 ];
 /// Options that describe an error answer.
 const ERROR_OPTIONS: [&str; 3] = ["retry_after", "code", "message"];
+/// Error options that also describe the error event `error_after` sends.
+const STREAM_ERROR_OPTIONS: [&str; 2] = ["code", "message"];
 
 /// One space-separated word of a step: `name` or `name=value`.
 #[derive(Debug)]
@@ -209,6 +220,7 @@ struct Parts {
     first_token: Option<Duration>,
     cut_after: Option<u32>,
     stall_after: Option<u32>,
+    error_after: Option<u32>,
     malformed_chunk: Option<(usize, u32)>,
     no_done: bool,
     linger: bool,
@@ -361,6 +373,7 @@ fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
         "first_token" => parts.first_token = Some(duration(value, value_offset)?),
         "cut_after" => parts.cut_after = Some(count(value, value_offset)?),
         "stall_after" => parts.stall_after = Some(count(value, value_offset)?),
+        "error_after" => parts.error_after = Some(count(value, value_offset)?),
         "malformed_chunk" => {
             let chunk = count(value, value_offset)?;
             if chunk == 0 {
@@ -417,11 +430,25 @@ fn count(value: &str, offset: usize) -> Result<u32, StepError> {
 fn build_action(parts: &Parts) -> Result<Action, StepError> {
     let status = parts.status;
     let is_error = status.is_some_and(|status| !(200..300).contains(&status));
-    if !is_error && let Some(option) = ERROR_OPTIONS.iter().find(|option| parts.has(option)) {
+    // `code` and `message` also describe the error event of `error_after`.
+    let error_event_options: &[&str] = if parts.has("error_after") {
+        &STREAM_ERROR_OPTIONS
+    } else {
+        &[]
+    };
+    let misplaced_error_option = ERROR_OPTIONS
+        .iter()
+        .find(|option| parts.has(option) && !error_event_options.contains(option));
+    if !is_error && let Some(option) = misplaced_error_option {
+        let or_error_event = if STREAM_ERROR_OPTIONS.contains(option) {
+            ", or end a stream with `error_after=N`"
+        } else {
+            ""
+        };
         return Err(error_at(
             parts.offset_of(option),
             format!(
-                "`{option}` belongs to an error answer; give an error status such as `429` or `503`"
+                "`{option}` belongs to an error answer; give an error status such as `429` or `503`{or_error_event}"
             ),
         ));
     }
@@ -459,10 +486,16 @@ fn build_action(parts: &Parts) -> Result<Action, StepError> {
             message: parts.message.clone(),
         }));
     }
-    let endings: Vec<&str> = ["cut_after", "stall_after", "no_done", "linger"]
-        .into_iter()
-        .filter(|ending| parts.has(ending))
-        .collect();
+    let endings: Vec<&str> = [
+        "cut_after",
+        "stall_after",
+        "error_after",
+        "no_done",
+        "linger",
+    ]
+    .into_iter()
+    .filter(|ending| parts.has(ending))
+    .collect();
     if let [first, second, ..] = endings.as_slice() {
         return Err(error_at(
             parts.offset_of(second),
@@ -472,18 +505,26 @@ fn build_action(parts: &Parts) -> Result<Action, StepError> {
     let ending = match (
         parts.cut_after,
         parts.stall_after,
+        parts.error_after,
         parts.no_done,
         parts.linger,
     ) {
-        (Some(chunks), _, _, _) => Ending::CutAfter(chunks),
-        (_, Some(chunks), _, _) => Ending::StallAfter(chunks),
-        (_, _, true, _) => Ending::NoTerminator,
-        (_, _, _, true) => Ending::Linger,
+        (Some(chunks), ..) => Ending::CutAfter(chunks),
+        (_, Some(chunks), ..) => Ending::StallAfter(chunks),
+        (_, _, Some(chunks), ..) => Ending::ErrorAfter {
+            chunks,
+            code: parts.code.clone(),
+            message: parts.message.clone(),
+        },
+        (.., true, _) => Ending::NoTerminator,
+        (.., true) => Ending::Linger,
         _ => Ending::Complete,
     };
-    if let (Some((offset, chunk)), Ending::CutAfter(sent) | Ending::StallAfter(sent)) =
-        (parts.malformed_chunk, ending)
-        && chunk > sent
+    if let (
+        Some((offset, chunk)),
+        Ending::CutAfter(sent) | Ending::StallAfter(sent) | Ending::ErrorAfter { chunks: sent, .. },
+    ) = (parts.malformed_chunk, &ending)
+        && chunk > *sent
     {
         return Err(error_at(
             offset,
@@ -569,6 +610,35 @@ mod tests {
     }
 
     #[test]
+    fn error_after_takes_the_error_events_code_and_message() {
+        let Action::Success(success) = step("error_after=2 code=max_tokens_exceeded").action else {
+            panic!("not a success")
+        };
+        assert_eq!(
+            (success.status, success.ending),
+            (
+                200,
+                Ending::ErrorAfter {
+                    chunks: 2,
+                    code: Some(String::from("max_tokens_exceeded")),
+                    message: None,
+                }
+            )
+        );
+        let Action::Success(success) = step("error_after=0 message=\"out of room\"").action else {
+            panic!("not a success")
+        };
+        assert_eq!(
+            success.ending,
+            Ending::ErrorAfter {
+                chunks: 0,
+                code: None,
+                message: Some(String::from("out of room")),
+            }
+        );
+    }
+
+    #[test]
     fn errors_point_at_the_word() {
         for status in ["204", "205", "304"] {
             let (offset, message) = error(status);
@@ -620,6 +690,40 @@ mod tests {
                     "`stall_after` and `cut_after` both say how the stream ends; keep one"
                 )
             )
+        );
+        assert_eq!(
+            error("error_after=1 cut_after=2").1,
+            "`error_after` and `cut_after` both say how the stream ends; keep one"
+        );
+        assert_eq!(
+            error("200 code=x"),
+            (
+                4,
+                String::from(
+                    "`code` belongs to an error answer; give an error status such as `429` or `503`, or end a stream with `error_after=N`"
+                )
+            )
+        );
+        assert_eq!(
+            error("error_after=1 retry_after=1s").1,
+            "`retry_after` belongs to an error answer; give an error status such as `429` or `503`"
+        );
+        assert_eq!(
+            error("503 code=x error_after=1"),
+            (
+                11,
+                String::from(
+                    "`error_after` shapes a successful stream; an error answer has no stream"
+                )
+            )
+        );
+        assert_eq!(
+            error("reset error_after=1").1,
+            "`error_after` cannot be combined with `reset`"
+        );
+        assert_eq!(
+            error("error_after=1 malformed_chunk=2").1,
+            "chunk 2 is never sent: the stream ends after chunk 1"
         );
         assert_eq!(
             error("no_done linger").1,

@@ -581,6 +581,42 @@ pub fn error_body(endpoint: Endpoint, status: u16, code: Option<&str>, message: 
     }
 }
 
+/// The error event that ends a stream failing mid-answer, in the
+/// endpoint's format: OpenAI's error object as a plain `data:` event,
+/// Anthropic's under `event: error`, and the Responses API's typed `error`
+/// event, numbered after the `events_sent` before it. Without `code` the
+/// error is typed as a server error's.
+pub fn stream_error(
+    endpoint: Endpoint,
+    code: Option<&str>,
+    message: &str,
+    events_sent: usize,
+) -> Event {
+    match endpoint {
+        Endpoint::Responses => Event::named(
+            "error",
+            &json!({
+                "type": "error",
+                "code": code,
+                "message": message,
+                "param": null,
+                "sequence_number": events_sent,
+            }),
+        ),
+        Endpoint::Messages => Event::named("error", &failed_answer_error(endpoint, code, message)),
+        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Embeddings => {
+            Event::data(&failed_answer_error(endpoint, code, message))
+        }
+    }
+}
+
+/// The error object of an answer that failed midway, in the endpoint's
+/// format: typed as a server error's unless `code` says (Anthropic's type).
+pub fn failed_answer_error(endpoint: Endpoint, code: Option<&str>, message: &str) -> Json {
+    // The failure is the provider's own, whatever status the answer began with.
+    error_body(endpoint, 500, code, message)
+}
+
 /// `GET /v1/models`: the fields of OpenAI's and Anthropic's model lists
 /// together, so both SDKs read it whichever wire format the provider speaks.
 pub fn models_body(provider: &str, models: &[&str]) -> Json {
@@ -702,6 +738,44 @@ mod tests {
                 .map(|stream| stream.closing.len()),
             Some(1)
         );
+    }
+
+    #[test]
+    fn a_stream_error_takes_each_endpoints_error_event_shape() {
+        let chat = stream_error(
+            Endpoint::ChatCompletions,
+            Some("max_tokens_exceeded"),
+            "m",
+            3,
+        );
+        assert_eq!(chat.name, None);
+        let data: Json = serde_json::from_str(&chat.data).unwrap_or_default();
+        assert_eq!(data["error"]["code"], "max_tokens_exceeded");
+        assert_eq!(data["error"]["type"], "server_error");
+        assert_eq!(data["error"]["message"], "m");
+
+        let anthropic = stream_error(Endpoint::Messages, Some("overloaded_error"), "m", 3);
+        assert_eq!(anthropic.name, Some("error"));
+        let data: Json = serde_json::from_str(&anthropic.data).unwrap_or_default();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["error"]["type"], "overloaded_error");
+        let untyped = stream_error(Endpoint::Messages, None, "m", 3);
+        assert!(
+            untyped.data.contains(r#""type":"api_error""#),
+            "{untyped:?}"
+        );
+
+        let responses = stream_error(Endpoint::Responses, Some("server_error"), "m", 6);
+        assert!(
+            responses.to_text().starts_with("event: error\ndata: "),
+            "{responses:?}"
+        );
+        let data: Json = serde_json::from_str(&responses.data).unwrap_or_default();
+        assert_eq!(
+            (&data["type"], &data["code"], &data["message"]),
+            (&json!("error"), &json!("server_error"), &json!("m"))
+        );
+        assert_eq!(data["sequence_number"], 6);
     }
 
     #[test]
