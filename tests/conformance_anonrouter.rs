@@ -520,9 +520,10 @@ async fn a22_the_model_list_shows_routes_under_public_ids() {
     stack.stop().await;
 }
 
-/// [A7] GET /v1/models lists the routes under the canonical model in
+/// [A7] [A82] GET /v1/models lists the routes under the canonical model in
 /// `provider_routes`, and `auto_provider` names the provider Auto would
-/// pick right now: with tinfoil recently failed, Auto picks venice
+/// pick right now: with tinfoil recently failed, Auto picks venice, and
+/// tinfoil goes after every healthy route, the Anonymous one included
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a7_the_model_list_names_the_provider_auto_picks_now() {
     let clock = Arc::new(ManualClock::default());
@@ -542,10 +543,11 @@ async fn a7_the_model_list_names_the_provider_auto_picks_now() {
     assert_served(&reply, "venice");
     let lumen = listing(&stack, LUMEN, false).await;
     assert_eq!(lumen[0].2, json!("venice"), "{lumen:?}");
-    // The routes are still all listed; the penalized one behind.
+    // The routes are still all listed; the penalized one behind every
+    // healthy one.
     assert_eq!(
         lumen[0].1,
-        json!(["venice", "near-ai", "tinfoil", "deepinfra"])
+        json!(["venice", "near-ai", "deepinfra", "tinfoil"])
     );
     stack.stop().await;
 }
@@ -1577,9 +1579,10 @@ fn sized(model: &str, provider: Value, bytes: usize) -> Value {
 }
 
 /// [A47] [A48] decided: a route whose context window is smaller than the
-/// request's estimate goes behind the routes that fit (under `privacy`
-/// after the tier), never ahead of a pin or an explicit order, and is
-/// never removed: the provider decides whether the prompt fits
+/// request's estimate goes behind the routes that fit (under Default after
+/// the tier preference, under `privacy` after the tier), never ahead of a
+/// pin or an explicit order, and is never removed: the provider decides
+/// whether the prompt fits
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a47_a48_context_estimates_order_routes_but_never_reject() {
     let clock = Arc::new(ManualClock::default());
@@ -1590,11 +1593,15 @@ async fn a47_a48_context_estimates_order_routes_but_never_reject() {
     const LARGE: usize = 600_000;
 
     for (key, provider, bytes, expected) in [
+        // Default: TEE tinfoil keeps its preference over Private venice,
+        // and a fallback stays at its tier (near-ai-us).
+        (LUMEN, Value::Null, MEDIUM, &["tinfoil", "near-ai-us"][..]),
+        // Among the two TEE routes, the one that fits first.
         (
             LUMEN,
-            Value::Null,
+            json!({"ignore": ["venice"]}),
             MEDIUM,
-            &["venice", "near-ai-us", "tinfoil"][..],
+            &["near-ai-us", "tinfoil"][..],
         ),
         (
             RESEARCH,
@@ -1608,12 +1615,9 @@ async fn a47_a48_context_estimates_order_routes_but_never_reject() {
             MEDIUM,
             &["venice", "near-ai-us", "tinfoil"][..],
         ),
-        (
-            LUMEN,
-            Value::Null,
-            LARGE,
-            &["deepinfra", "tinfoil", "venice"][..],
-        ),
+        // Only Anonymous deepinfra fits, but Default never leaves a more
+        // private tier for an estimate.
+        (LUMEN, Value::Null, LARGE, &["tinfoil", "near-ai-us"][..]),
         (
             RESEARCH,
             json!({"order": ["tinfoil"]}),
@@ -2498,34 +2502,35 @@ async fn a74_default_weighs_measured_speed_within_a_tier() {
 
 /// [A74] [A75] within a tier Default weighs the success rate over the last
 /// 24 hours; a route with fewer than 20 recent requests is treated as
-/// average, never guessed: venice's failures count only from its 20th
+/// average, never guessed: tinfoil's failures count only from its 20th,
+/// against the other TEE route, near-ai-us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a74_a75_default_weighs_success_once_measured() {
     let clock = Arc::new(ManualClock::default());
     let seven_failures = ["500", "500", "500", "500", "500", "500", "500", "200"];
-    let stack = shipped(&scenario(&[("venice", &seven_failures)]), &clock).await;
+    let stack = shipped(&scenario(&[("tinfoil", &seven_failures)]), &clock).await;
 
-    // venice: 7 failures in 19 requests; near-ai-us: 20 successes.
+    // tinfoil: 7 failures in 19 requests; near-ai-us: 20 successes.
     for _ in 0..19 {
-        chat(&stack, LUMEN, routed(DEEPSEEK, json!("venice"))).await;
+        chat(&stack, LUMEN, routed(DEEPSEEK, json!("tinfoil"))).await;
     }
     warm(&stack, DEEPSEEK, "near-ai", 20, false).await;
     forget_failures(&clock);
 
-    let private_or_near = json!({"ignore": ["tinfoil"]});
-    let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, private_or_near.clone())).await;
-    // Average (near-ai-us's 100%), so venice's lower price wins.
-    assert_served(&reply, "venice");
-    recorded(&stack, DEEPSEEK, "venice", 20);
-    // That was venice's 20th: 65% success outweighs its price now.
+    let the_two_tees = json!({"ignore": ["venice"]});
+    let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, the_two_tees.clone())).await;
+    // Average (near-ai-us's 100%), so tinfoil's lower price wins.
+    assert_served(&reply, "tinfoil");
+    recorded(&stack, DEEPSEEK, "tinfoil", 20);
+    // That was tinfoil's 20th: 65% success outweighs its price now.
     for _ in 0..3 {
-        let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, private_or_near.clone())).await;
+        let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, the_two_tees.clone())).await;
         assert_served(&reply, "near-ai-us");
     }
     // A day later none of it counts.
     clock.advance(24 * 3_600_000 + 1_000);
-    let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, private_or_near)).await;
-    assert_served(&reply, "venice");
+    let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, the_two_tees)).await;
+    assert_served(&reply, "tinfoil");
     stack.stop().await;
 }
 
@@ -2715,7 +2720,8 @@ async fn a51_a82_a_failed_route_goes_behind_healthy_ones_under_every_sort() {
     let stack = shipped(&scenario(HEALTHY), &clock).await;
 
     for (key, provider, failed, expected) in [
-        // Default: behind the healthy routes of its preference level.
+        // Default: behind every healthy route (the Anonymous one, behind
+        // venice's tier, is not a fallback here; the model list shows it).
         (
             LUMEN,
             Value::Null,
@@ -2873,7 +2879,9 @@ fn second_e2ee_route(stack: &Stack) {
 /// [A89] [A127] an E2EE request never switches providers: when its
 /// provider fails before output, 503
 /// provider_fallback_not_supported_for_e2ee, even with a second E2EE route
-/// and fallbacks allowed; a failure still penalizes as the table says
+/// and fallbacks allowed; a failure still penalizes as the table says. A
+/// 400 or a context error is about the request, not a failure: the
+/// provider's sanitized error, as without E2EE
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a89_a127_an_e2ee_provider_failing_is_503_without_fallback() {
     let clock = Arc::new(ManualClock::default());
@@ -2892,11 +2900,10 @@ async fn a89_a127_an_e2ee_provider_failing_is_503_without_fallback() {
         ("429", true),
         ("404", true),
         ("401", true),
+        ("302", true),
         ("reset", true),
         ("malformed", true),
-        ("400", false),
         ("403", false),
-        ("500 code=context_length_exceeded", false),
     ] {
         replay(&stack, &scenario(&[("phala", &[step])]));
         let (reply, tried) = chat_with(&stack, LUMEN, &e2ee, fallbacks.clone()).await;
@@ -2911,6 +2918,19 @@ async fn a89_a127_an_e2ee_provider_failing_is_503_without_fallback() {
         let (reply, _) = chat_with(&stack, LUMEN, &e2ee, fallbacks.clone()).await;
         let expected = if penalized { "near-ai-eu" } else { "phala" };
         assert_served(&reply, expected);
+        forget_failures(&clock);
+    }
+    for (step, status, kind) in [
+        ("400", 400, "invalid_request_error"),
+        ("500 code=context_length_exceeded", 500, "api_error"),
+    ] {
+        replay(&stack, &scenario(&[("phala", &[step])]));
+        let (reply, tried) = chat_with(&stack, LUMEN, &e2ee, fallbacks.clone()).await;
+        reply.openai_error(status, "provider_error", kind);
+        assert_eq!(tried, names(&["phala"]), "{step}");
+        replay(&stack, &scenario(HEALTHY));
+        let (reply, _) = chat_with(&stack, LUMEN, &e2ee, fallbacks.clone()).await;
+        assert_served(&reply, "phala");
         forget_failures(&clock);
     }
     // A timeout, and the Anthropic format.
