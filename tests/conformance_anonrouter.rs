@@ -995,9 +995,10 @@ fn message_body_with(provider: Value) -> Value {
     message(DEEPSEEK, provider)
 }
 
-/// [A27] [A45] an unknown key or an out-of-range value (`max_attempts` 4
-/// or 0, `"sort": "default"`, a tier that is none) is 400 invalid_request;
-/// decided: so is a `provider` of the wrong shape
+/// [A27] [A45] [A28] an unknown key or an out-of-range value (`max_attempts`
+/// 4 or 0, `"sort": "default"`, a tier that is none) is 400
+/// invalid_request; a `provider` value of the wrong shape is "malformed",
+/// 400 invalid_provider_policy
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
     let clock = Arc::new(ManualClock::default());
@@ -1011,11 +1012,7 @@ async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
         json!({"sort": "default"}),
         json!({"sort": "cheapest"}),
         json!({"minimum_privacy": "standard"}),
-        json!({"allow_fallbacks": "no"}),
         json!({"max_price": {"input": 1, "total": 2}}),
-        json!({"only": "venice"}),
-        json!(42),
-        json!(["venice"]),
     ] {
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, invalid.clone())).await;
         let message = reply.openai_error(400, "invalid_request", "invalid_request_error");
@@ -1024,6 +1021,16 @@ async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
             "{invalid}"
         );
         assert!(tried.is_empty(), "{invalid}");
+    }
+    for malformed in [
+        json!({"allow_fallbacks": "no"}),
+        json!({"only": "venice"}),
+        json!(42),
+        json!(["venice"]),
+    ] {
+        let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, malformed.clone())).await;
+        policy_error(&reply, 400, "invalid_provider_policy");
+        assert!(tried.is_empty(), "{malformed}");
     }
     let (reply, _) = messages(&stack, LUMEN, message_body_with(json!({"sort": "default"}))).await;
     reply.anthropic_error(400, "invalid_request_error");

@@ -1,7 +1,8 @@
 //! Reading the request's routing inputs: declared body fields and headers,
 //! checked against their types. A value of the wrong shape gets the input's
-//! `malformed` error; a provider or model name the catalog does not know,
-//! its `unknown` error.
+//! `malformed` error; an unknown field of an object or a number out of its
+//! range, its `invalid` error; a provider or model name the catalog does not
+//! know, its `unknown` error.
 
 use crate::compile::{ModelName, Snapshot};
 use crate::data::schema::parse_duration;
@@ -20,7 +21,19 @@ pub struct InputProblem {
 
 enum Problem {
     Malformed(String),
+    Invalid(String),
     Unknown(String),
+}
+
+impl Problem {
+    /// The same problem, said of an object's field.
+    fn in_field(self, name: &str) -> Problem {
+        match self {
+            Problem::Malformed(detail) => Problem::Malformed(format!("`{name}`: {detail}")),
+            Problem::Invalid(detail) => Problem::Invalid(format!("`{name}`: {detail}")),
+            Problem::Unknown(detail) => Problem::Unknown(format!("`{name}`: {detail}")),
+        }
+    }
 }
 
 /// A raw input: a JSON body field, or a header's text.
@@ -41,15 +54,16 @@ pub fn parse_input(
         None | Some(Raw::Json(Json::Null)) => return Ok(Value::Null),
         Some(raw) => raw,
     };
-    let problem = |problem: Problem| match problem {
-        Problem::Malformed(detail) => InputProblem {
-            error: spec.malformed,
+    let problem = |problem: Problem| {
+        let (error, detail) = match problem {
+            Problem::Malformed(detail) => (spec.malformed, detail),
+            Problem::Invalid(detail) => (spec.invalid, detail),
+            Problem::Unknown(detail) => (spec.unknown, detail),
+        };
+        InputProblem {
+            error,
             detail: format!("`{}`: {detail}", spec.name),
-        },
-        Problem::Unknown(detail) => InputProblem {
-            error: spec.unknown,
-            detail: format!("`{}`: {detail}", spec.name),
-        },
+        }
     };
     // A header holding a structured input carries it as JSON, or, for one
     // with a shorthand, the shorthand's plain value (`x-provider: beta`).
@@ -111,7 +125,7 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
             if let InputType::Int { low, high } = ty
                 && (number.fract() != 0.0 || number < *low || number > *high)
             {
-                return Err(Problem::Malformed(format!(
+                return Err(Problem::Invalid(format!(
                     "a whole number from {} to {}, found {number}",
                     Value::Number(*low),
                     Value::Number(*high)
@@ -149,7 +163,9 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
                 .members
                 .iter()
                 .position(|member| member == name)
-                .ok_or_else(|| malformed(&format!("one of {}", e.members.join(", "))))?;
+                .ok_or_else(|| {
+                    Problem::Invalid(format!("expected one of {}", e.members.join(", ")))
+                })?;
             Ok(Value::Enum(EnumMember {
                 rank: u32::try_from(rank).unwrap_or(u32::MAX),
                 name: Arc::from(name),
@@ -200,26 +216,18 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
                 .find(|key| !fields.iter().any(|(name, _)| **name == ***key))
             {
                 let known: Vec<&str> = fields.iter().map(|(name, _)| &**name).collect();
-                return Err(Problem::Malformed(format!(
+                return Err(Problem::Invalid(format!(
                     "unknown field `{unknown}`; the fields are {}",
                     known.join(", ")
                 )));
             }
             let mut values = Vec::new();
             for (name, field_type) in fields {
-                let value =
-                    match object.get(&**name) {
-                        None | Some(Json::Null) => Value::Null,
-                        Some(field_raw) => parse(snapshot, field_type, &Raw::Json(field_raw))
-                            .map_err(|problem| match problem {
-                                Problem::Malformed(detail) => {
-                                    Problem::Malformed(format!("`{name}`: {detail}"))
-                                }
-                                Problem::Unknown(detail) => {
-                                    Problem::Unknown(format!("`{name}`: {detail}"))
-                                }
-                            })?,
-                    };
+                let value = match object.get(&**name) {
+                    None | Some(Json::Null) => Value::Null,
+                    Some(field_raw) => parse(snapshot, field_type, &Raw::Json(field_raw))
+                        .map_err(|problem| problem.in_field(name))?,
+                };
                 values.push((name.clone(), value));
             }
             Ok(Value::Record(Arc::from(values)))
@@ -232,5 +240,62 @@ fn text_of<'a>(raw: &'a Raw<'_>) -> Option<&'a str> {
         Raw::Json(Json::String(s)) => Some(s.as_str()),
         Raw::Text(text) => Some(text),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{AllSecrets, compile_file};
+    use crate::evaluate::execution::error_name;
+
+    /// The error AnonRouter's `provider` input answers a raw value with.
+    fn error_for(raw: Json) -> Option<String> {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/anonrouter.policy");
+        let snapshot = compile_file(&path, &AllSecrets).expect("anonrouter compiles");
+        let spec = snapshot
+            .program
+            .inputs
+            .iter()
+            .find(|spec| spec.name == "provider")
+            .expect("anonrouter declares `provider`");
+        parse_input(&snapshot, spec, Some(Raw::Json(&raw)), &mut |_, value| {
+            value
+        })
+        .err()
+        .map(|problem| error_name(&snapshot, problem.error))
+    }
+
+    #[test]
+    fn wrong_shapes_refused_values_and_unknown_names_get_their_own_errors() {
+        use serde_json::json;
+        for malformed in [json!(42), json!(["venice"]), json!({"only": "venice"})] {
+            assert_eq!(
+                error_for(malformed.clone()).as_deref(),
+                Some("invalid_provider_policy"),
+                "{malformed}"
+            );
+        }
+        for invalid in [
+            json!({"orders": ["venice"]}),
+            json!({"max_attempts": 4}),
+            json!({"max_attempts": 2.5}),
+            json!({"sort": "default"}),
+        ] {
+            assert_eq!(
+                error_for(invalid.clone()).as_deref(),
+                Some("invalid_request"),
+                "{invalid}"
+            );
+        }
+        assert_eq!(
+            error_for(json!({"only": ["fireworks"]})).as_deref(),
+            Some("invalid_provider_policy")
+        );
+        assert_eq!(
+            error_for(json!({"only": ["venice"], "max_attempts": 3})),
+            None
+        );
     }
 }

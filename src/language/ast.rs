@@ -26,7 +26,7 @@ pub struct PolicyFile {
 pub enum Item {
     Policy(PolicyDecl),
     Models(ModelsBlock),
-    Input(InputDecl),
+    Input(Box<InputDecl>),
     Validate(ValidateBlock),
     Defaults(DefaultsBlock),
     Merge(MergeBlock),
@@ -183,6 +183,8 @@ pub struct InputDecl {
     pub ty: TypeExpr,
     pub shorthand: Option<Shorthand>,
     pub malformed_error: Option<Ident>,
+    /// `invalid error E`: an unknown field or an out-of-range number.
+    pub invalid_error: Option<Ident>,
     pub unknown_error: Option<Ident>,
 }
 

@@ -307,7 +307,11 @@ pub struct InputSpec {
     pub field: String,
     pub ty: InputType,
     pub shorthand: Option<(InputType, Term)>,
+    /// A value of the wrong shape.
     pub malformed: ErrorRef,
+    /// An unknown field of an object, or a number out of its range.
+    pub invalid: ErrorRef,
+    /// A provider or model name the catalog does not have.
     pub unknown: ErrorRef,
 }
 

@@ -205,7 +205,7 @@ impl<'a> Checker<'a> {
             .items
             .iter()
             .filter_map(|item| match item {
-                Item::Input(decl) => Some(decl),
+                Item::Input(decl) => Some(&**decl),
                 _ => None,
             })
             .collect();
@@ -270,6 +270,10 @@ impl<'a> Checker<'a> {
                     ErrorRef::Declared(usize::MAX)
                 }
             };
+            let invalid = match &decl.invalid_error {
+                Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
+                None => malformed,
+            };
             let unknown = match &decl.unknown_error {
                 Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
                 None => malformed,
@@ -307,6 +311,7 @@ impl<'a> Checker<'a> {
                 ty: input_type,
                 shorthand,
                 malformed,
+                invalid,
                 unknown,
             });
         }

@@ -194,7 +194,7 @@ impl Lowerer {
                     .filter_map(|p| self.models_stmt(p))
                     .collect(),
             }),
-            Rule::input_decl => Item::Input(self.input_decl(keyword, span, children)?),
+            Rule::input_decl => Item::Input(Box::new(self.input_decl(keyword, span, children)?)),
             Rule::validate_block => {
                 let mut block = ValidateBlock {
                     keyword,
@@ -513,6 +513,7 @@ impl Lowerer {
             ty,
             shorthand: None,
             malformed_error: None,
+            invalid_error: None,
             unknown_error: None,
         };
         for clause in iter {
@@ -530,6 +531,9 @@ impl Lowerer {
                 }
                 Rule::malformed_clause => {
                     decl.malformed_error = parts(clause).into_iter().next().map(|p| self.ident(p));
+                }
+                Rule::invalid_clause => {
+                    decl.invalid_error = parts(clause).into_iter().next().map(|p| self.ident(p));
                 }
                 Rule::unknown_ref_clause => {
                     decl.unknown_error = parts(clause).into_iter().next().map(|p| self.ident(p));
