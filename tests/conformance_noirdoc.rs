@@ -1773,8 +1773,8 @@ async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
 
 /// [N25] [N31] [N51] [N53] a stream that sends no first event within 120 s
 /// is left for the next provider even though its headers went out at
-/// 15 s (nothing reached the caller yet); the comment names the provider
-/// that answered
+/// 15 s (no part of a provider's answer reached the caller yet); the
+/// comment names the provider that answered
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     let clock = Arc::new(ManualClock::default());
