@@ -3473,6 +3473,33 @@ failover {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_echoed_in_an_error_event_never_reaches_the_client() -> TestResult {
+    // `a` echoes the key it was sent in its error event, after the commit;
+    // the policy's error passes the provider's message on.
+    let (reply, _) = failover_case(
+        r#"
+failover {
+  attempts 1
+  on any => stop, error echoed
+}
+"#,
+        r#"
+  echoed = 502, coalesce(upstream.error.message, "none")
+"#,
+        &format!("error_after=2 message={}", secret_of("a")),
+        true,
+        |c| c,
+    )
+    .await;
+    assert!(!reply.text.contains(&secret_of("a")), "{}", reply.text);
+    let events = sse_events(&reply.text);
+    let last = events.last().copied().unwrap_or_default();
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["error"]["message"], "[redacted]", "{}", reply.text);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_event_after_the_commit_is_read_as_the_providers_error() -> TestResult {
     // `a` streams two chunks, then an error event: the rule on its code and
     // type decides the error event the client gets; any other reading of it

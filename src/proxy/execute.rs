@@ -9,7 +9,7 @@ use super::respond;
 use super::upstream::{Outgoing, error_event_facts, outcome_facts};
 use super::wire::{self, EventKind, EventReader, FinishedChoices};
 use super::{ConnectionCut, Proxy, RequestLog};
-use crate::compile::Snapshot;
+use crate::compile::{Secret, Snapshot};
 use crate::data::WireFormat;
 use crate::evaluate::{
     Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
@@ -667,6 +667,17 @@ impl Exchange {
         self.report.usage = usage;
     }
 
+    /// A provider's error text without the credential this attempt sent,
+    /// which some providers echo back.
+    fn without_own_secret(&self, index: usize, text: Bytes) -> Bytes {
+        let secret = self
+            .plan
+            .candidates
+            .get(index)
+            .and_then(|c| self.snapshot.secret(c.provider, c.credential));
+        without_secret_of(secret, text)
+    }
+
     /// Pauses and penalties of a reaction, by the candidate's stable ids.
     /// They count from `failed_ms`, when the failure was seen, not from
     /// whenever this task gets to run.
@@ -931,15 +942,7 @@ impl Exchange {
                 deadline: attempt_deadline,
             };
             let body = read_body(response, limits, clock).await.unwrap_or_default();
-            let body = match self
-                .plan
-                .candidates
-                .get(index)
-                .and_then(|c| self.snapshot.secret(c.provider, c.credential))
-            {
-                Some(secret) => super::upstream::without_secret(body, secret.expose()),
-                None => body,
-            };
+            let body = self.without_own_secret(index, body);
             return Attempted::Failed {
                 outcome: AttemptOutcome {
                     class: OutcomeClass::Status(status),
@@ -1124,14 +1127,23 @@ impl Exchange {
         // answer's is, so that rules on `upstream.error.*` tell one error
         // from another (an overload from a fault, an output limit from a
         // breakdown), before the commit and after it.
-        let failed_with_error_event =
-            |class: OutcomeClass, event: &wire::Event| Attempted::Failed {
+        let snapshot = self.snapshot.clone();
+        let credential = self
+            .plan
+            .candidates
+            .get(index)
+            .map(|c| (c.provider, c.credential));
+        let failed_with_error_event = move |class: OutcomeClass, event: &wire::Event| {
+            let secret = credential.and_then(|(provider, key)| snapshot.secret(provider, key));
+            let data = without_secret_of(secret, Bytes::from(event.data.clone()));
+            Attempted::Failed {
                 outcome: AttemptOutcome {
                     class,
-                    facts: error_event_facts(status, &event.data),
+                    facts: error_event_facts(status, &String::from_utf8_lossy(&data)),
                 },
                 passthrough: None,
-            };
+            }
+        };
 
         // Before the first event: nothing reached the client yet.
         let mut held: Vec<Bytes> = Vec::new();
@@ -1435,6 +1447,13 @@ pub async fn answer(started: Started) -> Option<Response<ProxyBody>> {
         }
     }
     Some(response)
+}
+
+fn without_secret_of(secret: Option<&Secret>, text: Bytes) -> Bytes {
+    match secret {
+        Some(secret) => super::upstream::without_secret(text, secret.expose()),
+        None => text,
+    }
 }
 
 fn scope_name(scope: HealthScope) -> &'static str {
