@@ -1328,6 +1328,18 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
         expect_timeout_after(&stack, &clock, 1, silence_ms, "first_token_timeout").await;
         finished(waiting).await.assert_served(provider);
 
+        // Headers that come late, within the 600 s, then the first event at
+        // once: served, the silence counted from the headers.
+        replay(
+            &stack,
+            &scenario(&[(provider, &["slow_headers=500ms", "200"])]),
+        );
+        let waiting = spawn_call(&stack, api, api.stream_body(model));
+        until_asked(&stack, 1).await;
+        clock.advance(silence_ms + 30_000);
+        finished(waiting).await.assert_served(provider);
+        assert_eq!(stack.providers_tried(), times(provider, 1), "{model}");
+
         expect_stall_ends_after(&stack, &clock, api, model, provider, silence_ms).await;
     }
     stack.stop().await;

@@ -1112,7 +1112,10 @@ impl Exchange {
         let mut upstream = response.bytes_stream();
         let mut reader = EventReader::default();
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
-        let first_deadline = by_attempt(begun_ms.saturating_add(timeouts.first_token_ms));
+        // The first event's wait starts when the headers came, as documented:
+        // a provider slow to send them has had the `headers` timeout for that.
+        let headers_came_ms = clock.now_ms();
+        let first_deadline = by_attempt(headers_came_ms.saturating_add(timeouts.first_token_ms));
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
