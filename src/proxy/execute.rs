@@ -963,14 +963,7 @@ impl Exchange {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if is_stream && self.plan.request.stream {
             return self
-                .stream(
-                    index,
-                    response,
-                    &timeouts,
-                    (begun, begun_ms),
-                    attempt_deadline,
-                    link,
-                )
+                .stream(index, response, &timeouts, begun, attempt_deadline, link)
                 .await;
         }
         self.answer(index, response, &timeouts, begun, attempt_deadline, link)
@@ -1101,7 +1094,7 @@ impl Exchange {
         index: usize,
         response: reqwest::Response,
         timeouts: &Timeouts,
-        (begun, begun_ms): (Instant, u64),
+        begun: Instant,
         attempt_deadline: Option<u64>,
         link: &mut Link,
     ) -> Attempted {
