@@ -1111,9 +1111,10 @@ async fn round_robin_balancing_rotates_the_candidates() {
     stack.stop().await;
 }
 
-/// [S30] [S31] the rotation is kept per model: requests for other models,
-/// and from tenants that do not balance, do not move it, even when they
-/// come in a period that is a multiple of the candidate count
+/// [S30] [S31] the rotation is kept per model and moves only for requests
+/// that rotate: requests for other models, and for the same model from a
+/// workspace that balances otherwise, do not move it, even when they come
+/// in a period that is a multiple of the candidate count
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_robin_rotates_per_model_whatever_else_is_served() {
     let clock = Arc::new(ManualClock::default());
@@ -1123,6 +1124,14 @@ async fn round_robin_rotates_per_model_whatever_else_is_served() {
     for _ in 0..6 {
         served.extend(first_choices(&stack, GLOBEX_BATCH, CLAUDE, 1).await);
         first_choices(&stack, INITECH, GPT, 2).await;
+    }
+    assert!(is_rotation(&served, &GLOBEX_CLAUDE), "{served:?}");
+    // The same model for globex's default workspace, which balances by
+    // weight: those requests take no turn either.
+    let mut served = Vec::new();
+    for _ in 0..6 {
+        served.extend(first_choices(&stack, GLOBEX_BATCH, CLAUDE, 1).await);
+        first_choices(&stack, GLOBEX, CLAUDE, 2).await;
     }
     assert!(is_rotation(&served, &GLOBEX_CLAUDE), "{served:?}");
     stack.stop().await;

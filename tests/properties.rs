@@ -888,7 +888,7 @@ fn decide_with(
         headers: &[],
         caller: caller(snapshot, request.who(world)),
         seed: request.seed,
-        rotation: 0,
+        rotation: &0,
     };
     if traced {
         evaluate_traced(snapshot, &context, health)
@@ -2256,7 +2256,7 @@ proptest! {
                             headers: &headers,
                             caller,
                             seed: probe.seed,
-                            rotation: probe.rotation,
+                            rotation: &probe.rotation,
                         };
                         let decision = evaluate(snapshot, &context, health);
                         let traced = evaluate_traced(snapshot, &context, health);
@@ -2351,7 +2351,7 @@ proptest! {
                     headers: &[],
                     caller: caller(&snapshot, request.who(&world)),
                     seed: request.seed,
-                    rotation: 0,
+                    rotation: &0,
                 };
                 let remembered = evaluate(&snapshot, &context, &Healthy);
                 let afresh = evaluate_afresh(&snapshot, &context, &Healthy);

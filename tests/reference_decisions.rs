@@ -54,7 +54,7 @@ fn decide(
         headers,
         caller: caller(snapshot, key),
         seed: 7,
-        rotation: 0,
+        rotation: &0,
     };
     evaluate(snapshot, &context, &Healthy)
 }
@@ -84,7 +84,7 @@ fn health_asked(snapshot: &Snapshot, key: &str, model: &str, traced: bool) -> (u
         headers: &[],
         caller: caller(snapshot, key),
         seed: 7,
-        rotation: 0,
+        rotation: &0,
     };
     let counting = CountingHealth::default();
     let decision = if traced {

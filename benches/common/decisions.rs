@@ -52,7 +52,7 @@ pub fn context<'a>(
         headers,
         caller: caller(snapshot, key),
         seed: 7,
-        rotation: 0,
+        rotation: &0,
     }
 }
 

@@ -245,7 +245,7 @@ fuzz_target!(|bytes: &[u8]| {
         headers: &headers,
         caller,
         seed,
-        rotation,
+        rotation: &rotation,
     };
     let decision = evaluate_traced(snapshot, &context, &Healthy);
     let untraced = evaluate(snapshot, &context, &Healthy);

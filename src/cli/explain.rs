@@ -157,7 +157,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         headers: &headers,
         caller,
         seed: args.seed,
-        rotation: 0,
+        rotation: &0,
     };
     let decision = evaluate_traced(&snapshot, &context, &health);
     match args.format {

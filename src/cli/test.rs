@@ -444,7 +444,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         headers: &headers,
         caller,
         seed: case.seed,
-        rotation: 0,
+        rotation: &0,
     };
     let decision = evaluate_traced(snapshot, &context, &health);
     match &case.outcome {

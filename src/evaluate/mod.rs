@@ -125,9 +125,23 @@ pub struct RequestContext<'a> {
     pub caller: Caller,
     /// Drives load balancing; the proxy draws one per request.
     pub seed: u64,
-    /// Drives round-robin balancing; the proxy counts requests per model
-    /// ([`round_robin_model`]).
-    pub rotation: u64,
+    /// Drives round-robin balancing: asked for a turn only when a
+    /// `round_robin` balance applies. The proxy counts turns per model
+    /// ([`round_robin_model`]); a number is a fixed turn.
+    pub rotation: &'a dyn Turns,
+}
+
+/// Round-robin balancing's turns. The evaluator takes one only when a
+/// `round_robin` balance applies, so requests that do not rotate (another
+/// tenant's, one with an explicit order) leave a model's turns alone.
+pub trait Turns: std::fmt::Debug + Sync {
+    fn next_turn(&self) -> u64;
+}
+
+impl Turns for u64 {
+    fn next_turn(&self) -> u64 {
+        *self
+    }
 }
 
 /// The model whose round-robin counter a request named `requested` (its
@@ -1019,7 +1033,7 @@ mod tests {
                 key: Some(index),
             },
             seed: 0,
-            rotation: 0,
+            rotation: &0,
         };
         if traced {
             evaluate_traced(&snapshot, &context, &Healthy)

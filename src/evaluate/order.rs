@@ -637,14 +637,14 @@ pub fn balance(
     order: &mut [usize],
     strategy: &StrategySpec,
     seed: u64,
-    rotation: u64,
+    rotation: &dyn super::Turns,
 ) {
     let mut rng = Rng::new(seed);
     match strategy {
         StrategySpec::Random => rng.shuffle(order),
         StrategySpec::RoundRobin => {
             if !order.is_empty() {
-                let by = (rotation % order.len() as u64) as usize;
+                let by = (rotation.next_turn() % order.len() as u64) as usize;
                 order.rotate_left(by);
             }
         }

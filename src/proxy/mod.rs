@@ -19,7 +19,7 @@ use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::{
-    Caller, Endpoint, RequestContext, evaluate, reads_body_member, round_robin_model,
+    Caller, Endpoint, RequestContext, Turns, evaluate, reads_body_member, round_robin_model,
 };
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
@@ -696,6 +696,30 @@ fn input_names(snapshot: &Snapshot, source: InputSourceKind) -> Vec<&str> {
         .collect()
 }
 
+/// Round-robin turns from the requested model's counter, taken only when
+/// the policy rotates this request.
+struct ModelTurns<'a> {
+    state: &'a InProcess,
+    snapshot: &'a Snapshot,
+    /// The body's `model`.
+    requested: Option<&'a str>,
+}
+
+impl std::fmt::Debug for ModelTurns<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTurns")
+            .field("requested", &self.requested)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Turns for ModelTurns<'_> {
+    fn next_turn(&self) -> u64 {
+        round_robin_model(self.snapshot, self.requested.unwrap_or(""))
+            .map_or(0, |model| self.state.next_rotation(model))
+    }
+}
+
 /// Counts a request in flight until dropped.
 struct InFlight(Arc<Proxy>);
 
@@ -1037,11 +1061,14 @@ fn prepare(
         headers: &headers,
         caller,
         seed: random_u64(),
-        rotation: body
-            .as_ref()
-            .ok()
-            .and_then(|body| round_robin_model(snapshot, body.get("model")?.as_str()?))
-            .map_or(0, |model| proxy.state.next_rotation(model)),
+        rotation: &ModelTurns {
+            state: &proxy.state,
+            snapshot,
+            requested: body
+                .as_ref()
+                .ok()
+                .and_then(|body| body.get("model")?.as_str()),
+        },
     };
     let deciding = Instant::now();
     let view = StateView {

@@ -92,7 +92,7 @@ fn entry(
         headers: &[],
         caller,
         seed: 0,
-        rotation: 0,
+        rotation: &0,
     };
     // A plan for it whose candidates serve it: a policy may add other
     // models after the one asked for (fallbacks), which say nothing of it.

@@ -142,7 +142,8 @@ pub struct InProcess {
     health: Mutex<health::HealthTables>,
     capacity: Mutex<capacity::CapacityTables>,
     /// Round-robin counters by catalog model id (`""` for the rest); only
-    /// ids of a loaded catalog are keys, so the table stays small.
+    /// model ids of the catalogs loaded so far are keys, so the table stays
+    /// small.
     rotations: Mutex<foldhash::HashMap<Arc<str>, u64>>,
 }
 
