@@ -478,6 +478,12 @@ async fn an_unknown_model_or_malformed_address_is_err_ngrok_3802() {
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
     let reply = at_once(stack.messages(TUNNELCO, messages_body("gpt-9"))).await;
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3802);
+    // No model at all, or one that is no text: the account's fallback model
+    // does not stand in for it.
+    for model in [json!(null), json!(5), json!("")] {
+        let reply = at_once(stack.chat(TUNNELCO, with(chat_body("gpt-4o"), "model", model))).await;
+        assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3802);
+    }
     // In the models array.
     let reply = at_once(stack.chat(
         TUNNELCO,
