@@ -996,6 +996,52 @@ async fn any_other_4xx_stops_at_once() {
     );
 }
 
+/// [G7] [G19] an account's per-request timeout is the only limit on an
+/// attempt's wait, however long it is set: with 120 s, no answer fails
+/// over at 120 s, not at a built-in 60 s for headers
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_per_request_timeout_is_not_cut_short() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "ngrok",
+        &fleet(&[("openai", "{sequence: [no_answer, \"200\"]}")]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+    add_tenant(
+        &stack,
+        &[],
+        &format!(
+            "  - id: slowco\n    attributes: {{credits: 10}}\n    settings: {{request_timeout: 120s, total_timeout: 300s}}\n    keys:\n      - id: slowco-default\n        sha256: {}\n",
+            sha256_hex("sk-ngrok-slowco")
+        ),
+    );
+    for request in [chat_body("gpt-4o"), streamed(chat_body("gpt-4o"))] {
+        replay(
+            &stack,
+            &fleet(&[("openai", "{sequence: [no_answer, \"200\"]}")]),
+        );
+        let t = Timeline::new(&stack, &clock);
+        let reply = t
+            .run(stack.chat("sk-ngrok-slowco", request), async {
+                t.reached(1, 0).await;
+                t.quiet_until(119_999).await;
+                t.advance_to(120_000);
+                t.reached(2, 2).await;
+            })
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        assert_eq!(
+            upstream(&stack),
+            [
+                "openai/openai-primary@gpt-4o",
+                "openai/openai-secondary@gpt-4o"
+            ]
+        );
+    }
+}
+
 /// [G7] an attempt exceeding the per-request timeout (8 s for tunnelco,
 /// on the proxy's clock) fails over; the last one is ERR_NGROK_3808
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
