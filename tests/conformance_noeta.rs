@@ -899,7 +899,8 @@ async fn e3_e33_e51_every_call_is_retried_by_the_same_rules() {
 }
 
 /// [E4] each failure class gets its reaction: transient ones (a dropped
-/// or refused connection, 5xx, overloaded 529), rate limits (429) and
+/// or refused connection, 5xx, overloaded as a 529 or as a stream's first
+/// event), rate limits (429) and
 /// timeouts are retried; a malformed answer is asked for once more; a
 /// stream broken after it began ends the call; a fatal 4xx (auth, a bad
 /// request, a refusal, a context overflow) goes back at once as it is
@@ -937,6 +938,26 @@ async fn e4_each_failure_class_gets_its_reaction() {
     .await;
     reply.assert_served("claude");
     assert_eq!(stack.providers_tried(), times("claude", 2));
+
+    // Overloaded as a stream's first event (Anthropic's overloaded_error):
+    // transient, retried after the 1 s step's backoff (0.5 to 1 s), and
+    // again after the 2 s step's, unlike a malformed answer's one quick ask.
+    replay(
+        &stack,
+        &scenario(&[(
+            "claude",
+            &[
+                "error_after=0 code=overloaded_error",
+                "error_after=0 code=overloaded_error",
+                "200",
+            ],
+        )]),
+    );
+    let waiting = spawn_call(&stack, Api::Messages, Api::Messages.stream_body("opus"));
+    expect_retry_within(&stack, &clock, 1, 500, 1_000).await;
+    expect_retry_within(&stack, &clock, 2, 1_000, 2_000).await;
+    finished(waiting).await.assert_served("claude");
+    assert_eq!(stack.providers_tried(), times("claude", 3));
 
     // Fatal: the provider's answer, at once.
     for (step, status) in [
