@@ -12,7 +12,8 @@
 //!   aki-io (no complete price, prio 10: skipped after a priced one),
 //!   scaleway (1.20, prio 8), ionos (1.50, prio 8), openai (0.90, prio 6).
 //! - `gpt-5`: managed openai, and acme's own `acme-openai` (named
-//!   `openai-acme`).
+//!   `openai-acme`); the tenants `starter-byok` and `managed-off-byok`
+//!   have their own too (`starter-byok-openai`, `managed-off-byok-openai`).
 
 #![allow(
     clippy::unwrap_used,
@@ -45,6 +46,15 @@ const ACME_NO_CLOUD_ACT: &str = "sk-noirdoc-acme-no-cloud-act";
 const KANZLEI: &str = "sk-noirdoc-kanzlei";
 const STARTUP: &str = "sk-noirdoc-startup";
 const MANAGED_OFF: &str = "sk-noirdoc-managed-off";
+// Keys for which two neighbouring conditions both refuse some models.
+const KANZLEI_QWEN_ONLY: &str = "sk-noirdoc-kanzlei-qwen";
+const KANZLEI_FR: &str = "sk-noirdoc-kanzlei-fr";
+const STARTUP_IONOS_ONLY: &str = "sk-noirdoc-startup-ionos";
+const STARTER_MANAGED_OFF: &str = "sk-noirdoc-starter-managed-off";
+// Organisations with their own OpenAI account (BYOK) for gpt-5: one on
+// starter credit, one with managed models turned off.
+const STARTER_BYOK: &str = "sk-noirdoc-starter-byok";
+const MANAGED_OFF_BYOK: &str = "sk-noirdoc-managed-off-byok";
 
 const QWEN: &str = "qwen3.8-27b";
 const GPT_OSS: &str = "gpt-oss-120b";
@@ -54,7 +64,7 @@ const EMBED: &str = "mistral-embed";
 
 /// Every provider of the catalog; a provider the scenario did not name
 /// would answer 404, which the policy treats as the provider's answer.
-const PROVIDERS: [&str; 7] = [
+const PROVIDERS: [&str; 9] = [
     "aki-io",
     "ionos",
     "scaleway",
@@ -62,12 +72,15 @@ const PROVIDERS: [&str; 7] = [
     "openai",
     "anthropic",
     "acme-openai",
+    "starter-byok-openai",
+    "managed-off-byok-openai",
 ];
 
 // The policy's error messages: the Anthropic error object has no `code`,
 // so there the message says which error answered.
 const WRONG_ENDPOINT: &str =
     "the model belongs to a different endpoint family or API format than the endpoint called";
+const MODEL_NOT_ALLOWED: &str = "the model is not one of this key's allowed models";
 const NOT_ALLOWED_FOR_TENANT: &str = "the organisation counts as bound by professional secrecy (§ 203 StGB); this excludes every provider that offers this model";
 const NOT_ALLOWED_FOR_KEY: &str = "the key's restrictions (providers, data residency, CLOUD Act, § 203) exclude every provider of this model";
 const STARTER: &str = "the organisation is still using only its starter credit, and the model or its managed provider is not included in starter credit";
@@ -102,6 +115,23 @@ fn assert_chat_served(reply: &Reply, provider: &str, name: &str) {
         reply.text
     );
     assert_eq!(provider_header(reply), Some(name));
+}
+
+/// A refusal by an eligibility condition on an OpenAI endpoint: the
+/// condition's code with its status, type and message; `what` says which
+/// request it was.
+fn assert_refused(reply: &Reply, code: &str, what: &str) {
+    assert_eq!(reply.json["error"]["code"], code, "{what}: {}", reply.text);
+    let (status, error_type, expected) = match code {
+        "model_not_allowed_for_key" => (403, "permission_error", MODEL_NOT_ALLOWED),
+        "provider_not_allowed_for_tenant" => (403, "permission_error", NOT_ALLOWED_FOR_TENANT),
+        "provider_not_allowed_for_key" => (403, "permission_error", NOT_ALLOWED_FOR_KEY),
+        "starter_model_not_allowed" => (403, "permission_error", STARTER),
+        "model_not_available" => (404, "not_found_error", NOT_AVAILABLE),
+        other => panic!("{other} is not an eligibility error"),
+    };
+    let message = reply.openai_error(status, code, error_type);
+    assert_eq!(message, expected, "{what}");
 }
 
 /// The upstream model of the latest request the sim received.
@@ -306,6 +336,45 @@ async fn n4_the_first_condition_that_leaves_no_provider_answers() {
     let (reply, _) = chat(&stack, MANAGED_OFF, chat_body(QWEN)).await;
     reply.openai_error(404, "model_not_available", "not_found_error");
     assert!(stack.sim.requests().is_empty());
+    stack.stop().await;
+}
+
+/// [N4] when two neighbouring conditions would both leave no provider,
+/// the earlier one answers: the key's allowed models before § 203, § 203
+/// before the key's restrictions, the key's restrictions before starter
+/// credit, starter credit before managed models. When each of the two
+/// leaves providers but none passes both, the later one answers
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n4_of_two_conditions_that_refuse_the_earlier_one_answers() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    // (key, model, the error that answers)
+    let cases = [
+        // kanzlei-qwen-only may not call gpt-5, and openai is not § 203-approved.
+        (KANZLEI_QWEN_ONLY, GPT_5, "model_not_allowed_for_key"),
+        // openai is neither § 203-approved nor in France.
+        (KANZLEI_FR, GPT_5, "provider_not_allowed_for_tenant"),
+        // § 203 leaves aki-io and ionos (de); the key's residency [fr]
+        // removes them (scaleway, in France, went at § 203).
+        (KANZLEI_FR, QWEN, "provider_not_allowed_for_key"),
+        // startup-ionos-only may not use openai, nor may starter credit.
+        (STARTUP_IONOS_ONLY, GPT_5, "provider_not_allowed_for_key"),
+        // The key leaves ionos, which is not a starter provider (aki-io,
+        // the starter one, went at the key's restrictions).
+        (STARTUP_IONOS_ONLY, QWEN, "starter_model_not_allowed"),
+        // openai is neither a starter provider nor an own one.
+        (STARTER_MANAGED_OFF, GPT_5, "starter_model_not_allowed"),
+        // aki-io passes starter credit; managed models are off.
+        (STARTER_MANAGED_OFF, QWEN, "model_not_available"),
+    ];
+    for (key, model, code) in cases {
+        let (reply, tried) = chat(&stack, key, chat_body(model)).await;
+        let what = format!("{key} asking for {model}");
+        assert_refused(&reply, code, &what);
+        assert!(tried.is_empty(), "{what} reached {tried:?}");
+        assert_eq!(provider_header(&reply), None);
+    }
     stack.stop().await;
 }
 
@@ -547,6 +616,42 @@ async fn n9_n10_no_starter_provider_left_is_403_starter_model_not_allowed() {
     stack.stop().await;
 }
 
+/// [N9] decided: starter credit does not apply to the organisation's own
+/// providers. starter-byok, on starter credit, gets gpt-5 from its own
+/// starter-byok-openai (not a starter route) with its own key and lists
+/// it; a model only managed non-starter providers offer is 403
+/// starter_model_not_allowed, and the managed starter provider serves
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n9_starter_credit_does_not_apply_to_an_own_provider() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    let (reply, tried) = chat(&stack, STARTER_BYOK, chat_body(GPT_5)).await;
+    assert_chat_served(&reply, "starter-byok-openai", "openai-starter-byok");
+    assert_eq!(tried, names(&["starter-byok-openai"]));
+    assert_eq!(
+        stack.sim.requests().last().unwrap().header("authorization"),
+        Some("Bearer secret-of-STARTER_BYOK_OPENAI_KEY")
+    );
+
+    let (reply, tried) = messages(&stack, STARTER_BYOK, messages_body(CLAUDE)).await;
+    assert_eq!(reply.anthropic_error(403, "permission_error"), STARTER);
+    assert!(tried.is_empty());
+    let (reply, tried) = chat(&stack, STARTER_BYOK, chat_body(GPT_OSS)).await;
+    assert_refused(&reply, "starter_model_not_allowed", GPT_OSS);
+    assert!(tried.is_empty());
+
+    let (reply, tried) = chat(&stack, STARTER_BYOK, chat_body(QWEN)).await;
+    assert_chat_served(&reply, "aki-io", "aki-io");
+    assert_eq!(tried, names(&["aki-io"]));
+
+    let listed = model_list(&stack, STARTER_BYOK, false).await;
+    assert_eq!(ids(&listed), [QWEN, GPT_5]);
+    assert_eq!(owned_by(&listed, GPT_5), "personal");
+    assert_eq!(asked(&stack, "openai"), 0);
+    stack.stop().await;
+}
+
 /// [N4] [N11] [N14] [N32] an organisation's own provider for a model
 /// (acme's openai-acme for gpt-5) comes first and alone, with acme's own
 /// key, and is never left for the managed one; for other organisations
@@ -639,6 +744,39 @@ async fn n12_managed_models_turned_off_is_404_model_not_available() {
     // The same models with managed models enabled.
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
     assert_eq!(reply.status, 200);
+    stack.stop().await;
+}
+
+/// [N12] turning managed models off leaves the organisation's own
+/// providers: managed-off-byok gets gpt-5 from its own
+/// managed-off-byok-openai with its own key and lists it; the models only
+/// managed providers offer are 404 model_not_available
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n12_managed_models_off_leaves_the_own_provider() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped("noirdoc", &scenario(HEALTHY), &[], clock.clone()).await;
+
+    let (reply, tried) = chat(&stack, MANAGED_OFF_BYOK, chat_body(GPT_5)).await;
+    assert_chat_served(&reply, "managed-off-byok-openai", "openai-managed-off-byok");
+    assert_eq!(tried, names(&["managed-off-byok-openai"]));
+    assert_eq!(
+        stack.sim.requests().last().unwrap().header("authorization"),
+        Some("Bearer secret-of-MANAGED_OFF_BYOK_OPENAI_KEY")
+    );
+
+    for model in [QWEN, GPT_OSS] {
+        let (reply, tried) = chat(&stack, MANAGED_OFF_BYOK, chat_body(model)).await;
+        assert_refused(&reply, "model_not_available", model);
+        assert!(tried.is_empty(), "{model} reached {tried:?}");
+    }
+    let (reply, tried) = messages(&stack, MANAGED_OFF_BYOK, messages_body(CLAUDE)).await;
+    assert_eq!(reply.anthropic_error(404, "not_found_error"), NOT_AVAILABLE);
+    assert!(tried.is_empty());
+
+    let listed = model_list(&stack, MANAGED_OFF_BYOK, false).await;
+    assert_eq!(ids(&listed), [GPT_5]);
+    assert_eq!(owned_by(&listed, GPT_5), "personal");
+    assert_eq!(asked(&stack, "openai"), 0);
     stack.stop().await;
 }
 
