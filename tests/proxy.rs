@@ -3500,6 +3500,42 @@ failover {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_that_is_an_error_object_is_malformed_not_served() -> TestResult {
+    // `a` answers 200 with an error object (echoing its key) in place of a
+    // completion: it fails over as malformed, read for its error, and the
+    // client never sees it.
+    let (reply, requests) = outcome_case(
+        "malformed",
+        &format!("error_after=0 code=overloaded message={}", secret_of("a")),
+        false,
+        |c| c,
+    )
+    .await;
+    assert!(!reply.text.contains(&secret_of("a")), "{}", reply.text);
+    assert_eq!(providers_seen(&requests), ["a", "b"]);
+    let (reply, _) = failover_case(
+        r#"
+failover {
+  attempts 1
+  on malformed when upstream.error.code == "overloaded" => stop, error echoed
+  on any => stop, error other_outcome
+}
+"#,
+        r#"
+  echoed = 502, coalesce(upstream.error.message, "none")
+  other_outcome = 500, "the attempt ended with another outcome"
+"#,
+        &format!("error_after=0 code=overloaded message={}", secret_of("a")),
+        false,
+        |c| c,
+    )
+    .await;
+    assert_eq!(reply.status, 502, "{}", reply.text);
+    assert_eq!(reply.json["error"]["message"], "[redacted]", "{}", reply.text);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_event_after_the_commit_is_read_as_the_providers_error() -> TestResult {
     // `a` streams two chunks, then an error event: the rule on its code and
     // type decides the error event the client gets; any other reading of it

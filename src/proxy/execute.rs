@@ -1060,9 +1060,23 @@ impl Exchange {
             Err(ReadError::TimedOut) => return failed_as(OutcomeClass::Timeout),
         };
         let first_byte = begun.elapsed();
-        let Some(usage) = wire::whole_answer_usage(&body) else {
+        let Some(answer) = wire::whole_answer(&body) else {
             return malformed();
         };
+        if answer.is_error {
+            // An error object with a success status: not an answer. Read
+            // as an error answer's body is, so rules can tell what failed,
+            // and never passed on as a success.
+            let body = self.without_own_secret(index, body);
+            return Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class: OutcomeClass::Malformed,
+                    facts: error_event_facts(status, &String::from_utf8_lossy(&body)),
+                },
+                passthrough: None,
+            };
+        }
+        let usage = answer.usage;
         let mut headers = self
             .plan
             .headers(&self.snapshot, Some(index), self.progress_now(), true);

@@ -349,17 +349,32 @@ fn usage_figures(usage: &Json) -> Option<(u64, u64)> {
 }
 
 /// What a whole (non-streamed) answer reports: `None` when it is not a JSON
-/// object, else its usage figures, if any. Only the `usage` member becomes a
-/// JSON tree; the rest of the answer (its content) is checked but not kept.
-pub fn whole_answer_usage(body: &[u8]) -> Option<Option<(u64, u64)>> {
+/// object, else its usage figures, if any, and whether it is an error
+/// object rather than an answer (a non-null `error` member, or Anthropic's
+/// `"type": "error"`), as some providers send with a success status. Only
+/// the `usage` and `type` members become JSON trees; the rest of the answer
+/// (its content) is checked but not kept.
+pub fn whole_answer(body: &[u8]) -> Option<WholeAnswerFacts> {
     serde_json::from_slice::<WholeAnswer>(body)
         .ok()
-        .map(|answer| answer.usage.as_ref().and_then(usage_figures))
+        .map(|answer| WholeAnswerFacts {
+            usage: answer.usage.as_ref().and_then(usage_figures),
+            is_error: answer.error || answer.kind.as_ref().and_then(Json::as_str) == Some("error"),
+        })
 }
 
-/// A whole answer's `usage` member (the last one, as in a JSON tree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeAnswerFacts {
+    pub usage: Option<(u64, u64)>,
+    pub is_error: bool,
+}
+
+/// A whole answer's `usage` and `type` members and whether its `error` one
+/// is there and not null (the last of each, as in a JSON tree).
 struct WholeAnswer {
     usage: Option<Json>,
+    kind: Option<Json>,
+    error: bool,
 }
 
 impl<'de> Deserialize<'de> for WholeAnswer {
@@ -373,15 +388,26 @@ impl<'de> Deserialize<'de> for WholeAnswer {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<WholeAnswer, A::Error> {
-                let mut usage = None;
-                while let Some(member) = members.next_key_seed(NameIn(&["usage"]))? {
-                    if member.is_some() {
-                        usage = Some(members.next_value::<Json>()?);
-                    } else {
-                        members.next_value::<IgnoredAny>()?;
+                let mut answer = WholeAnswer {
+                    usage: None,
+                    kind: None,
+                    error: false,
+                };
+                while let Some(member) =
+                    members.next_key_seed(NameIn(&["usage", "type", "error"]))?
+                {
+                    match member {
+                        Some(0) => answer.usage = Some(members.next_value::<Json>()?),
+                        Some(1) => answer.kind = Some(members.next_value::<Json>()?),
+                        Some(_) => {
+                            answer.error = members.next_value::<Option<IgnoredAny>>()?.is_some()
+                        }
+                        None => {
+                            members.next_value::<IgnoredAny>()?;
+                        }
                     }
                 }
-                Ok(WholeAnswer { usage })
+                Ok(answer)
             }
         }
         deserializer.deserialize_map(Members)
@@ -936,28 +962,45 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_answer_that_is_an_error_object_says_so() {
+        let error = |body: &[u8]| whole_answer(body).map(|a| a.is_error);
+        assert_eq!(error(br#"{"error":{"message":"overloaded"}}"#), Some(true));
+        assert_eq!(
+            error(br#"{"type":"error","error":{"type":"overloaded_error"}}"#),
+            Some(true)
+        );
+        assert_eq!(error(br#"{"type":"message","content":[]}"#), Some(false));
+        assert_eq!(error(br#"{"choices":[],"error":null}"#), Some(false));
+        assert_eq!(error(br#"{"choices":[]}"#), Some(false));
+    }
+
+    #[test]
     fn whole_answers_are_objects_with_or_without_usage() {
         let answer = br#"{"id":"x","choices":[{"message":{"content":"hi \"there\""}}],
             "usage":{"prompt_tokens":3,"completion_tokens":5,"details":{"cached":1}}}"#;
-        assert_eq!(whole_answer_usage(answer), Some(Some((3, 5))));
+        assert_eq!(whole_answer(answer).map(|a| a.usage), Some(Some((3, 5))));
         assert_eq!(
-            whole_answer_usage(br#"{"usage":{"input_tokens":7,"output_tokens":2}}"#),
+            whole_answer(br#"{"usage":{"input_tokens":7,"output_tokens":2}}"#).map(|a| a.usage),
             Some(Some((7, 2)))
         );
         // The last `usage` counts, as in a JSON tree; one that is not an
         // object reports nothing but leaves the answer valid.
         assert_eq!(
-            whole_answer_usage(br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#),
+            whole_answer(br#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#)
+                .map(|a| a.usage),
             Some(Some((2, 0)))
         );
-        assert_eq!(whole_answer_usage(br#"{"usage":"many"}"#), Some(None));
         assert_eq!(
-            whole_answer_usage(br#" {"\u0075sage":{"output_tokens":4}} "#),
+            whole_answer(br#"{"usage":"many"}"#).map(|a| a.usage),
+            Some(None)
+        );
+        assert_eq!(
+            whole_answer(br#" {"\u0075sage":{"output_tokens":4}} "#).map(|a| a.usage),
             Some(Some((0, 4)))
         );
-        assert_eq!(whole_answer_usage(b"{}"), Some(None));
+        assert_eq!(whole_answer(b"{}").map(|a| a.usage), Some(None));
         for not_an_object in [&b"[1]"[..], b"\"text\"", b"{\"a\":1", b"{} {}", b""] {
-            assert_eq!(whole_answer_usage(not_an_object), None);
+            assert_eq!(whole_answer(not_an_object), None);
         }
     }
 
