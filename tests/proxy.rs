@@ -3531,7 +3531,11 @@ failover {
     )
     .await;
     assert_eq!(reply.status, 502, "{}", reply.text);
-    assert_eq!(reply.json["error"]["message"], "[redacted]", "{}", reply.text);
+    assert_eq!(
+        reply.json["error"]["message"], "[redacted]",
+        "{}",
+        reply.text
+    );
     Ok(())
 }
 

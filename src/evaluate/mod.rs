@@ -1059,6 +1059,56 @@ mod tests {
     }
 
     #[test]
+    fn a_step_asked_once_per_set_decides_as_asking_every_candidate_does() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/ngrok.policy");
+        let once = compile_file(&path, &AllSecrets).expect("ngrok compiles");
+        let mut each = compile_file(&path, &AllSecrets).expect("ngrok compiles");
+        assert!(
+            once.once_per_set.contains(&true),
+            "ngrok has a step asked once per set"
+        );
+        each.once_per_set
+            .iter_mut()
+            .for_each(|asked_once| *asked_once = false);
+        let bodies = [
+            serde_json::json!({"model": "gpt-4o", "models": ["claude-sonnet-4-5"]}),
+            serde_json::json!({"model": "openrouter:gpt-4o"}),
+            serde_json::json!({"model": "llama-3.3-70b"}),
+            serde_json::json!({"model": "groq:llama-3.3-70b"}),
+            serde_json::json!({"models": ["groq:llama-3.3-70b", "gpt-4o"]}),
+            serde_json::json!({"model": "gpt-4o", "models": ["openrouter:gpt-4o-mini"]}),
+        ];
+        let keys = &once.data.tenants.keys;
+        for (index, key) in keys.iter().enumerate() {
+            for body in &bodies {
+                let context = RequestContext {
+                    id: Arc::from("test"),
+                    endpoint: Endpoint::ChatCompletions,
+                    body: Ok(body),
+                    body_bytes: 64,
+                    headers: &[],
+                    caller: Caller {
+                        tenant: key.tenant,
+                        workspace: key.workspace,
+                        key: Some(index),
+                    },
+                    seed: 0,
+                    rotation: &0,
+                };
+                let outcome = |snapshot: &Snapshot| match evaluate_afresh(
+                    snapshot, &context, &Healthy,
+                )
+                .result
+                {
+                    Ok(plan) => format!("{:?}", plan.candidates),
+                    Err(refusal) => format!("{refusal:?}"),
+                };
+                assert_eq!(outcome(&once), outcome(&each), "{} {body}", key.id);
+            }
+        }
+    }
+
+    #[test]
     fn an_untraced_plan_records_nothing_and_a_refusal_records_why() {
         let body = serde_json::json!({"model": "gpt-5", "messages": []});
         let plan = decide_for("acme-default", &body, false);
