@@ -1045,6 +1045,23 @@ async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
     .await;
     assert_eq!(reply.anthropic_error(502, "api_error"), PROVIDER_FAILED);
     assert_eq!(stack.providers_tried(), times("claude", 9));
+
+    // Overloaded as a status and as a stream's first event, in turn: still
+    // nine attempts in all.
+    let overloaded_event = "error_after=0 code=overloaded_error";
+    replay(
+        &stack,
+        &scenario(&[("claude", &["529", overloaded_event].repeat(6))]),
+    );
+    let reply = advance_until(
+        &clock,
+        1_000,
+        400_000,
+        call(&stack, Api::Messages, Api::Messages.stream_body("sonnet")),
+    )
+    .await;
+    assert_eq!(reply.status, 502, "{}", reply.text);
+    assert_eq!(stack.providers_tried(), times("claude", 9));
     stack.stop().await;
 }
 
