@@ -953,6 +953,44 @@ failover {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_limit_ending_a_streams_wait_for_its_first_event_is_a_timeout() -> TestResult {
+    // Headers at once, then nothing: the attempt's 10 s end the wait before
+    // the first event's 60 s (counted from the headers) would.
+    let clock = Arc::new(ManualClock::default());
+    let gateway = Setup::new(
+        r#"
+timeouts {
+  attempt 10s
+}
+failover {
+  attempts 1
+  on timeout => stop, error timed_out
+  on any => stop, error other_outcome
+}
+"#,
+        r#"
+  timed_out = 504, "the attempt ran out of time"
+  other_outcome = 500, "the attempt ended with another outcome"
+"#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .clock(clock.clone())
+    .start("providers:\n  a: {sequence: [\"first_token=30m\"]}\n")
+    .await;
+    let api = gateway.api.clone();
+    let client = tokio::spawn(async move { api.chat(&chat_body(true)).await });
+    until("the proxy waits for the first event", || {
+        clock.sleeping_until().contains(&10_000)
+    })
+    .await;
+    clock.advance(10_000);
+    let reply = client.await?;
+    assert_eq!(reply.status, 504, "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 // --------------------------------------------------------------- 4. pauses
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1122,7 +1122,16 @@ impl Exchange {
         // The first event's wait starts when the headers came, as documented:
         // a provider slow to send them has had the `headers` timeout for that.
         let headers_came_ms = clock.now_ms();
-        let first_deadline = by_attempt(headers_came_ms.saturating_add(timeouts.first_token_ms));
+        let first_token_deadline = headers_came_ms.saturating_add(timeouts.first_token_ms);
+        let first_deadline = by_attempt(first_token_deadline);
+        // The attempt's own limit (or the budget) ending the wait is a
+        // `timeout`, as documented; only the first-event limit is
+        // `first_token_timeout`.
+        let no_first_event = if first_deadline < first_token_deadline {
+            OutcomeClass::Timeout
+        } else {
+            OutcomeClass::FirstTokenTimeout
+        };
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
@@ -1210,7 +1219,7 @@ impl Exchange {
             // the deadline here, even when a chunk is waiting at that
             // moment (its event came after the deadline all the same).
             if clock.now_ms() >= first_deadline {
-                return failed(OutcomeClass::FirstTokenTimeout, None);
+                return failed(no_first_event, None);
             }
             let (holding, hold_at) = (self.holding(link), self.hold_until());
             let chunk = tokio::select! {
@@ -1223,7 +1232,7 @@ impl Exchange {
                 () = first_token.until(clock, first_deadline) => None,
             };
             let bytes = match chunk {
-                None => return failed(OutcomeClass::FirstTokenTimeout, None),
+                None => return failed(no_first_event, None),
                 // The connection ended before the answer began: nothing
                 // reached the client, like a reset before the headers.
                 Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Reset, None),
