@@ -997,8 +997,9 @@ async fn any_other_4xx_stops_at_once() {
 }
 
 /// [G7] [G19] an account's per-request timeout is the only limit on an
-/// attempt's wait, however long it is set: with 120 s, no answer fails
-/// over at 120 s, not at a built-in 60 s for headers
+/// attempt's wait, however long it is set: with 120 s, no headers, a
+/// stalled body or no first event fails over at 120 s, not at a built-in
+/// 60 s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_per_request_timeout_is_not_cut_short() {
     let clock = Arc::new(ManualClock::default());
@@ -1017,10 +1018,17 @@ async fn a_long_per_request_timeout_is_not_cut_short() {
             sha256_hex("sk-ngrok-slowco")
         ),
     );
-    for request in [chat_body("gpt-4o"), streamed(chat_body("gpt-4o"))] {
+    // No headers; a whole answer whose body stalls; a stream with no first
+    // event.
+    for (step, request) in [
+        ("no_answer", chat_body("gpt-4o")),
+        ("no_answer", streamed(chat_body("gpt-4o"))),
+        ("\"stall_after=0\"", chat_body("gpt-4o")),
+        ("\"first_token=30m\"", streamed(chat_body("gpt-4o"))),
+    ] {
         replay(
             &stack,
-            &fleet(&[("openai", "{sequence: [no_answer, \"200\"]}")]),
+            &fleet(&[("openai", &format!("{{sequence: [{step}, \"200\"]}}"))]),
         );
         let t = Timeline::new(&stack, &clock);
         let reply = t
