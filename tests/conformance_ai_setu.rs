@@ -327,6 +327,20 @@ async fn a_provider_prefix_hard_overrides_everything_below() {
         stack.tried()[0].1.as_deref(),
         Some("anthropic.claude-sonnet-4-5-v1")
     );
+    // A header the prefix overrides is not read: a name in it that is no
+    // provider is not refused.
+    let (reply, tried) = tried_by(
+        &stack,
+        chat_ordered(
+            &stack,
+            INITECH,
+            "bedrock/claude-sonnet-4-5",
+            "bedrock,nosuch",
+        ),
+    )
+    .await;
+    assert_served(&reply, "bedrock");
+    assert_eq!(tried, names(&["bedrock"]));
     // Balancing (globex is weighted) never brings another provider in.
     for _ in 0..10 {
         let reply = stack

@@ -71,6 +71,7 @@ fn read_deps(read: &Read, one_requested_id: bool) -> Deps {
         DeploymentAttr(_) => Deps::NONE,
         RequestId
         | RequestModel
+        | RequestPinned
         | RequestEndpoint
         | RequestWire
         | RequestKind

@@ -435,6 +435,7 @@ fn read_is_fixed_by_key(read: &Read) -> bool {
         // settings the caller's layers give that name.
         Read::Input(..)
         | Read::RequestModel
+        | Read::RequestPinned
         | Read::RequestEndpoint
         | Read::RequestWire
         | Read::RequestKind

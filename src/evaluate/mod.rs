@@ -560,6 +560,12 @@ fn decide(
 
     // Inputs.
     for spec in &program.inputs {
+        if let Some(unless) = &spec.unless
+            && Machine::new(snapshot, &request, &[], &[]).truth(unless, &Focus::default())
+        {
+            request.inputs.push(Value::Null);
+            continue;
+        }
         let raw = match spec.source {
             crate::language::ir::InputSourceKind::Body => {
                 body.get(&spec.field).map(inputs::Raw::Json)

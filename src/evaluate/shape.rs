@@ -169,6 +169,7 @@ fn read_shape(read: &Read) -> Shape {
         | Read::Attempts
         | Read::Retries => Shape::Number,
         Read::RequestStream
+        | Read::RequestPinned
         | Read::CredentialOwned
         | Read::HealthPaused
         | Read::HealthPenalized

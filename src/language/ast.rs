@@ -186,6 +186,9 @@ pub struct InputDecl {
     /// `invalid error E`: an unknown field or an out-of-range number.
     pub invalid_error: Option<Ident>,
     pub unknown_error: Option<Ident>,
+    /// `unless COND`: when the request's condition holds, the input is not
+    /// read (absent, its errors never raised).
+    pub unless: Option<Expr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

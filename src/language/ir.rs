@@ -140,6 +140,9 @@ pub enum PriceField {
 pub enum Read {
     RequestId,
     RequestModel,
+    /// Whether the requested model matches a pin template naming a provider
+    /// or credential.
+    RequestPinned,
     RequestEndpoint,
     RequestWire,
     RequestKind,
@@ -313,6 +316,8 @@ pub struct InputSpec {
     pub invalid: ErrorRef,
     /// A provider or model name the catalog does not have.
     pub unknown: ErrorRef,
+    /// When this request-level condition holds, the input is not read.
+    pub unless: Option<Term>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -364,6 +364,7 @@ impl RootTypes {
                 vec![
                     ("id", Ty::String),
                     ("model", Ty::String),
+                    ("pinned", Ty::Bool),
                     ("endpoint", Ty::Enum(builtins.endpoint.clone())),
                     ("wire", Ty::Enum(builtins.wire.clone())),
                     ("kind", Ty::Enum(builtins.kind.clone())),

@@ -1341,6 +1341,7 @@ impl Checker<'_> {
             Root::Request => match field {
                 "id" => read(Read::RequestId),
                 "model" => read(Read::RequestModel),
+                "pinned" => read(Read::RequestPinned),
                 "endpoint" => read(Read::RequestEndpoint),
                 "wire" => read(Read::RequestWire),
                 "kind" => read(Read::RequestKind),

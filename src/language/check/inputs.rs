@@ -278,6 +278,21 @@ impl<'a> Checker<'a> {
                 Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
                 None => malformed,
             };
+            // Asked before any input is read: the request and its caller only.
+            let unless = decl.unless.as_ref().map(|condition| {
+                let place = Place::only(
+                    "an input's `unless`",
+                    Roots::of(&[
+                        Root::Request,
+                        Root::Tenant,
+                        Root::Workspace,
+                        Root::Key,
+                        Root::Deployment,
+                    ]),
+                );
+                self.expect(condition, &Ty::Bool, &place, &Scope::default())
+                    .1
+            });
             // `like NAME` takes NAME's shorthand too, so both read the same values.
             let shorthand_decl = decl.shorthand.as_ref().or_else(|| match &decl.ty.kind {
                 TypeExprKind::Like(other) => decls
@@ -313,6 +328,7 @@ impl<'a> Checker<'a> {
                 malformed,
                 invalid,
                 unknown,
+                unless,
             });
         }
         let fields = self

@@ -515,6 +515,7 @@ impl Lowerer {
             malformed_error: None,
             invalid_error: None,
             unknown_error: None,
+            unless: None,
         };
         for clause in iter {
             let clause_span = self.span(&clause);
@@ -537,6 +538,11 @@ impl Lowerer {
                 }
                 Rule::unknown_ref_clause => {
                     decl.unknown_error = parts(clause).into_iter().next().map(|p| self.ident(p));
+                }
+                Rule::unless_clause => {
+                    let mut inner = parts(clause).into_iter();
+                    decl.unless =
+                        Some(self.expr(self.next(&mut inner, clause_span, "a condition")?)?);
                 }
                 _ => self.internal(clause_span, "an input clause"),
             }
