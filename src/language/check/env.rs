@@ -127,13 +127,12 @@ impl Root {
             Root::Served => "errors, headers and `late_comment`",
             Root::FreeIn => "error declarations",
             Root::It => "the value of an input's `shorthand`",
-            Root::Input
-            | Root::Request
-            | Root::Tenant
-            | Root::Workspace
-            | Root::Key
-            | Root::Defaults
-            | Root::Deployment => "most places; not in `credentials` or `unknown serve`",
+            Root::Input => "most places; not in `credentials` or an input's `unless`",
+            Root::Defaults => {
+                "most places; not in `credentials`, `unknown serve` or an input's `unless`"
+            }
+            Root::Request | Root::Deployment => "most places; not in `credentials`",
+            Root::Tenant | Root::Workspace | Root::Key => "most places; not in `unknown serve`",
             _ => {
                 "places that look at one candidate: eligibility, order, sorts, balance, failover rules, timeouts and listings"
             }

@@ -278,21 +278,7 @@ impl<'a> Checker<'a> {
                 Some(error) => self.raise(error, RaiseKind::BeforeAttempt),
                 None => malformed,
             };
-            // Asked before any input is read: the request and its caller only.
-            let unless = decl.unless.as_ref().map(|condition| {
-                let place = Place::only(
-                    "an input's `unless`",
-                    Roots::of(&[
-                        Root::Request,
-                        Root::Tenant,
-                        Root::Workspace,
-                        Root::Key,
-                        Root::Deployment,
-                    ]),
-                );
-                self.expect(condition, &Ty::Bool, &place, &Scope::default())
-                    .1
-            });
+
             // `like NAME` takes NAME's shorthand too, so both read the same values.
             let shorthand_decl = decl.shorthand.as_ref().or_else(|| match &decl.ty.kind {
                 TypeExprKind::Like(other) => decls
@@ -328,7 +314,7 @@ impl<'a> Checker<'a> {
                 malformed,
                 invalid,
                 unknown,
-                unless,
+                unless: None,
             });
         }
         let fields = self
@@ -340,6 +326,104 @@ impl<'a> Checker<'a> {
             name: String::from("input"),
             fields,
         }));
+        // Once every input is declared, so that a definition the condition
+        // uses is checked with the inputs it may name (and refused for them).
+        // `self.inputs` and the program's inputs hold the declarations kept
+        // (not a second one of a name), in the same order.
+        let kept: Vec<&'a InputDecl> = self.inputs.iter().map(|input| input.decl).collect();
+        for (index, decl) in kept.into_iter().enumerate() {
+            let Some(condition) = &decl.unless else {
+                continue;
+            };
+            let unless = self.unless_condition(condition);
+            if let Some(spec) = self.program.inputs.get_mut(index) {
+                spec.unless = Some(unless);
+            }
+        }
+    }
+
+    /// An input's `unless`: asked before any input is read, so it may read
+    /// the request and its caller only.
+    fn unless_condition(&mut self, condition: &Expr) -> ir::Term {
+        let place = Place::only(
+            "an input's `unless`",
+            Roots::of(&[
+                Root::Request,
+                Root::Tenant,
+                Root::Workspace,
+                Root::Key,
+                Root::Deployment,
+            ]),
+        );
+        let term = self
+            .expect(condition, &Ty::Bool, &place, &Scope::default())
+            .1;
+        if self.reads_request_state(&term, &mut HashSet::new()) {
+            self.error_at(
+                codes::NOT_IN_SCOPE,
+                condition.span,
+                String::from(
+                    "an input's `unless` is asked before any input is read, but this condition reads an input, a merge or a setting through a definition",
+                ),
+                "reads what is not known yet",
+                Some(String::from(
+                    "write the condition with `request`, `tenant`, `workspace`, `key` and `deployment` only",
+                )),
+            );
+        }
+        term
+    }
+
+    /// Whether a term reads an input, a merge or a setting, looking through
+    /// definitions (each once): what an input's `unless` cannot know yet.
+    fn reads_request_state(&self, term: &ir::Term, seen: &mut HashSet<usize>) -> bool {
+        use ir::TermKind;
+        match &term.kind {
+            TermKind::Read(ir::Read::Input(..) | ir::Read::Setting(_)) | TermKind::Merge(_) => true,
+            TermKind::Let(index) => {
+                seen.insert(*index)
+                    && self
+                        .program
+                        .lets
+                        .get(*index)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|spec| self.reads_request_state(&spec.term, seen))
+            }
+            TermKind::Const(_) | TermKind::Read(_) => false,
+            TermKind::At(_, inner)
+            | TermKind::Not(inner)
+            | TermKind::Negate(inner)
+            | TermKind::Field(inner, _)
+            | TermKind::ToEnum(_, inner)
+            | TermKind::Static(_, inner)
+            | TermKind::Hoisted(_, inner) => self.reads_request_state(inner, seen),
+            TermKind::Binary(_, lhs, rhs) => {
+                self.reads_request_state(lhs, seen) || self.reads_request_state(rhs, seen)
+            }
+            TermKind::If(condition, then, otherwise) => {
+                self.reads_request_state(condition, seen)
+                    || self.reads_request_state(then, seen)
+                    || self.reads_request_state(otherwise, seen)
+            }
+            TermKind::Call(_, items) | TermKind::List(items) => items
+                .iter()
+                .any(|item| self.reads_request_state(item, seen)),
+            TermKind::Record(fields) => fields
+                .iter()
+                .any(|(_, item)| self.reads_request_state(item, seen)),
+            TermKind::Aggregate(_, value, filter) => {
+                self.reads_request_state(value, seen)
+                    || filter
+                        .as_deref()
+                        .is_some_and(|filter| self.reads_request_state(filter, seen))
+            }
+            TermKind::Grouped(_, scored, inner) => {
+                scored
+                    .iter()
+                    .any(|item| self.reads_request_state(item, seen))
+                    || self.reads_request_state(inner, seen)
+            }
+        }
     }
 
     fn shorthand(
