@@ -35,13 +35,13 @@ mod common;
 use common::{
     HEALTHY, Reply, Stack, advance_until, chat, closed_port, data_file, finished_within, messages,
     model_list, names, recompile, reconfigure, replay, settle, spawn_chat, streamed, tried_by,
-    until,
+    until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard::state::{CandidateKeys, ManualClock, ScopeKey};
+use switchyard::state::{CandidateKeys, Clock, ManualClock, ScopeKey};
 use tokio::task::JoinHandle;
 
 // The test keys of policies/anonrouter/tenants.yaml.
@@ -1727,8 +1727,14 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
     // The first event is late: the proxy gives up after the first-token
     // timeout (the clock's), and near-ai-us serves.
     replay(&stack, &scenario(&[("tinfoil", &["first_token=10m"])]));
+    let headers_at = clock.now_ms();
     let streaming = spawn_chat(&stack, RESEARCH, streamed(body(DEEPSEEK)));
     until("tinfoil is asked", || stack.sim.requests().len() == 1).await;
+    // Its headers have come (the first event's wait counts from them).
+    until_sleeping(&clock, "the proxy waits for the first event", |at| {
+        at == headers_at + TIMEOUT_MS
+    })
+    .await;
     settle().await;
     clock.advance(TIMEOUT_MS - 1);
     settle().await;

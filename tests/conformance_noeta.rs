@@ -1366,12 +1366,18 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
             OPENAI_SILENCE_MS,
         ),
     ] {
-        // Headers, then no first event: silence from the headers on.
+        // Headers, then no first event: silence from the headers on, which
+        // have come before the clock moves.
         replay(
             &stack,
             &scenario(&[(provider, &["first_token=30m", "200"])]),
         );
+        let headers_at = clock.now_ms();
         let waiting = spawn_call(&stack, api, api.stream_body(model));
+        until_sleeping(&clock, "the proxy waits for the first event", |at| {
+            at == headers_at + silence_ms
+        })
+        .await;
         expect_timeout_after(&stack, &clock, 1, silence_ms, "first_token_timeout").await;
         finished(waiting).await.assert_served(provider);
 

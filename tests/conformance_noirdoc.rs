@@ -1927,6 +1927,12 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     let started = Instant::now();
     let opening = spawn_open(&stack, ACME, streamed(chat_body(QWEN)));
     until("aki-io is asked", || asked(&stack, "aki-io") == 1).await;
+    // aki-io's headers have come (the first event's 120 s count from them)
+    // before the clock moves.
+    until_sleeping(&clock, "the proxy waits for the first event", |at| {
+        at == 120_000
+    })
+    .await;
     // The headers are held 15 s, then go out without the provider.
     clock.advance(14_999);
     settle().await;
