@@ -246,14 +246,12 @@ fn text_of<'a>(raw: &'a Raw<'_>) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::{AllSecrets, compile_file};
     use crate::evaluate::execution::error_name;
+    use crate::evaluate::tests::shipped;
 
     /// The error AnonRouter's `provider` input answers a raw value with.
     fn error_for(raw: Json) -> Option<String> {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/anonrouter.policy");
-        let snapshot = compile_file(&path, &AllSecrets).expect("anonrouter compiles");
+        let snapshot = shipped("anonrouter");
         let spec = snapshot
             .program
             .inputs

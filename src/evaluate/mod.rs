@@ -1013,21 +1013,22 @@ pub fn label(snapshot: &Snapshot, candidate: &Candidate) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::compile::{AllSecrets, compile_file};
     use health::Healthy;
 
-    fn decide_for(key_id: &str, body: &Json, traced: bool) -> Decision {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/noirdoc.policy");
-        let snapshot = compile_file(&path, &AllSecrets).expect("noirdoc compiles");
-        let keys = &snapshot.data.tenants.keys;
-        let (index, key) = keys
-            .iter()
-            .enumerate()
-            .find(|(_, key)| key.id == key_id)
-            .expect("the key is in noirdoc's tenants");
-        let context = RequestContext {
+    /// A shipped policy (`policies/NAME.policy`), every secret set.
+    pub(crate) fn shipped(name: &str) -> Snapshot {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("policies/{name}.policy"));
+        compile_file(&path, &AllSecrets).expect("the policy compiles")
+    }
+
+    /// A chat completion with `body` from the snapshot's key number `index`.
+    fn chat_from_key<'a>(snapshot: &Snapshot, index: usize, body: &'a Json) -> RequestContext<'a> {
+        let key = &snapshot.data.tenants.keys[index];
+        RequestContext {
             id: Arc::from("test"),
             endpoint: Endpoint::ChatCompletions,
             body: Ok(body),
@@ -1040,7 +1041,19 @@ mod tests {
             },
             seed: 0,
             rotation: &0,
-        };
+        }
+    }
+
+    fn decide_for(key_id: &str, body: &Json, traced: bool) -> Decision {
+        let snapshot = shipped("noirdoc");
+        let index = snapshot
+            .data
+            .tenants
+            .keys
+            .iter()
+            .position(|key| key.id == key_id)
+            .expect("the key is in noirdoc's tenants");
+        let context = chat_from_key(&snapshot, index, body);
         if traced {
             evaluate_traced(&snapshot, &context, &Healthy)
         } else {
@@ -1050,25 +1063,19 @@ mod tests {
 
     #[test]
     fn round_robin_counts_per_catalog_model_and_only_when_the_policy_rotates() {
-        let policy = |name: &str| {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("policies/{name}.policy"));
-            compile_file(&path, &AllSecrets).expect("the policy compiles")
-        };
-        let setu = policy("ai-setu");
+        let setu = shipped("ai-setu");
         let model = |requested| round_robin_model(&setu, requested);
         assert_eq!(model("claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
         assert_eq!(model("vertex/claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
         assert_eq!(model("no-such-model"), Some(""));
         assert_eq!(model("vertex/no-such-model"), Some(""));
-        assert_eq!(round_robin_model(&policy("noirdoc"), "gpt-5"), None);
+        assert_eq!(round_robin_model(&shipped("noirdoc"), "gpt-5"), None);
     }
 
     #[test]
     fn a_step_asked_once_per_set_decides_as_asking_every_candidate_does() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/ngrok.policy");
-        let once = compile_file(&path, &AllSecrets).expect("ngrok compiles");
-        let mut each = compile_file(&path, &AllSecrets).expect("ngrok compiles");
+        let once = shipped("ngrok");
+        let mut each = shipped("ngrok");
         assert!(
             once.once_per_set.contains(&true),
             "ngrok has a step asked once per set"
@@ -1084,23 +1091,9 @@ mod tests {
             serde_json::json!({"models": ["groq:llama-3.3-70b", "gpt-4o"]}),
             serde_json::json!({"model": "gpt-4o", "models": ["openrouter:gpt-4o-mini"]}),
         ];
-        let keys = &once.data.tenants.keys;
-        for (index, key) in keys.iter().enumerate() {
+        for (index, key) in once.data.tenants.keys.iter().enumerate() {
             for body in &bodies {
-                let context = RequestContext {
-                    id: Arc::from("test"),
-                    endpoint: Endpoint::ChatCompletions,
-                    body: Ok(body),
-                    body_bytes: 64,
-                    headers: &[],
-                    caller: Caller {
-                        tenant: key.tenant,
-                        workspace: key.workspace,
-                        key: Some(index),
-                    },
-                    seed: 0,
-                    rotation: &0,
-                };
+                let context = chat_from_key(&once, index, body);
                 let outcome = |snapshot: &Snapshot| match evaluate_afresh(
                     snapshot, &context, &Healthy,
                 )
