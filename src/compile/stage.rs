@@ -361,57 +361,50 @@ impl Stager<'_> {
     }
 
     fn let_reads_focus(&mut self, index: usize) -> bool {
-        match self.let_focus.get(index) {
-            Some(Some(reads)) => *reads,
-            Some(None) => {
-                // Taken to read it while its body is looked at: a cycle (which
-                // the checker refuses) is then asked per candidate.
-                if let Some(slot) = self.let_focus.get_mut(index) {
-                    *slot = Some(true);
-                }
-                let lets = self.lets;
-                let reads = stacker::maybe_grow(
-                    crate::language::check::STACK_RED_ZONE,
-                    crate::language::check::STACK_SEGMENT,
-                    || {
-                        lets.get(index)
-                            .is_none_or(|spec| self.reads_focus(&spec.term))
-                    },
-                );
-                if let Some(slot) = self.let_focus.get_mut(index) {
-                    *slot = Some(reads);
-                }
-                reads
-            }
-            None => true,
-        }
+        self.per_definition(
+            index,
+            true,
+            |stager| &mut stager.let_focus,
+            Self::reads_focus,
+        )
     }
 
     fn let_deps(&mut self, index: usize) -> Deps {
-        match self.let_deps.get(index) {
-            Some(Some(deps)) => *deps,
-            Some(None) => {
-                // Marked live while its body is looked at: a cycle (which the
-                // checker refuses) then stays interpreted.
-                if let Some(slot) = self.let_deps.get_mut(index) {
-                    *slot = Some(Deps::LIVE);
-                }
-                let lets = self.lets;
-                let deps = stacker::maybe_grow(
-                    crate::language::check::STACK_RED_ZONE,
-                    crate::language::check::STACK_SEGMENT,
-                    || {
-                        lets.get(index)
-                            .map_or(Deps::LIVE, |spec| self.deps(&spec.term))
-                    },
-                );
-                if let Some(slot) = self.let_deps.get_mut(index) {
-                    *slot = Some(deps);
-                }
-                deps
-            }
-            None => Deps::LIVE,
+        self.per_definition(index, Deps::LIVE, |stager| &mut stager.let_deps, Self::deps)
+    }
+
+    /// A fact about definition `index`, worked out once from its body by
+    /// `walk` and kept in the memo `memo` picks. While the body is looked at
+    /// the fact reads `cautious`, so a cycle (which the checker refuses)
+    /// stays cautious; so does a definition that does not exist.
+    fn per_definition<T: Copy>(
+        &mut self,
+        index: usize,
+        cautious: T,
+        memo: fn(&mut Self) -> &mut Vec<Option<T>>,
+        walk: fn(&mut Self, &Term) -> T,
+    ) -> T {
+        match memo(self).get(index) {
+            Some(Some(known)) => return *known,
+            Some(None) => {}
+            None => return cautious,
         }
+        if let Some(slot) = memo(self).get_mut(index) {
+            *slot = Some(cautious);
+        }
+        let lets = self.lets;
+        let fact = stacker::maybe_grow(
+            crate::language::check::STACK_RED_ZONE,
+            crate::language::check::STACK_SEGMENT,
+            || {
+                lets.get(index)
+                    .map_or(cautious, |spec| walk(self, &spec.term))
+            },
+        );
+        if let Some(slot) = memo(self).get_mut(index) {
+            *slot = Some(fact);
+        }
+        fact
     }
 
     fn stage(&mut self, term: &Term) -> Term {
