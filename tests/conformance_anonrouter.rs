@@ -1695,7 +1695,9 @@ async fn a5_a52_failover_tries_up_to_three_providers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a53_a_stream_fails_over_until_its_first_event() {
     let clock = Arc::new(ManualClock::default());
-    let stack = shipped(&scenario(HEALTHY), &clock).await;
+    // The sim's pauses run on the test's clock too, so the test decides
+    // when the late stream's headers come.
+    let stack = Stack::shipped_on_one_clock("anonrouter", &scenario(HEALTHY), clock.clone()).await;
 
     for step in ["503", "reset", "cut_after=0", "malformed"] {
         replay(&stack, &scenario(&[("tinfoil", &[step])]));
@@ -1726,16 +1728,24 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
 
     // The first event is late: the proxy gives up after the first-token
     // timeout (the clock's), and near-ai-us serves.
-    replay(&stack, &scenario(&[("tinfoil", &["first_token=10m"])]));
-    let headers_at = clock.now_ms();
+    replay(
+        &stack,
+        &scenario(&[("tinfoil", &["slow_headers=1s first_token=10m"])]),
+    );
+    let asked_at = clock.now_ms();
     let streaming = spawn_chat(&stack, RESEARCH, streamed(body(DEEPSEEK)));
     until("tinfoil is asked", || stack.sim.requests().len() == 1).await;
-    // Its headers have come (the first event's wait counts from them).
-    until_sleeping(&clock, "the proxy waits for the first event", |at| {
-        at == headers_at + TIMEOUT_MS
+    until_sleeping(&clock, "the sim holds tinfoil's headers", |at| {
+        at == asked_at + 1_000
     })
     .await;
-    settle().await;
+    clock.advance(1_000);
+    // The first event's wait counts from the headers; the headers' own
+    // wait ended a second earlier.
+    until_sleeping(&clock, "the proxy waits for the first event", |at| {
+        at == asked_at + 1_000 + TIMEOUT_MS
+    })
+    .await;
     clock.advance(TIMEOUT_MS - 1);
     settle().await;
     assert_eq!(

@@ -1910,16 +1910,18 @@ async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
 }
 
 /// [N25] [N31] [N51] [N53] a stream that sends no first event within 120 s
-/// is left for the next provider even though its headers went out at
-/// 15 s (no part of a provider's answer reached the caller yet); the
-/// comment names the provider that answered
+/// of its headers is left for the next provider even though the gateway's
+/// own headers went out at 15 s (no part of a provider's answer reached the
+/// caller yet); the comment names the provider that answered
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     let clock = Arc::new(ManualClock::default());
-    let stack = Stack::shipped(
+    // The sim's pauses run on the test's clock too: aki-io's headers come
+    // when the test says, so the first event's wait has a deadline of its
+    // own (121 s), apart from the headers' (120 s).
+    let stack = Stack::shipped_on_one_clock(
         "noirdoc",
-        &scenario(&[("aki-io", &["stall_after=0"])]),
-        &[],
+        &scenario(&[("aki-io", &["slow_headers=1s stall_after=0"])]),
         clock.clone(),
     )
     .await;
@@ -1927,14 +1929,15 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     let started = Instant::now();
     let opening = spawn_open(&stack, ACME, streamed(chat_body(QWEN)));
     until("aki-io is asked", || asked(&stack, "aki-io") == 1).await;
-    // aki-io's headers have come (the first event's 120 s count from them)
-    // before the clock moves.
+    until_sleeping(&clock, "the sim holds aki-io's headers", |at| at == 1_000).await;
+    clock.advance(1_000);
     until_sleeping(&clock, "the proxy waits for the first event", |at| {
-        at == 120_000
+        at == 121_000
     })
     .await;
-    // The headers are held 15 s, then go out without the provider.
-    clock.advance(14_999);
+    // The gateway's headers are held 15 s from the request, then go out
+    // without the provider.
+    clock.advance(13_999);
     settle().await;
     assert!(!opening.is_finished(), "headers sent before 15 s");
     clock.advance(1);
@@ -1943,12 +1946,12 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     assert_eq!(response.headers().get("x-noirdoc-provider"), None);
     let streaming = tokio::spawn(Reply::rest(response, String::new(), started));
 
-    clock.advance(104_999);
+    clock.advance(105_999);
     settle().await;
     assert_eq!(
         stack.providers_tried(),
         names(&["aki-io"]),
-        "left before 120 s"
+        "left before 120 s after the headers"
     );
     assert!(!streaming.is_finished());
     clock.advance(1);

@@ -29,7 +29,8 @@ mod wire;
 pub use record::RecordedRequest;
 pub use scenario::Scenario;
 
-use server::{Shared, Stop};
+use crate::state::Clock;
+use server::{Shared, Timing};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -39,11 +40,31 @@ use tokio::task::JoinHandle;
 /// Binds `listen` (port 0 picks a free port) and serves the scenario on the
 /// current tokio runtime until the handle is shut down or dropped.
 pub async fn start(listen: SocketAddr, scenario: Scenario) -> std::io::Result<SimHandle> {
+    start_timed(listen, scenario, None).await
+}
+
+/// [`start`], with the scenario's pauses (latency, first token, chunk
+/// intervals) on `clock`: a test that moves the proxy's clock by hand then
+/// also decides when the sim answers.
+pub async fn start_on_clock(
+    listen: SocketAddr,
+    scenario: Scenario,
+    clock: Arc<dyn Clock>,
+) -> std::io::Result<SimHandle> {
+    start_timed(listen, scenario, Some(clock)).await
+}
+
+async fn start_timed(
+    listen: SocketAddr,
+    scenario: Scenario,
+    clock: Option<Arc<dyn Clock>>,
+) -> std::io::Result<SimHandle> {
     let listener = TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let shared = Arc::new(Shared::new(scenario));
     let (stop, stopped) = watch::channel(false);
-    let server = tokio::spawn(server::serve(listener, Arc::clone(&shared), Stop(stopped)));
+    let timing = Timing { stopped, clock };
+    let server = tokio::spawn(server::serve(listener, Arc::clone(&shared), timing));
     Ok(SimHandle {
         addr,
         shared,

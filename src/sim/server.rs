@@ -6,6 +6,7 @@ use super::record::{Record, RecordedRequest, body_json};
 use super::scenario::{Scenario, SequenceKey, Settings};
 use super::step::{Action, Ending, ErrorReply, Step, Success};
 use super::wire::{self, Answer, Endpoint, StreamEvents};
+use crate::state::Clock;
 use crate::sync::lock;
 use bytes::Bytes;
 use hyper::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -97,26 +98,43 @@ impl Shared {
     }
 }
 
-/// Resolves once the sim is told to stop (or its handle is gone).
-#[derive(Debug, Clone)]
-pub struct Stop(pub watch::Receiver<bool>);
+/// What steps are played out against: the signal that the sim is told to
+/// stop, and the clock its pauses run on.
+#[derive(Clone)]
+pub struct Timing {
+    pub stopped: watch::Receiver<bool>,
+    /// `None`: the runtime's own timer. A test that drives the proxy's
+    /// clock by hand can drive the sim's pauses with the same clock.
+    pub clock: Option<Arc<dyn Clock>>,
+}
 
-impl Stop {
-    async fn wait(&self) {
-        let mut receiver = self.0.clone();
+impl Timing {
+    /// Resolves once the sim is told to stop (or its handle is gone).
+    async fn stopped(&self) {
+        let mut receiver = self.stopped.clone();
         // An error means the handle was dropped, which also stops the sim.
         let _ = receiver.wait_for(|stopped| *stopped).await;
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        match &self.clock {
+            None => tokio::time::sleep(duration).await,
+            Some(clock) => {
+                let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+                clock.sleep_until(clock.now_ms().saturating_add(ms)).await;
+            }
+        }
     }
 }
 
 /// Waits `duration`; `Err` when the sim stops first.
-async fn pause(duration: Duration, stop: &Stop) -> Result<(), Stopped> {
+async fn pause(duration: Duration, timing: &Timing) -> Result<(), Stopped> {
     if duration.is_zero() {
         return Ok(());
     }
     tokio::select! {
-        () = tokio::time::sleep(duration) => Ok(()),
-        () = stop.wait() => Err(Stopped),
+        () = timing.sleep(duration) => Ok(()),
+        () = timing.stopped() => Err(Stopped),
     }
 }
 
@@ -137,20 +155,20 @@ impl std::error::Error for CloseConnection {}
 
 /// Accepts connections until told to stop, then waits for every
 /// connection to close.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Stop) {
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, timing: Timing) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, Arc::clone(&shared), stop.clone()));
+                    connections.spawn(connection(stream, Arc::clone(&shared), timing.clone()));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "sim: accepting a connection failed");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             },
-            () = stop.wait() => break,
+            () = timing.stopped() => break,
         }
         while connections.try_join_next().is_some() {}
     }
@@ -164,20 +182,20 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Stop) {
     }
 }
 
-async fn connection(stream: TcpStream, shared: Arc<Shared>, stop: Stop) {
+async fn connection(stream: TcpStream, shared: Arc<Shared>, timing: Timing) {
     // Stream events are small writes; without this they could wait for
     // the previous one to be acknowledged.
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "sim: cannot set TCP_NODELAY");
     }
-    let service_stop = stop.clone();
+    let service_timing = timing.clone();
     let service =
-        service_fn(move |request| handle(Arc::clone(&shared), service_stop.clone(), request));
+        service_fn(move |request| handle(Arc::clone(&shared), service_timing.clone(), request));
     let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     let mut connection = std::pin::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => return,
-        () = stop.wait() => {}
+        () = timing.stopped() => {}
     }
     connection.as_mut().graceful_shutdown();
     let _ = connection.await;
@@ -185,7 +203,7 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>, stop: Stop) {
 
 async fn handle(
     shared: Arc<Shared>,
-    stop: Stop,
+    timing: Timing,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<SimBody>, CloseConnection> {
     let (parts, body) = request.into_parts();
@@ -204,7 +222,7 @@ async fn handle(
     }
     match shared.plan(&parts, body) {
         Plan::Reply(response) => Ok(response),
-        Plan::Play(play) => play.run(&stop).await,
+        Plan::Play(play) => play.run(&timing).await,
     }
 }
 
@@ -499,20 +517,20 @@ fn decide(
 // ------------------------------------------------------------ playing a step
 
 impl Play {
-    async fn run(self, stop: &Stop) -> Result<Response<SimBody>, CloseConnection> {
+    async fn run(self, timing: &Timing) -> Result<Response<SimBody>, CloseConnection> {
         if self.step.action == Action::NoAnswer {
-            stop.wait().await;
+            timing.stopped().await;
             return Err(CloseConnection);
         }
         let before_headers = self.step.slow_headers.unwrap_or(self.settings.latency);
-        pause(before_headers, stop)
+        pause(before_headers, timing)
             .await
             .map_err(|Stopped| CloseConnection)?;
         match &self.step.action {
             Action::NoAnswer | Action::Reset => Err(CloseConnection),
             Action::Error(reply) => Ok(self.error(reply)),
-            Action::Malformed { first_token } => Ok(self.malformed(*first_token, stop)),
-            Action::Success(success) => Ok(self.success(success, stop)),
+            Action::Malformed { first_token } => Ok(self.malformed(*first_token, timing)),
+            Action::Success(success) => Ok(self.success(success, timing)),
         }
     }
 
@@ -556,7 +574,7 @@ impl Play {
 
     /// A 200 that is not valid JSON: half the body, or a stream of half its
     /// first event.
-    fn malformed(&self, first_token: Option<Duration>, stop: &Stop) -> Response<SimBody> {
+    fn malformed(&self, first_token: Option<Duration>, timing: &Timing) -> Response<SimBody> {
         let Some(events) = self.stream_events() else {
             let whole = self.answer().body(self.endpoint).to_string();
             return with_json_type(
@@ -570,9 +588,9 @@ impl Play {
             .unwrap_or_default();
         let delay = first_token.unwrap_or(self.settings.first_token);
         let (mut feed, body) = SimBody::channel();
-        let stop = stop.clone();
+        let timing = timing.clone();
         tokio::spawn(async move {
-            if pause(delay, &stop).await.is_ok() {
+            if pause(delay, &timing).await.is_ok() {
                 let _ = feed.send(text).await;
             }
         });
@@ -615,14 +633,14 @@ impl Play {
         ))
     }
 
-    fn success(&self, success: &Success, stop: &Stop) -> Response<SimBody> {
+    fn success(&self, success: &Success, timing: &Timing) -> Response<SimBody> {
         let status = StatusCode::from_u16(success.status).unwrap_or(StatusCode::OK);
         if let Some(events) = self.stream_events() {
             let stream_error = self.stream_error(&success.ending, &events);
             let (feed, body) = SimBody::channel();
             let producer = Producer {
                 feed,
-                stop: stop.clone(),
+                timing: timing.clone(),
             };
             tokio::spawn(producer.stream(events, success.clone(), self.settings, stream_error));
             return stream_response(status, body);
@@ -633,7 +651,7 @@ impl Play {
                 let (feed, body) = SimBody::channel();
                 let producer = Producer {
                     feed,
-                    stop: stop.clone(),
+                    timing: timing.clone(),
                 };
                 tokio::spawn(producer.partial_body(whole, success.ending.clone()));
                 with_json_type(status, body)
@@ -658,12 +676,12 @@ impl Play {
 /// Feeds a channel body in time.
 struct Producer {
     feed: Feed,
-    stop: Stop,
+    timing: Timing,
 }
 
 impl Producer {
     async fn pause(&self, duration: Duration) -> Result<(), Gone> {
-        pause(duration, &self.stop).await.map_err(|Stopped| Gone)
+        pause(duration, &self.timing).await.map_err(|Stopped| Gone)
     }
 
     /// Sends nothing more until the client leaves, or the sim stops (then
@@ -671,16 +689,16 @@ impl Producer {
     async fn stall(self) {
         tokio::select! {
             () = self.feed.closed() => {}
-            () = self.stop.wait() => self.feed.abort().await,
+            () = self.timing.stopped() => self.feed.abort().await,
         }
     }
 
     /// Cuts the body once what was sent is written, unless the sim stops first.
     async fn cut(self) {
-        let Producer { feed, stop } = self;
+        let Producer { feed, timing } = self;
         tokio::select! {
             () = feed.cut() => {}
-            () = stop.wait() => {}
+            () = timing.stopped() => {}
         }
     }
 

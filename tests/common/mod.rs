@@ -17,7 +17,7 @@ use switchyard::language::check_file;
 use switchyard::proxy::{AccessLog, Options, Proxy, RequestLine, Running, TracingAccessLog, serve};
 use switchyard::sim::{self, Scenario, SimHandle};
 use switchyard::source::SourceMap;
-use switchyard::state::{Clock, InProcess, SystemClock};
+use switchyard::state::{Clock, InProcess, ManualClock, SystemClock};
 use tokio::task::JoinHandle;
 
 /// The SHA-256 hex digest tenants files store for a key.
@@ -162,7 +162,33 @@ impl Stack {
         missing: &[&str],
         clock: Arc<dyn Clock>,
     ) -> Stack {
-        let sim = start_sim(scenario).await;
+        Stack::shipped_with_sim(name, start_sim(scenario).await, missing, clock).await
+    }
+
+    /// [`Stack::shipped`], with the scenario's pauses on `clock` too: the
+    /// test decides when the sim answers as well as when the proxy's waits
+    /// end.
+    pub async fn shipped_on_one_clock(
+        name: &str,
+        scenario: &str,
+        clock: Arc<ManualClock>,
+    ) -> Stack {
+        let sim = sim::start_on_clock(
+            "127.0.0.1:0".parse().unwrap(),
+            parsed_scenario(scenario),
+            clock.clone(),
+        )
+        .await
+        .expect("the sim starts");
+        Stack::shipped_with_sim(name, sim, &[], clock).await
+    }
+
+    async fn shipped_with_sim(
+        name: &str,
+        sim: SimHandle,
+        missing: &[&str],
+        clock: Arc<dyn Clock>,
+    ) -> Stack {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
         let dir = unique_dir(name);
         std::fs::copy(
@@ -279,11 +305,14 @@ impl Stack {
 /// Simulated providers on a free loopback port, behaving as `scenario`
 /// (YAML) says.
 pub async fn start_sim(scenario: &str) -> SimHandle {
-    let scenario = Scenario::parse(scenario, "scenario")
-        .unwrap_or_else(|error| panic!("the test scenario does not parse: {error}"));
-    sim::start("127.0.0.1:0".parse().unwrap(), scenario)
+    sim::start("127.0.0.1:0".parse().unwrap(), parsed_scenario(scenario))
         .await
         .expect("the sim starts")
+}
+
+fn parsed_scenario(text: &str) -> Scenario {
+    Scenario::parse(text, "scenario")
+        .unwrap_or_else(|error| panic!("the test scenario does not parse: {error}"))
 }
 
 /// Where the shipped catalogs expect the simulated providers.
@@ -799,11 +828,7 @@ pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
 /// (at most 10 s of real time): the proxy then waits on the clock, and a
 /// move of the clock acts on that wait. Its wake time is fixed from then,
 /// whereas after a `settle` it may not be yet on a busy machine.
-pub async fn until_sleeping(
-    clock: &switchyard::state::ManualClock,
-    what: &str,
-    wanted: impl Fn(u64) -> bool,
-) {
+pub async fn until_sleeping(clock: &ManualClock, what: &str, wanted: impl Fn(u64) -> bool) {
     until(what, || clock.sleeping_until().into_iter().any(&wanted)).await;
 }
 
@@ -838,7 +863,7 @@ pub async fn finished_within<T>(limit: Duration, task: JoinHandle<T>) -> T {
 /// between steps, so the proxy can reach its next wait) until `future`
 /// finishes; returns its output. Panics after `max_ms` of clock time.
 pub async fn advance_until<T>(
-    clock: &switchyard::state::ManualClock,
+    clock: &ManualClock,
     step_ms: u64,
     max_ms: u64,
     future: impl std::future::Future<Output = T>,
