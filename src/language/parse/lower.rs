@@ -517,9 +517,16 @@ impl Lowerer {
             unknown_error: None,
             unless: None,
         };
+        let mut first_given: Vec<(Rule, Span)> = Vec::new();
         for clause in iter {
             let clause_span = self.span(&clause);
-            match clause.as_rule() {
+            let rule = clause.as_rule();
+            if let Some((_, first)) = first_given.iter().find(|(given, _)| *given == rule) {
+                self.clause_twice(&decl, rule, clause_span, *first);
+                continue;
+            }
+            first_given.push((rule, clause_span));
+            match rule {
                 Rule::shorthand_clause => {
                     let mut inner = parts(clause).into_iter();
                     let ty = self.type_expr(self.next(&mut inner, clause_span, "a type")?)?;
@@ -548,6 +555,28 @@ impl Lowerer {
             }
         }
         Some(decl)
+    }
+
+    /// A clause an input has once, given again: the second would silently
+    /// replace the first.
+    fn clause_twice(&self, decl: &InputDecl, rule: Rule, again: Span, first: Span) {
+        let clause = match rule {
+            Rule::shorthand_clause => "shorthand",
+            Rule::malformed_clause => "malformed error",
+            Rule::invalid_clause => "invalid error",
+            Rule::unknown_ref_clause => "unknown error",
+            _ => "unless",
+        };
+        let diagnostic = Diagnostic::new(
+            codes::DUPLICATE_SECTION,
+            format!("input `{}` has `{clause}` twice", decl.name.name),
+        )
+        .at(self.source, again, "given again here")
+        .also(self.source, first, "first given here")
+        .help(format!(
+            "an input has one `{clause}` clause; keep the one you mean"
+        ));
+        self.diagnostics.borrow_mut().push(diagnostic);
     }
 
     fn type_expr(&self, pair: Pair<'_, Rule>) -> Option<TypeExpr> {
