@@ -19,11 +19,12 @@
 mod common;
 
 use common::{
-    Reply, Stack, advance_until, assert_nothing_sent, chat_body, closed_port, messages_body, names,
-    reconfigure, replay, settle, streamed, tried_by, until_asked,
+    Reply, Stack, advance_until, assert_nothing_sent, chat_body, closed_port, finished,
+    messages_body, names, reconfigure, replay, settle, spawn_open, streamed, tried_by, until_asked,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Instant;
 use switchyard::state::ManualClock;
 
 /// Test keys, from the comments in policies/ai-setu/tenants.yaml.
@@ -805,13 +806,23 @@ async fn a_stream_is_committed_to_its_provider_after_the_first_byte() {
         assert_eq!(stack.providers_tried(), names(&["anthropic"]), "{step}");
     }
 
-    // A stall: the idle timeout on the proxy's clock ends it.
+    // A stall: the idle timeout on the proxy's clock ends it. The clock
+    // moves once the stream is committed (its headers go out with its first
+    // event), so it is the idle wait that ends, not the wait for the start.
     replay(&stack, &scenario(&[("anthropic", &["stall_after=2"])]));
+    let opening = spawn_open(
+        &stack,
+        MESSAGES,
+        INITECH,
+        &[("anthropic-version", "2023-06-01")],
+        streamed(messages_body(CLAUDE)),
+    );
+    let response = finished(opening).await;
     let reply = advance_until(
         &clock,
         5_000,
         300_000,
-        messages_stream(&stack, INITECH, CLAUDE),
+        Reply::rest(response, String::new(), Instant::now()),
     )
     .await;
     assert_broken_stream(&reply, "anthropic");

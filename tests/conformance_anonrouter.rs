@@ -33,14 +33,14 @@
 mod common;
 
 use common::{
-    HEALTHY, Reply, Stack, advance_until, chat, closed_port, data_file, finished_within, messages,
-    model_list, names, recompile, reconfigure, replay, settle, spawn_chat, streamed, tried_by,
-    until, until_sleeping,
+    HEALTHY, Reply, Stack, advance_until, chat, closed_port, data_file, finished,
+    finished_attempts, finished_within, messages, model_list, names, recompile, reconfigure,
+    replay, settle, spawn_chat, spawn_open, streamed, tried_by, until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use switchyard::state::{CandidateKeys, Clock, ManualClock, ScopeKey};
 use tokio::task::JoinHandle;
 
@@ -1809,12 +1809,22 @@ async fn a88_after_output_started_a_failure_is_reported_not_retried() {
     forget_failures(&clock);
 
     // A stall past the idle timeout (on the clock) ends it the same way.
+    // The clock moves once the stream is committed (its headers go out with
+    // its first event), so it is the idle wait that ends.
     replay(&stack, &scenario(&[("tinfoil", &["stall_after=2"])]));
+    let opening = spawn_open(
+        &stack,
+        "/v1/chat/completions",
+        RESEARCH,
+        &[],
+        streamed(body(DEEPSEEK)),
+    );
+    let response = finished(opening).await;
     let reply = advance_until(
         &clock,
         5_000,
         300_000,
-        stack.chat(RESEARCH, streamed(body(DEEPSEEK))),
+        Reply::rest(response, String::new(), Instant::now()),
     )
     .await;
     let error: Value = serde_json::from_str(&reply.events().last().unwrap().1).unwrap();
@@ -1840,7 +1850,21 @@ async fn first_attempt_answers(
     request: Value,
 ) -> (Reply, bool, Penalty) {
     replay(stack, &scenario(&[("tinfoil", &[step])]));
-    let reply = advance_until(clock, 1_000, 300_000, stack.chat(RESEARCH, request)).await;
+    let attempts_before = finished_attempts(stack);
+    let requesting = spawn_chat(stack, RESEARCH, request);
+    // The clock moves only until tinfoil's attempt has ended (a timeout
+    // needs it to, a status does not): its penalty counts from then, and
+    // moving on could let the penalty run out before the next request.
+    advance_until(
+        clock,
+        1_000,
+        300_000,
+        until("tinfoil's attempt ends", || {
+            finished_attempts(stack) > attempts_before
+        }),
+    )
+    .await;
+    let reply = finished(requesting).await;
     let tried = stack.providers_tried();
     let moved_on = match tried.as_slice() {
         [first, second] if first == "tinfoil" && second == "near-ai-us" => {

@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    Reply, Stack, chat_body, closed_port, data_file, messages_body, model_list, recompile, replay,
-    sha256_hex, streamed,
+    Reply, Stack, chat_body, closed_port, data_file, finished, finished_attempts, messages_body,
+    model_list, recompile, replay, settle, sha256_hex, spawn_open, streamed,
 };
 use serde_json::{Value, json};
 use std::future::Future;
@@ -129,18 +129,6 @@ fn upstream(stack: &Stack) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Attempts the proxy has finished (its upstream histogram's count).
-fn finished_attempts(stack: &Stack) -> u64 {
-    stack
-        .proxy
-        .metrics
-        .render()
-        .lines()
-        .filter(|line| line.starts_with("switchyard_upstream_seconds_count"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 // ---------------------------------------------------------------------------
@@ -1986,16 +1974,23 @@ async fn the_per_request_timeout_bounds_a_committed_stream() {
         clock.clone(),
     )
     .await;
-    let t = Timeline::new(&stack, &clock);
-    let reply = t
-        .run(stack.chat(TUNNELCO, streamed(chat_body("gpt-4o"))), async {
-            t.reached(1, 0).await;
-            t.quiet_until(7_999).await;
-            t.advance_to(8_000);
-            t.until_answered().await;
-        })
-        .await;
-    assert_eq!(reply.status, 200);
+    let opening = spawn_open(
+        &stack,
+        "/v1/chat/completions",
+        TUNNELCO,
+        &[],
+        streamed(chat_body("gpt-4o")),
+    );
+    // The headers go out with the first event: the stream is committed
+    // before the clock moves.
+    let response = finished(opening).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let reading = tokio::spawn(Reply::rest(response, String::new(), Instant::now()));
+    clock.advance(7_999);
+    settle().await;
+    assert!(!reading.is_finished(), "ended before 8 s");
+    clock.advance(1);
+    let reply = finished(reading).await;
     let events = reply.events();
     let (_, last) = events.last().unwrap();
     assert_error_object(

@@ -26,8 +26,8 @@ mod common;
 
 use common::{
     HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished, messages,
-    messages_body, model_list, names, replay, settle, spawn_chat, spawn_post, streamed, tried_by,
-    until, until_sleeping,
+    messages_body, model_list, names, replay, settle, spawn_chat, spawn_open, spawn_post, streamed,
+    tried_by, until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -137,17 +137,6 @@ fn assert_refused(reply: &Reply, code: &str, what: &str) {
 /// The upstream model of the latest request the sim received.
 fn last_upstream_model(stack: &Stack) -> Option<String> {
     stack.sim.requests().last().and_then(|r| r.model.clone())
-}
-
-/// Sends a chat completion from a task of its own, which ends when the
-/// response's headers arrive.
-fn spawn_open(stack: &Stack, key: &str, body: Value) -> JoinHandle<reqwest::Response> {
-    let request = stack
-        .client
-        .post(stack.url("/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&body);
-    tokio::spawn(async move { request.send().await.unwrap() })
 }
 
 /// How many requests the sim received for `provider`.
@@ -552,9 +541,19 @@ async fn n8_the_keys_restrictions_exclude_providers() {
     let (reply, tried) = chat(&stack, ACME_EU, chat_body(QWEN)).await;
     reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
-    for key in [ACME_EU, ACME_NO_CLOUD_ACT, ACME_DE] {
+    // Each waits its 10 s (from when it began to wait, so the clock moves
+    // only then), well within the 60 s pauses.
+    for (waited, key) in [ACME_EU, ACME_NO_CLOUD_ACT, ACME_DE]
+        .into_iter()
+        .enumerate()
+    {
         let waiting = spawn_chat(&stack, key, chat_body(QWEN));
-        let reply = advance_until(&clock, 1_000, 20_000, finished(waiting)).await;
+        until("the request waits", || {
+            capacity_waits(&stack) == waited as u64 + 1
+        })
+        .await;
+        clock.advance(10_000);
+        let reply = finished(waiting).await;
         reply.openai_error(503, "capacity_exhausted", "api_error");
     }
     assert_eq!(asked(&stack, "together"), 0);
@@ -1046,7 +1045,9 @@ async fn n45_n47_n52_when_all_are_full_the_request_waits_10s_then_503() {
         STARTUP,
         json!({"model": QWEN, "input": "Hello"}),
     );
-    let reply = advance_until(&clock, 1_000, 20_000, finished(waiting)).await;
+    until("the request waits", || capacity_waits(&stack) == 2).await;
+    clock.advance(10_000);
+    let reply = finished(waiting).await;
     reply.openai_error(503, "capacity_exhausted", "api_error");
     for task in hung {
         task.abort();
@@ -1878,20 +1879,28 @@ async fn n50_n51_n52_the_provider_header_names_who_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
     let clock = Arc::new(ManualClock::default());
-    // The first event comes 800 ms (real time) after the headers; the test
-    // moves the proxy's clock past 15 s meanwhile.
-    let stack = Stack::shipped(
+    // The sim's pauses run on the test's clock too: the first event comes
+    // 20 s after the headers, when the test says.
+    let stack = Stack::shipped_on_one_clock(
         "noirdoc",
-        &scenario(&[("acme-openai", &["200 first_token=800ms"])]),
-        &[],
+        &scenario(&[("acme-openai", &["200 first_token=20s"])]),
         clock.clone(),
     )
     .await;
 
-    let streaming = spawn_chat(&stack, ACME, streamed(chat_body(GPT_5)));
-    until("acme-openai is asked", || asked(&stack, "acme-openai") == 1).await;
+    let started = Instant::now();
+    let opening = spawn_open(
+        &stack,
+        "/v1/chat/completions",
+        ACME,
+        &[],
+        streamed(chat_body(GPT_5)),
+    );
+    until_sleeping(&clock, "the sim holds the first event", |at| at == 20_000).await;
     clock.advance(15_000);
-    let reply = finished(streaming).await;
+    let response = finished(opening).await;
+    clock.advance(5_000);
+    let reply = finished(tokio::spawn(Reply::rest(response, String::new(), started))).await;
     assert_eq!(reply.status, 200);
     assert_eq!(provider_header(&reply), None);
     let events = reply.events();
@@ -1927,7 +1936,13 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     .await;
 
     let started = Instant::now();
-    let opening = spawn_open(&stack, ACME, streamed(chat_body(QWEN)));
+    let opening = spawn_open(
+        &stack,
+        "/v1/chat/completions",
+        ACME,
+        &[],
+        streamed(chat_body(QWEN)),
+    );
     until("aki-io is asked", || asked(&stack, "aki-io") == 1).await;
     until_sleeping(&clock, "the sim holds aki-io's headers", |at| at == 1_000).await;
     clock.advance(1_000);

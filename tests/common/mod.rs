@@ -689,6 +689,27 @@ pub fn spawn_chat(stack: &Stack, key: &str, body: Value) -> JoinHandle<Reply> {
     spawn_post(stack, "/v1/chat/completions", key, body)
 }
 
+/// POSTs `body` to `path` from a task of its own, which ends when the
+/// response's headers arrive (for a stream, at its commit unless the policy
+/// holds them); [`Reply::rest`] reads the rest.
+pub fn spawn_open(
+    stack: &Stack,
+    path: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> JoinHandle<reqwest::Response> {
+    let mut request = stack
+        .client
+        .post(stack.url(path))
+        .bearer_auth(key)
+        .json(&body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    tokio::spawn(async move { request.send().await.unwrap() })
+}
+
 /// The header `header` (the provider that served) of `count` successful
 /// chat completions of `body`, in turn.
 pub async fn first_choices(
@@ -844,6 +865,20 @@ pub async fn until_asked(stack: &Stack, count: usize) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Attempts the proxy has finished (its upstream histogram's count). An
+/// attempt's end, from which its pauses and penalties count, is fixed
+/// before it is counted.
+pub fn finished_attempts(stack: &Stack) -> u64 {
+    stack
+        .proxy
+        .metrics
+        .render()
+        .lines()
+        .filter(|line| line.starts_with("switchyard_upstream_seconds_count"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Waits for a spawned request (at most 10 s of real time).
