@@ -459,6 +459,19 @@ fn explain_says_which_plans_are_decided_every_time() {
         "plans  made once per caller, model, endpoint and input values, then reused \
          (refusals, and plans a balance reorders, are decided every time)"
     );
+    // AnonRouter's plans read each request's parameters: the line named is
+    // the one that reads them, not the first line of its step.
+    let reader = "or subset(request.parameters, route.capabilities)";
+    let policy =
+        std::fs::read_to_string(format!("{PACKAGE_ROOT}/policies/anonrouter.policy")).unwrap();
+    let line = 1 + policy.lines().position(|l| l.trim() == reader).unwrap();
+    assert_eq!(
+        explain_plans_line("anonrouter", "lumen-default", "deepseek/deepseek-v3.2"),
+        format!(
+            "plans  made for every request: line {line} reads more than the caller, model, \
+             endpoint and inputs: {reader}"
+        )
+    );
 }
 
 #[test]

@@ -442,7 +442,7 @@ impl Rankings<'_> {
 /// Whether a term reads nothing but the caller's tenant, workspace and key
 /// (and constants): its value is known per key.
 fn reads_only_caller(term: &Term) -> bool {
-    reads_only(term, &|kind| match kind {
+    reads_only(term, &|term| match &term.kind {
         TermKind::Read(read) => Some(matches!(
             read,
             Read::TenantId
@@ -461,7 +461,7 @@ fn reads_only_caller(term: &Term) -> bool {
 /// endpoint called (and constants): its value is known per endpoint and
 /// catalog row.
 pub(crate) fn reads_only_catalog_and_endpoint(term: &Term) -> bool {
-    reads_only(term, &|kind| match kind {
+    reads_only(term, &|term| match &term.kind {
         TermKind::Read(read) => Some(matches!(
             read,
             Read::RequestKind | Read::RequestWire | Read::RequestEndpoint
@@ -476,8 +476,8 @@ pub(crate) fn reads_only_catalog_and_endpoint(term: &Term) -> bool {
 /// kinds of term it knows, and the rest are looked through. Definitions,
 /// merges and the staged parts may read the request; candidate switches
 /// and aggregates read candidates: those are refused unless `leaf` says.
-pub(crate) fn reads_only(term: &Term, leaf: &dyn Fn(&TermKind) -> Option<bool>) -> bool {
-    if let Some(answer) = leaf(&term.kind) {
+pub(crate) fn reads_only(term: &Term, leaf: &dyn Fn(&Term) -> Option<bool>) -> bool {
+    if let Some(answer) = leaf(term) {
         return answer;
     }
     let all = |items: &[Term]| items.iter().all(|item| reads_only(item, leaf));

@@ -356,7 +356,7 @@ impl KeyReads<'_> {
         let only = stacker::maybe_grow(
             crate::language::check::STACK_RED_ZONE,
             crate::language::check::STACK_SEGMENT,
-            || reads_only(term, &|kind| self.leaf(kind)),
+            || reads_only(term, &|term| self.leaf(term)),
         );
         if !only {
             self.found_reader(term.span);
@@ -370,9 +370,9 @@ impl KeyReads<'_> {
         }
     }
 
-    fn leaf(&self, kind: &TermKind) -> Option<bool> {
+    fn leaf(&self, term: &Term) -> Option<bool> {
         let recurse = |inner: &Term| self.only_key(inner);
-        match kind {
+        match &term.kind {
             TermKind::Read(Read::Input(index, _)) => {
                 let mut inputs = self.inputs.borrow_mut();
                 if *index < self.program.inputs.len() {
@@ -383,7 +383,14 @@ impl KeyReads<'_> {
                 }
                 Some(true)
             }
-            TermKind::Read(read) => Some(read_is_fixed_by_key(read)),
+            TermKind::Read(read) => {
+                let fixed = read_is_fixed_by_key(read);
+                if !fixed {
+                    // The read itself, not the statement around it.
+                    self.found_reader(term.span);
+                }
+                Some(fixed)
+            }
             TermKind::Static(..) => Some(true),
             TermKind::Hoisted(_, inner) | TermKind::At(_, inner) => Some(recurse(inner)),
             TermKind::Let(index) => Some(self.once(&self.lets, *index, || {
