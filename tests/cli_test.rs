@@ -173,6 +173,18 @@ fn a_cases_file_not_named_for_its_policy_must_name_it() {
 }
 
 #[test]
+fn a_cases_file_whose_policy_is_missing_says_so() {
+    let cases = "policy: nothere.policy\ncases:\n  - name: a\n    key: acme-default\n    body: {model: qwen3.8-27b}\n    expect: {attempts: 3}\n";
+    let (output, _) = run_cases("missing-policy", "missing.tests.yaml", cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("its policy `") && stdout.contains("nothere.policy` does not exist"),
+        "{stdout}"
+    );
+    assert_eq!(output.status.code(), Some(1));
+}
+
+#[test]
 fn a_policy_given_for_its_cases_is_a_usage_error() {
     let output = Command::new(BIN)
         .args(["test", "policies/noirdoc.policy"])
@@ -213,7 +225,7 @@ const PASTED_KEY: &str = "sk-proj-AbCdEf1234567890XyZ";
 #[test]
 fn a_pasted_key_is_never_echoed() {
     let cases = format!(
-        "policy: {policy}\ncases:\n  - name: pasted\n    key: {PASTED_KEY}\n    body: {{model: qwen3.8-27b}}\n    expect: {{plan: [aki-io]}}\n  - name: model\n    key: acme-default\n    body: {{model: {PASTED_KEY}}}\n    expect: {{plan: [aki-io]}}\n",
+        "policy: {policy}\ncases:\n  - name: pasted\n    key: {PASTED_KEY}\n    body: {{model: qwen3.8-27b}}\n    expect: {{plan: [aki-io]}}\n  - name: model\n    key: acme-default\n    body: {{model: {PASTED_KEY}}}\n    expect: {{plan: [aki-io]}}\n  - name: named {PASTED_KEY}\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    missing_secrets: [{PASTED_KEY}]\n    expect: {{plan: [{PASTED_KEY}]}}\n  - name: expected error\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    expect: {{error: {PASTED_KEY}}}\n",
         policy = noirdoc()
     );
     let (output, _) = run_cases("pasted-key", "pasted.tests.yaml", &cases);
@@ -259,7 +271,7 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         )
     };
     let cases = format!(
-        "policy: {policy}\ncases:\n{}{}{}{}",
+        "policy: {policy}\ncases:\n{}{}{}{}{}",
         case(
             "credential",
             "{provider: aki-io, credential: nope, full: true}"
@@ -269,9 +281,10 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
             "rate",
             "{provider: aki-io, stats: {samples: 40, success_rate: 9}}"
         ),
+        case("no state", "{provider: aki-io, penalized: false}"),
         case(
             "sound",
-            "{provider: aki-io, credential: aki-io-platform, model: qwen3.8-27b}"
+            "{provider: aki-io, credential: aki-io-platform, model: qwen3.8-27b, in_flight: 1}"
         ),
         policy = noirdoc()
     );
@@ -290,7 +303,11 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         stdout.contains("`stats.success_rate` is a share"),
         "{stdout}"
     );
-    assert!(stdout.contains("1 passed, 3 failed"), "{stdout}");
+    assert!(
+        stdout.contains("the entry for provider `aki-io` sets no state"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 passed, 4 failed"), "{stdout}");
 }
 
 #[test]

@@ -143,7 +143,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             }
         }
     };
-    let health = match HealthTable::new(&snapshot, &entries) {
+    let health = match HealthTable::written(&snapshot, &entries) {
         Ok(health) => health,
         Err(message) => return fail(format_args!("`--health`: {message}")),
     };

@@ -7,6 +7,7 @@ use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
+use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
     Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
@@ -431,7 +432,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         case.tenant.as_deref(),
         case.workspace.as_deref(),
     )?;
-    let health = HealthTable::new(snapshot, &case.health)?;
+    let health = HealthTable::written(snapshot, &case.health)?;
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
     // As the proxy gives it: cases pin what the proxy decides.
@@ -698,7 +699,25 @@ pub fn run(args: &TestArgs) -> ExitCode {
                 continue;
             }
         };
-        let policy = directory.join(policy_name);
+        let policy = directory.join(&policy_name);
+        if !policy.is_file() {
+            let what = if policy.is_dir() {
+                "is a directory"
+            } else {
+                "does not exist"
+            };
+            let named_by = if tests.policy.is_some() {
+                "`policy:` names a file relative to the tests file"
+            } else {
+                "a file named NAME.tests.yaml tests NAME.policy beside it, or names its policy with `policy:`"
+            };
+            say!(
+                "FAIL  {shown}: its policy `{}` {what} ({named_by})",
+                policy.display()
+            );
+            failed += tests.cases.len().max(1);
+            continue;
+        }
         let base = match compile_report(check_file(&policy), &AllBut(&[])) {
             Ok((snapshot, _)) => snapshot,
             Err(report) => {
@@ -723,20 +742,27 @@ pub fn run(args: &TestArgs) -> ExitCode {
                 ))
             };
             match outcome {
+                // What a case names or expects is echoed masked, as in
+                // diagnostics: a key pasted in the wrong field stays out of
+                // CI logs.
                 Ok(problems) if problems.is_empty() => {
                     passed += 1;
-                    say!("ok    {shown}: {}", case.name);
+                    say!("ok    {shown}: {}", redact(&case.name));
                 }
                 Ok(problems) => {
                     failed += 1;
-                    say!("FAIL  {shown}: {}", case.name);
+                    say!("FAIL  {shown}: {}", redact(&case.name));
                     for problem in problems {
-                        say!("        {problem}");
+                        say!("        {}", redact(&problem));
                     }
                 }
                 Err(message) => {
                     failed += 1;
-                    say!("FAIL  {shown}: {}: {message}", case.name);
+                    say!(
+                        "FAIL  {shown}: {}: {}",
+                        redact(&case.name),
+                        redact(&message)
+                    );
                 }
             }
         }

@@ -245,6 +245,30 @@ impl<'s> HealthTable<'s> {
     }
 }
 
+impl<'s> HealthTable<'s> {
+    /// [`HealthTable::new`], for health a person wrote down: an entry that
+    /// sets no state is the same as no entry, and a test case using it
+    /// would pass without testing it, so it is refused too.
+    pub fn written(
+        snapshot: &'s crate::compile::Snapshot,
+        entries: &[HealthEntry],
+    ) -> Result<HealthTable<'s>, String> {
+        let table = HealthTable::new(snapshot, entries)?;
+        if let Some((entry, _)) = table
+            .entries
+            .iter()
+            .find(|(_, health)| *health == CandidateHealth::default())
+        {
+            return Err(format!(
+                "the entry for provider `{}` sets no state: give it `paused_for`, \
+                 `penalized`, `strikes`, `full`, `in_flight`, `free_in` or `stats`",
+                entry.provider
+            ));
+        }
+        Ok(table)
+    }
+}
+
 impl HealthView for HealthTable<'_> {
     fn health(&self, candidate: &Candidate) -> CandidateHealth {
         let provider = self.snapshot.provider(candidate.provider);
