@@ -14,6 +14,7 @@ pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// of the text). Past the limit it stops reading and answers an error of
 /// kind `FileTooLarge`; a file that is not UTF-8, one of kind `InvalidData`.
 pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
+    refuse_pipe(path)?;
     let file = std::fs::File::open(path)?;
     let mut bytes = Vec::new();
     file.take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
@@ -30,6 +31,33 @@ pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
         text.drain(..'\u{feff}'.len_utf8());
     }
     Ok(text)
+}
+
+/// Opening a named pipe waits for a writer, which may never come: a check
+/// would hang, and so would every reload after it. Pipes and sockets are
+/// refused before they are opened.
+fn refuse_pipe(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = std::fs::metadata(path)?.file_type();
+        let what = if kind.is_fifo() {
+            "a named pipe"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            return Ok(());
+        };
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {what}, not a file"),
+        ))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
+    }
 }
 
 /// A byte range inside one source file.
@@ -198,6 +226,27 @@ mod tests {
         std::fs::write(&file, b"\xff\xfe").unwrap();
         let error = read_text(&file, 100).unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_or_a_socket_is_refused_without_waiting_for_a_writer() {
+        let dir = std::env::temp_dir().join(format!("switchyard-read-pipe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pipe = dir.join("tenants.yaml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Opened, this would wait for a writer for ever.
+        let error = read_text(&pipe, 100).unwrap_err();
+        assert_eq!(error.to_string(), "it is a named pipe, not a file");
+        let socket = dir.join("catalog.yaml");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let error = read_text(&socket, 100).unwrap_err();
+        assert_eq!(error.to_string(), "it is a socket, not a file");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
