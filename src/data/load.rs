@@ -844,21 +844,43 @@ pub fn load_reading(
 ) -> (Option<Data>, Vec<Diagnostic>) {
     let mut diagnostics = Vec::new();
     // A catalog of nothing but comments and blank lines: every declaration
-    // the policy reads would be reported missing, one by one, instead. (An
-    // empty tenants file is a deployment with no tenants.)
-    let catalog_text = sources
-        .file(catalog_source)
-        .map_or("", |file| file.text.as_str());
-    let empty = catalog_text.lines().all(|line| {
-        let line = line.trim();
-        line.is_empty() || line.starts_with('#') || line == "---"
-    });
-    if empty {
-        diagnostics.push(
-            Diagnostic::new(codes::DATA_SCHEMA, "the catalog is empty")
-                .at(catalog_source, Span::new(0, 0), "nothing here")
-                .help("a catalog lists `providers` and `models`; see docs/data.md"),
-        );
+    // the policy reads would be reported missing, one by one, instead. A
+    // tenants file like it is most often one caught half written (a
+    // truncating editor or generator), and served it would revoke every
+    // key at once; `tenants: []` says on purpose that there are none.
+    let is_blank = |source: SourceId| {
+        sources
+            .file(source)
+            .map_or("", |file| file.text.as_str())
+            .lines()
+            .all(|line| {
+                let line = line.trim();
+                line.is_empty() || line.starts_with('#') || line == "---"
+            })
+    };
+    let blank_files = [
+        (
+            catalog_source,
+            "the catalog is empty",
+            "a catalog lists `providers` and `models`; see docs/data.md",
+        ),
+        (
+            tenants_source,
+            "the tenants file is empty",
+            "a tenants file lists `tenants` and their keys (see docs/data.md); \
+             write `tenants: []` for a deployment with none",
+        ),
+    ];
+    for (source, message, help) in blank_files {
+        if is_blank(source) {
+            diagnostics.push(
+                Diagnostic::new(codes::DATA_SCHEMA, message)
+                    .at(source, Span::new(0, 0), "nothing here")
+                    .help(help),
+            );
+        }
+    }
+    if !diagnostics.is_empty() {
         return (None, diagnostics);
     }
     let catalog: Option<Parsed<RawCatalog>> =
