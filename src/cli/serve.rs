@@ -7,11 +7,11 @@ use super::daemon::{
     status, warning,
 };
 use super::exit;
-use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::compile::{SecretSource, Snapshot, compile_report, unusable_credentials};
 use crate::diagnostics::render::{self, Style};
 use crate::language::check_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
-use crate::reload::{Outcome, Reloader};
+use crate::reload::{Outcome, Reloader, log_unusable};
 use crate::source::SourceMap;
 use crate::state::{InProcess, SystemClock};
 use std::net::SocketAddr;
@@ -84,32 +84,18 @@ pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, Sour
 /// request header can carry: their routes are skipped until a reload finds
 /// one. When none has, says so plainly: every request would fail.
 fn warn_missing_secrets(snapshot: &Snapshot, secrets: &dyn SecretSource) {
-    let (mut credentials, mut missing) = (0, 0);
-    for (provider_index, provider) in snapshot.data.catalog.providers.iter().enumerate() {
-        for (credential_index, credential) in provider.credentials.iter().enumerate() {
-            credentials += 1;
-            if snapshot.secret(provider_index, credential_index).is_none() {
-                missing += 1;
-                let problem = match secrets.get(&credential.env) {
-                    Some(value) if value.trim().is_empty() => {
-                        "the credential's variable holds only whitespace; its routes are skipped"
-                    }
-                    Some(_) => {
-                        "the credential's variable holds a control character (a line break \
-                         inside it?) that no request header can carry; its routes are skipped"
-                    }
-                    None => "the credential's variable is not set; its routes are skipped",
-                };
-                tracing::warn!(
-                    provider = %provider.id,
-                    credential = %credential.id,
-                    variable = %credential.env,
-                    "{problem}"
-                );
-            }
-        }
+    let unusable = unusable_credentials(snapshot, secrets);
+    for credential in &unusable {
+        log_unusable(credential);
     }
-    if credentials > 0 && missing == credentials {
+    let credentials: usize = snapshot
+        .data
+        .catalog
+        .providers
+        .iter()
+        .map(|provider| provider.credentials.len())
+        .sum();
+    if credentials > 0 && unusable.len() == credentials {
         tracing::warn!(
             "no credential's variable is set: every request will fail; start the proxy with them in its environment"
         );

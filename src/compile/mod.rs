@@ -758,6 +758,49 @@ impl Snapshot {
     }
 }
 
+/// A credential of the catalog the proxy cannot send: its routes are
+/// skipped until a reload finds its secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnusableCredential {
+    pub provider: String,
+    pub credential: String,
+    pub variable: String,
+    pub why: &'static str,
+}
+
+/// The credentials of `snapshot` without a secret it can send, and why.
+pub fn unusable_credentials(
+    snapshot: &Snapshot,
+    secrets: &dyn SecretSource,
+) -> Vec<UnusableCredential> {
+    let mut unusable = Vec::new();
+    for (provider_index, provider) in snapshot.data.catalog.providers.iter().enumerate() {
+        for (credential_index, credential) in provider.credentials.iter().enumerate() {
+            if snapshot.secret(provider_index, credential_index).is_some() {
+                continue;
+            }
+            let why = match secrets.get(&credential.env) {
+                Some(value) if value.trim().is_empty() => {
+                    "the credential's variable holds only whitespace; its routes are skipped"
+                }
+                Some(_) => {
+                    "the credential's variable holds a control character (a line break \
+                     inside it?) that no request header can carry; its routes are skipped"
+                }
+                // The environment gives an empty variable as none.
+                None => "the credential's variable is not set, or empty; its routes are skipped",
+            };
+            unusable.push(UnusableCredential {
+                provider: provider.id.clone(),
+                credential: credential.id.clone(),
+                variable: credential.env.clone(),
+                why,
+            });
+        }
+    }
+    unusable
+}
+
 /// Checks a policy file with its data and compiles it: the path `check`,
 /// `explain`, `test` and live reloads all take. On failure, the report says why.
 pub fn compile_file(

@@ -4,7 +4,9 @@
 //! live one. A failed reload leaves the last good policy serving and says
 //! why in the log, in `/healthz` and in a metric.
 
-use crate::compile::{Environment, SecretSource, Snapshot, compile_report};
+use crate::compile::{
+    Environment, SecretSource, Snapshot, UnusableCredential, compile_report, unusable_credentials,
+};
 use crate::diagnostics::render;
 use crate::language::{DataCache, check_file_cached};
 use crate::proxy::Proxy;
@@ -192,9 +194,22 @@ impl Reloader {
                     return Outcome::Unchanged;
                 }
                 let version = snapshot.version.clone();
+                // A credential the new files add (or whose variable went
+                // away) that cannot be sent is said, as at start; one
+                // already skipped before is not said again.
+                let secrets = self.secrets.as_ref();
+                let before = unusable_credentials(&live, secrets);
+                let newly_unusable: Vec<UnusableCredential> =
+                    unusable_credentials(&snapshot, secrets)
+                        .into_iter()
+                        .filter(|credential| !before.contains(credential))
+                        .collect();
                 self.install(snapshot);
                 for warning in &warnings {
                     tracing::warn!("{warning}");
+                }
+                for credential in &newly_unusable {
+                    log_unusable(credential);
                 }
                 let mut status = self.status();
                 status.reloads += 1;
@@ -679,6 +694,17 @@ fn resolve(path: &Path, links: &mut Vec<PathBuf>) -> Option<PathBuf> {
 /// Secrets from the process environment, shareable across threads.
 pub fn environment() -> Arc<dyn SecretSource + Send + Sync> {
     Arc::new(Environment)
+}
+
+/// Logs a credential whose routes are skipped, with what names it.
+pub fn log_unusable(credential: &UnusableCredential) {
+    tracing::warn!(
+        provider = %credential.provider,
+        credential = %credential.credential,
+        variable = %credential.variable,
+        "{}",
+        credential.why
+    );
 }
 
 #[cfg(test)]
