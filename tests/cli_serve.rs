@@ -235,6 +235,19 @@ fn a_reload_says_which_credentials_it_leaves_without_a_secret() {
 }
 
 #[test]
+fn a_body_limit_of_zero_is_refused_at_start() {
+    let output = Command::new(BIN)
+        .args(["serve", "--policy", "policies/noirdoc.policy"])
+        .args(["--listen", "127.0.0.1:0", "--max-body-bytes", "0"])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("0 would refuse every request"), "{stderr}");
+}
+
+#[test]
 fn stopping_without_a_drain_says_requests_are_cut() {
     let (mut serving, lines) = serve_policy(
         "policies/noirdoc.policy",

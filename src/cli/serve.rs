@@ -29,8 +29,8 @@ pub struct ServeArgs {
     /// Where to listen. Only loopback unless you say otherwise.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// The largest request body accepted, in bytes.
-    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    /// The largest request body accepted, in bytes (at least 1).
+    #[arg(long, default_value_t = Limits::default().max_body_bytes, value_parser = body_limit_arg)]
     pub max_body_bytes: usize,
     /// How long requests in flight may take to finish after SIGINT or
     /// SIGTERM.
@@ -45,6 +45,18 @@ pub struct ServeArgs {
     pub version_header: bool,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// A body limit of 0 would refuse every request with a body, which is every
+/// request the proxy serves.
+fn body_limit_arg(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err(String::from(
+            "0 would refuse every request; give the largest body to accept, in bytes",
+        )),
+        Ok(bytes) => Ok(bytes),
+        Err(_) => Err(format!("`{text}` is not a number of bytes")),
+    }
 }
 
 /// Checks and compiles a policy, as `check` does; on failure prints why.
