@@ -271,10 +271,16 @@ fn deny_warnings_fails_on_warnings_only() {
     assert!(err.contains("warning[W0602]"), "{err}");
     assert!(!err.contains("error["), "{err}");
 
+    assert!(!err.contains("--deny-warnings"), "{err}");
+
     let output = check(&["--deny-warnings", path]);
     let err = stderr(&output);
     assert_eq!(code(&output), 1, "{err}");
     assert!(err.contains("warning[W0602]"), "{err}");
+    assert!(
+        err.contains("1 warning (--deny-warnings makes warnings fail the check)"),
+        "{err}"
+    );
 }
 
 #[test]

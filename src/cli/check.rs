@@ -73,8 +73,14 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             } else {
                 "policies"
             };
+            // Otherwise a CI log would show a failure and only warnings.
+            let denied = if args.deny_warnings && warnings > 0 {
+                " (--deny-warnings makes warnings fail the check)"
+            } else {
+                ""
+            };
             eprintln!(
-                "checked {} {noun}: {}",
+                "checked {} {noun}: {}{denied}",
                 files.len(),
                 render::summary(errors, warnings)
             );
