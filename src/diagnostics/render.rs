@@ -85,7 +85,7 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
                 .collect();
             Some(Place::Quoted {
                 path: file.name.as_str(),
-                text: redact(text),
+                text: without_carriage_returns(redact(text)),
                 first_line,
                 annotations,
             })
@@ -175,12 +175,35 @@ fn excerpt<'f>(file: &'f SourceFile, ranges: &[std::ops::Range<usize>]) -> (&'f 
     )
 }
 
+/// A quoted excerpt of a file with CRLF line ends, whose carriage returns
+/// the renderer would show as `␍`: each becomes a space, which keeps the
+/// byte offsets of the labels.
+fn without_carriage_returns(text: Cow<'_, str>) -> Cow<'_, str> {
+    if text.contains('\r') {
+        Cow::Owned(text.replace('\r', " "))
+    } else {
+        text
+    }
+}
+
+/// The end of a span, before the carriage return of a CRLF line end that
+/// it runs into (a string left open reaches the end of its line).
+fn end_before_line_end(file: &SourceFile, start: usize, end: usize) -> usize {
+    let at_line_end = file.text.get(end.saturating_sub(1)..end) == Some("\r")
+        && matches!(file.text.get(end..end + 1), Some("\n") | None | Some(""));
+    if at_line_end && end > start + 1 {
+        end - 1
+    } else {
+        end
+    }
+}
+
 /// A span that points at something visible: an empty span or one at the end
 /// of the file is widened to the character before it.
 fn visible_range(file: &SourceFile, label: &Label) -> std::ops::Range<usize> {
     let len = file.text.len();
     let mut start = label.span.start.min(len);
-    let mut end = label.span.end.min(len).max(start);
+    let mut end = end_before_line_end(file, start, label.span.end.min(len).max(start));
     while !file.text.is_char_boundary(start) {
         start -= 1;
     }
@@ -239,7 +262,8 @@ struct JsonDiagnostic<'a> {
 fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<'a>> {
     let file = sources.file(label.source)?;
     let (line, column) = file.line_col(label.span.start);
-    let (end_line, end_column) = file.line_col(label.span.end);
+    let end = end_before_line_end(file, label.span.start, label.span.end);
+    let (end_line, end_column) = file.line_col(end);
     Some(JsonLabel {
         file: file.name.as_str(),
         line,
@@ -386,6 +410,28 @@ mod tests {
             lines[quoted + 1].find('^'),
             "{human}"
         );
+    }
+
+    #[test]
+    fn a_crlf_file_is_quoted_without_its_carriage_returns() {
+        let mut sources = SourceMap::new();
+        let text = "policy p {\r\n  catalog \"data\r\n}\r\n";
+        let id = sources.add("p.policy", text);
+        // A string left open runs to the end of its line, carriage return
+        // included.
+        let start = text.find('"').unwrap();
+        let end = text.find("\r\n}").unwrap() + 1;
+        let diagnostic = Diagnostic::new(codes::SYNTAX, "unclosed string").at(
+            id,
+            Span::new(start, end),
+            "opened here",
+        );
+        let out = human(&diagnostic, &sources, Style::Plain);
+        assert!(!out.contains('\u{240d}') && !out.contains('\r'), "{out:?}");
+        assert!(out.contains("^^^^^ opened here"), "{out}");
+        assert!(!out.contains("^^^^^^ opened here"), "{out}");
+        let json = json([&diagnostic], &sources);
+        assert!(json.contains("\"end_column\": 16"), "{json}");
     }
 
     #[test]
