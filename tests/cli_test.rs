@@ -492,6 +492,18 @@ fn explain_says_which_plans_are_decided_every_time() {
 }
 
 #[test]
+fn explain_names_the_validate_rule_that_refused() {
+    let rule = "reject tenant.credits <= 0 error ERR_NGROK_3807";
+    let policy = std::fs::read_to_string(format!("{PACKAGE_ROOT}/policies/ngrok.policy")).unwrap();
+    let line = 1 + policy.lines().position(|l| l.trim() == rule).unwrap();
+    let text = explain_text("ngrok", "brokeco-default", "gpt-4o");
+    assert!(
+        text.contains(&format!("       by line {line}: {rule}\n")),
+        "{text}"
+    );
+}
+
+#[test]
 fn explain_shows_a_step_written_over_several_lines_whole() {
     // Noirdoc's step 5 removes together.ai for its residency, written on
     // the step's second line: the first line alone would blame the key's

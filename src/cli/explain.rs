@@ -367,6 +367,10 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
             if let Some(why) = &trace.refused {
                 line(format!("       because {why}"));
             }
+            if let Some(span) = trace.refused_by {
+                let (number, text) = policy_line(sources, span.start);
+                line(format!("       by line {number}: {text}"));
+            }
             for (name, value) in &refusal.headers {
                 line(format!("       {name}: {value}"));
             }
@@ -433,6 +437,10 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
             },
             "headers": refusal.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
             "because": trace.refused,
+            "refused_by": trace.refused_by.map(|span| {
+                let (line, source) = policy_line(sources, span.start);
+                json!({"line": line, "source": source})
+            }),
         }),
     };
     json!({

@@ -405,6 +405,7 @@ static NOTHING_RECORDED: Trace = Trace {
     keys: Vec::new(),
     balance: None,
     refused: None,
+    refused_by: None,
 };
 
 impl std::ops::Deref for Recorded {
@@ -434,6 +435,8 @@ pub struct Trace {
     pub balance: Option<Span>,
     /// What ended the request, when it was refused.
     pub refused: Option<String>,
+    /// Where the rule that refused it is written, when one rule did.
+    pub refused_by: Option<Span>,
 }
 
 /// A sort key: where it is written, its direction, the named sort it came from.
@@ -614,6 +617,7 @@ fn decide(
         for reject in &program.rejects {
             if machine.truth(&reject.condition, &Focus::default()) {
                 trace.refused = Some(String::from("a `validate` rule rejected the request"));
+                trace.refused_by = Some(reject.span);
                 return Err(execution::refusal_with(
                     snapshot,
                     reject.error,
