@@ -38,7 +38,9 @@ impl RequestSpec {
                  write the body under `body`, or leave `endpoint` out for a chat completion",
             ));
         }
-        if value.get("body").is_some() {
+        // A body may have a `body` field of its own; a wrapper never has
+        // a `model` beside its `body`.
+        if value.get("body").is_some() && value.get("model").is_none() {
             serde_json::from_value(value)
                 .map_err(|e| format!("the request file does not have the expected form: {e}"))
         } else {
@@ -296,5 +298,9 @@ mod tests {
                 .err()
                 .unwrap();
         assert!(error.contains("no `body`"), "{error}");
+        // A body with a `body` field of its own is still a body.
+        let own = serde_json::json!({"model": "m", "body": "hi"});
+        let bare = RequestSpec::from_json(own.clone()).unwrap();
+        assert_eq!(bare.body, own);
     }
 }

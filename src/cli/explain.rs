@@ -23,7 +23,7 @@ pub struct ExplainArgs {
     #[arg(long)]
     pub policy: PathBuf,
     /// The request: a JSON file with `endpoint`, `headers` and `body`, or
-    /// just the body of a chat completion.
+    /// just the body of a chat completion (an object with `model`).
     #[arg(long)]
     pub request: PathBuf,
     /// The caller's key, by id or the key itself.
