@@ -5,6 +5,7 @@
 use super::common::{RequestSpec, files_named, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
+use crate::data::schema::duration_text;
 use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
@@ -578,7 +579,7 @@ fn reaction_differences(
         let shown = |pauses: &BTreeMap<String, u64>| {
             let list: Vec<String> = pauses
                 .iter()
-                .map(|(scope, ms)| format!("{scope} {ms} ms"))
+                .map(|(scope, ms)| format!("{scope} {}", duration_text(*ms)))
                 .collect();
             if list.is_empty() {
                 String::from("none")

@@ -332,6 +332,23 @@ pub fn parse_duration(text: &str) -> Option<u64> {
         .then_some(millis as u64)
 }
 
+/// A duration as data files write it, in the largest unit that holds it
+/// whole: `31s`, `1500ms`, `2h`.
+pub fn duration_text(ms: u64) -> String {
+    let units = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+    ];
+    for (size, unit) in units {
+        if ms > 0 && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// Why `text` is not a duration [`parse_duration`] takes, to follow its
 /// quote in a message: too long, not whole milliseconds, or not one at all.
 pub fn why_not_a_duration(text: &str) -> &'static str {
@@ -347,6 +364,20 @@ pub fn why_not_a_duration(text: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_is_written_in_the_largest_unit_that_holds_it_whole() {
+        for (ms, text) in [
+            (31_000, "31s"),
+            (1_500, "1500ms"),
+            (7_200_000, "2h"),
+            (90_000, "90s"),
+            (0, "0ms"),
+        ] {
+            assert_eq!(duration_text(ms), text);
+            assert_eq!(parse_duration(text), Some(ms));
+        }
+    }
 
     #[test]
     fn a_duration_that_is_refused_says_why() {
