@@ -492,6 +492,19 @@ fn explain_says_which_plans_are_decided_every_time() {
 }
 
 #[test]
+fn explain_suggests_the_key_id_meant() {
+    let output = Command::new(BIN)
+        .args(["explain", "--policy", &noirdoc()])
+        .args(["--request", "docs/examples/request.json"])
+        .args(["--key", "acme-defualt"])
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("did you mean `acme-default`?"), "{stderr}");
+}
+
+#[test]
 fn explain_names_the_validate_rule_that_refused() {
     let rule = "reject tenant.credits <= 0 error ERR_NGROK_3807";
     let policy = std::fs::read_to_string(format!("{PACKAGE_ROOT}/policies/ngrok.policy")).unwrap();

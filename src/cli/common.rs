@@ -2,9 +2,9 @@
 //! printing a failed check.
 
 use crate::compile::Snapshot;
-use crate::diagnostics::io_reason;
-use crate::diagnostics::redact::redact;
+use crate::diagnostics::redact::{looks_like_secret, redact};
 use crate::diagnostics::render::{self, Style};
+use crate::diagnostics::{io_reason, suggest};
 use crate::evaluate::{Caller, Endpoint};
 use crate::language::CheckReport;
 use serde_json::Value as Json;
@@ -94,8 +94,16 @@ pub fn resolve_caller(
             snapshot.key_by_hash(&digest)
         };
         let index = by_id.or_else(by_secret).ok_or_else(|| {
+            // A misspelt id is worth a hint; a pasted key is not compared
+            // with ids, and is not repeated.
+            let hint = if looks_like_secret(key) {
+                None
+            } else {
+                suggest(key, tenants.keys.iter().map(|k| k.id.as_str()))
+            };
+            let hint = hint.map_or_else(String::new, |id| format!("; did you mean `{id}`?"));
             format!(
-                "no key has the id `{}`, and it is not a known key",
+                "no key has the id `{}`, and it is not a known key{hint}",
                 redact(key)
             )
         })?;
