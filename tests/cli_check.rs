@@ -284,6 +284,21 @@ fn deny_warnings_fails_on_warnings_only() {
 }
 
 #[test]
+fn no_path_where_there_is_no_policies_directory_says_it_is_the_default() {
+    let output = Command::new(BIN)
+        .arg("check")
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    let err = stderr(&output);
+    assert_eq!(code(&output), 2, "{err}");
+    assert!(
+        err.contains("there is no `policies` directory here (the default)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_missing_path_is_a_usage_error() {
     let output = check(&["policies/no-such-file.policy"]);
     let err = stderr(&output);

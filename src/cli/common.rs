@@ -158,7 +158,14 @@ pub fn print_report(report: &CheckReport) {
 /// holding none of them is an error, as a path that does not exist is.
 pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, String> {
     let paths = if paths.is_empty() {
-        vec![PathBuf::from("policies")]
+        let default = PathBuf::from("policies");
+        if !default.exists() {
+            return Err(String::from(
+                "no path given, and there is no `policies` directory here (the default); \
+                 name the files or directories to use",
+            ));
+        }
+        vec![default]
     } else {
         paths.to_vec()
     };
