@@ -1353,7 +1353,10 @@ async fn expect_stall_ends_after(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
     let clock = Arc::new(ManualClock::default());
-    let stack = Stack::shipped("noeta", &scenario(HEALTHY), &[], clock.clone()).await;
+    // The sim's pauses run on the test's clock too: the test decides when
+    // headers come, so that the first event's wait, counted from them, is
+    // told apart from every other wait by its wake time.
+    let stack = Stack::shipped_on_one_clock("noeta", &scenario(HEALTHY), clock.clone()).await;
 
     for (api, model, provider, silence_ms) in [
         (Api::Messages, "opus", "claude", ANTHROPIC_SILENCE_MS),
@@ -1366,16 +1369,21 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
             OPENAI_SILENCE_MS,
         ),
     ] {
-        // Headers, then no first event: silence from the headers on, which
-        // have come before the clock moves.
+        // Headers a second after the request, then no first event: silence
+        // from the headers on.
         replay(
             &stack,
-            &scenario(&[(provider, &["first_token=30m", "200"])]),
+            &scenario(&[(provider, &["slow_headers=1s first_token=30m", "200"])]),
         );
-        let headers_at = clock.now_ms();
+        let asked_at = clock.now_ms();
         let waiting = spawn_call(&stack, api, api.stream_body(model));
+        until_sleeping(&clock, "the sim holds the headers", |at| {
+            at == asked_at + 1_000
+        })
+        .await;
+        clock.advance(1_000);
         until_sleeping(&clock, "the proxy waits for the first event", |at| {
-            at == headers_at + silence_ms
+            at == asked_at + 1_000 + silence_ms
         })
         .await;
         expect_timeout_after(&stack, &clock, 1, silence_ms, "first_token_timeout").await;
@@ -1383,13 +1391,18 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
 
         // Headers that come late, within the 600 s, then the first event at
         // once: served, the silence counted from the headers.
+        let late_ms = silence_ms + 30_000;
         replay(
             &stack,
-            &scenario(&[(provider, &["slow_headers=500ms", "200"])]),
+            &scenario(&[(provider, &[&format!("slow_headers={late_ms}ms"), "200"])]),
         );
+        let asked_at = clock.now_ms();
         let waiting = spawn_call(&stack, api, api.stream_body(model));
-        until_asked(&stack, 1).await;
-        clock.advance(silence_ms + 30_000);
+        until_sleeping(&clock, "the sim holds the headers", |at| {
+            at == asked_at + late_ms
+        })
+        .await;
+        clock.advance(late_ms);
         finished(waiting).await.assert_served(provider);
         assert_eq!(stack.providers_tried(), times(provider, 1), "{model}");
 
