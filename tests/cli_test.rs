@@ -539,6 +539,17 @@ fn explain_shows_a_step_written_over_several_lines_whole() {
         ],
         "{text}"
     );
+    // The JSON holds the same step whole.
+    let explained = explain_json("acme-eu-only", "qwen3.8-27b");
+    assert_eq!(
+        explained["steps"][4]["source"],
+        "require (empty(key.allowed_providers) or provider.name in key.allowed_providers)\n\
+         and (empty(key.residency) or provider.region in key.residency)\n\
+         and (key.no_cloud_act implies not provider.cloud_act)\n\
+         and (key.require_s203 implies provider.s203_approved)\n\
+         else provider_not_allowed_for_key",
+        "{explained}"
+    );
 }
 
 #[test]

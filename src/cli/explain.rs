@@ -7,7 +7,7 @@ use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
-use crate::evaluate::{Decision, RequestContext, evaluate_traced};
+use crate::evaluate::{Decision, RequestContext, StepTrace, evaluate_traced};
 use crate::language::check_file;
 use crate::language::ir::{StepKind, StepSpec};
 use crate::source::{MAX_FILE_BYTES, SourceMap, Span, read_text};
@@ -229,6 +229,27 @@ fn continuation_lines(sources: &SourceMap, span: Span) -> impl Iterator<Item = &
         .filter(|text| !text.is_empty() && !text.starts_with('#'))
 }
 
+/// Step `index`'s line number and its text, line by line: a step written
+/// over several lines is shown whole, as the clause that removed a
+/// candidate may be on any of them.
+fn step_lines<'s>(
+    snapshot: &Snapshot,
+    sources: &'s SourceMap,
+    index: usize,
+    step: &StepTrace,
+) -> (usize, Vec<Cow<'s, str>>) {
+    let (number, first) = policy_line(sources, step.span.start);
+    let whole = snapshot
+        .program
+        .steps
+        .get(index)
+        .map_or(step.span, |spec| step_extent(sources, spec));
+    let lines = std::iter::once(Cow::Owned(first))
+        .chain(continuation_lines(sources, whole).map(Cow::Borrowed))
+        .collect();
+    (number, lines)
+}
+
 fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> String {
     let trace = &decision.trace;
     let mut out = String::new();
@@ -258,18 +279,20 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
         line(String::new());
         line(String::from("eligibility"));
         for (index, step) in trace.steps.iter().enumerate() {
-            let (number, text) = policy_line(sources, step.span.start);
+            let (number, lines) = step_lines(snapshot, sources, index, step);
             let head = format!("  {}. line {number:<4} ", index + 1);
-            // A step written over several lines is shown whole: the clause
-            // that removed a candidate may be on any of them.
-            let mut rows = vec![format!("{head}{text}")];
             let indent = " ".repeat(head.len() + 4);
-            let whole = snapshot
-                .program
-                .steps
-                .get(index)
-                .map_or(step.span, |spec| step_extent(sources, spec));
-            rows.extend(continuation_lines(sources, whole).map(|more| format!("{indent}{more}")));
+            let mut rows: Vec<String> = lines
+                .iter()
+                .enumerate()
+                .map(|(row, text)| {
+                    if row == 0 {
+                        format!("{head}{text}")
+                    } else {
+                        format!("{indent}{text}")
+                    }
+                })
+                .collect();
             let counts = format!("  (kept {}, removed {})", step.kept, step.removed);
             if let Some(last) = rows.last_mut() {
                 last.push_str(&counts);
@@ -403,9 +426,10 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
     let steps: Vec<serde_json::Value> = trace
         .steps
         .iter()
-        .map(|step| {
-            let (number, text) = policy_line(sources, step.span.start);
-            json!({"line": number, "source": text, "step": step.label, "kept": step.kept, "removed": step.removed})
+        .enumerate()
+        .map(|(index, step)| {
+            let (number, lines) = step_lines(snapshot, sources, index, step);
+            json!({"line": number, "source": lines.join("\n"), "step": step.label, "kept": step.kept, "removed": step.removed})
         })
         .collect();
     let candidates: Vec<serde_json::Value> = trace
