@@ -14,7 +14,6 @@ pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// of the text). Past the limit it stops reading and answers an error of
 /// kind `FileTooLarge`; a file that is not UTF-8, one of kind `InvalidData`.
 pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
-    refuse_pipe(path)?;
     let file = std::fs::File::open(path)?;
     let mut bytes = Vec::new();
     file.take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
@@ -33,10 +32,12 @@ pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
     Ok(text)
 }
 
-/// Opening a named pipe waits for a writer, which may never come: a check
-/// would hang, and so would every reload after it. Pipes and sockets are
-/// refused before they are opened.
-fn refuse_pipe(path: &Path) -> std::io::Result<()> {
+/// Opening a named pipe waits for a writer, which may never come. For a
+/// file that is read again and again (a policy's data files, at every
+/// reload) a check would hang, and so would every reload after it: such
+/// files are refused as pipes or sockets before they are opened. A file
+/// given once on the command line may be a pipe (`--request /dev/stdin`).
+pub fn refuse_pipe(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
@@ -231,7 +232,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_named_pipe_or_a_socket_is_refused_without_waiting_for_a_writer() {
+    fn a_named_pipe_or_a_socket_is_refused_before_it_is_opened() {
         let dir = std::env::temp_dir().join(format!("switchyard-read-pipe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let pipe = dir.join("tenants.yaml");
@@ -241,12 +242,15 @@ mod tests {
             .unwrap();
         assert!(made.success());
         // Opened, this would wait for a writer for ever.
-        let error = read_text(&pipe, 100).unwrap_err();
+        let error = refuse_pipe(&pipe).unwrap_err();
         assert_eq!(error.to_string(), "it is a named pipe, not a file");
         let socket = dir.join("catalog.yaml");
         let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        let error = read_text(&socket, 100).unwrap_err();
+        let error = refuse_pipe(&socket).unwrap_err();
         assert_eq!(error.to_string(), "it is a socket, not a file");
+        let file = dir.join("policy");
+        std::fs::write(&file, "x").unwrap();
+        assert!(refuse_pipe(&file).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -285,11 +285,17 @@ fn deny_warnings_fails_on_warnings_only() {
 
 #[test]
 fn no_path_where_there_is_no_policies_directory_says_it_is_the_default() {
+    let empty = std::env::temp_dir().join(format!(
+        "switchyard-check-no-default-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&empty).unwrap();
     let output = Command::new(BIN)
         .arg("check")
-        .current_dir(std::env::temp_dir())
+        .current_dir(&empty)
         .output()
         .unwrap();
+    std::fs::remove_dir_all(&empty).unwrap();
     let err = stderr(&output);
     assert_eq!(code(&output), 2, "{err}");
     assert!(

@@ -178,7 +178,7 @@ fn a_cases_file_whose_policy_is_missing_says_so() {
     let (output, _) = run_cases("missing-policy", "missing.tests.yaml", cases);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("its policy `") && stdout.contains("nothere.policy` does not exist"),
+        stdout.contains("its policy: `") && stdout.contains("nothere.policy` does not exist"),
         "{stdout}"
     );
     assert_eq!(output.status.code(), Some(1));
@@ -271,7 +271,7 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         )
     };
     let cases = format!(
-        "policy: {policy}\ncases:\n{}{}{}{}{}",
+        "policy: {policy}\ncases:\n{}{}{}{}{}{}",
         case(
             "credential",
             "{provider: aki-io, credential: nope, full: true}"
@@ -282,6 +282,12 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
             "{provider: aki-io, stats: {samples: 40, success_rate: 9}}"
         ),
         case("no state", "{provider: aki-io, penalized: false}"),
+        // Before a later entry for its provider, an entry that sets nothing
+        // keeps what it names healthy: here the route the request takes.
+        case(
+            "carve-out",
+            "{provider: aki-io, model: qwen3.8-27b}, {provider: aki-io, penalized: true}"
+        ),
         case(
             "sound",
             "{provider: aki-io, credential: aki-io-platform, model: qwen3.8-27b, in_flight: 1}"
@@ -307,7 +313,11 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         stdout.contains("the entry for provider `aki-io` sets no state"),
         "{stdout}"
     );
-    assert!(stdout.contains("1 passed, 4 failed"), "{stdout}");
+    assert!(
+        stdout.contains("ok    ") && stdout.contains(": carve-out"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 passed, 4 failed"), "{stdout}");
 }
 
 #[test]

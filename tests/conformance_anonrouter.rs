@@ -1740,8 +1740,8 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
     })
     .await;
     clock.advance(1_000);
-    // The first event's wait counts from the headers; the headers' own
-    // wait ended a second earlier.
+    // The first event's wait counts from the headers: its deadline is a
+    // second after the headers' own.
     until_sleeping(&clock, "the proxy waits for the first event", |at| {
         at == asked_at + 1_000 + TIMEOUT_MS
     })

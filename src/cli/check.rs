@@ -74,7 +74,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                 "policies"
             };
             // Otherwise a CI log would show a failure and only warnings.
-            let denied = if args.deny_warnings && warnings > 0 {
+            let denied = if args.deny_warnings && warnings > 0 && errors == 0 {
                 " (--deny-warnings makes warnings fail the check)"
             } else {
                 ""

@@ -38,9 +38,13 @@ impl RequestSpec {
                  write the body under `body`, or leave `endpoint` out for a chat completion",
             ));
         }
-        // A body may have a `body` field of its own; a wrapper never has
-        // a `model` beside its `body`.
-        if value.get("body").is_some() && value.get("model").is_none() {
+        // A body may have a `body` field of its own: with a `model` beside
+        // it and no `endpoint` or `headers`, it is a body. Anything else
+        // with a `body` is a wrapper, whose unknown fields are refused.
+        let a_body_of_its_own = value.get("model").is_some()
+            && value.get("endpoint").is_none()
+            && value.get("headers").is_none();
+        if value.get("body").is_some() && !a_body_of_its_own {
             serde_json::from_value(value)
                 .map_err(|e| format!("the request file does not have the expected form: {e}"))
         } else {
@@ -202,7 +206,7 @@ pub fn files_named(paths: &[PathBuf], suffix: &str) -> Result<Vec<PathBuf>, Stri
 /// Why a path that is neither a file nor a directory names no file to read:
 /// it does not exist, it is another kind of file (a pipe, a device), or it
 /// cannot be looked at (a loop of symbolic links).
-fn why_no_file(path: &std::path::Path) -> String {
+pub fn why_no_file(path: &std::path::Path) -> String {
     match std::fs::metadata(path) {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             format!("`{}` does not exist", path.display())
@@ -317,5 +321,10 @@ mod tests {
         let own = serde_json::json!({"model": "m", "body": "hi"});
         let bare = RequestSpec::from_json(own.clone()).unwrap();
         assert_eq!(bare.body, own);
+        // A wrapper with a stray `model` is refused, not read as a body.
+        let stray =
+            serde_json::json!({"endpoint": "embeddings", "model": "m", "body": {"model": "m"}});
+        let error = RequestSpec::from_json(stray).err().unwrap();
+        assert!(error.contains("unknown field `model`"), "{error}");
     }
 }

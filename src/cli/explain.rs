@@ -238,14 +238,20 @@ fn step_lines<'s>(
     index: usize,
     step: &StepTrace,
 ) -> (usize, Vec<Cow<'s, str>>) {
-    let (number, first) = policy_line(sources, step.span.start);
     let whole = snapshot
         .program
         .steps
         .get(index)
         .map_or(step.span, |spec| step_extent(sources, spec));
+    statement_lines(sources, Span::new(step.span.start, whole.end))
+}
+
+/// The line number of the statement at `span` and its text, line by line
+/// (trimmed, without comment and blank lines).
+fn statement_lines(sources: &SourceMap, span: Span) -> (usize, Vec<Cow<'_, str>>) {
+    let (number, first) = policy_line(sources, span.start);
     let lines = std::iter::once(Cow::Owned(first))
-        .chain(continuation_lines(sources, whole).map(Cow::Borrowed))
+        .chain(continuation_lines(sources, span).map(Cow::Borrowed))
         .collect();
     (number, lines)
 }
@@ -391,8 +397,8 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
                 line(format!("       because {why}"));
             }
             if let Some(span) = trace.refused_by {
-                let (number, text) = policy_line(sources, span.start);
-                line(format!("       by line {number}: {text}"));
+                let (number, lines) = statement_lines(sources, span);
+                line(format!("       by line {number}: {}", lines.join(" ")));
             }
             for (name, value) in &refusal.headers {
                 line(format!("       {name}: {value}"));
@@ -462,8 +468,8 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
             "headers": refusal.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
             "because": trace.refused,
             "refused_by": trace.refused_by.map(|span| {
-                let (line, source) = policy_line(sources, span.start);
-                json!({"line": line, "source": source})
+                let (line, lines) = statement_lines(sources, span);
+                json!({"line": line, "source": lines.join("\n")})
             }),
         }),
     };

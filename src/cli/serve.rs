@@ -47,8 +47,9 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-/// A body limit of 0 would refuse every request with a body, which is every
-/// request the proxy serves.
+/// A body limit of 0 refuses every request the proxy serves (each has a
+/// body); a limit of a few bytes does too, but 0 is the value a user types
+/// meaning "no limit", which this option has no way to say.
 fn body_limit_arg(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err(String::from(

@@ -2,7 +2,7 @@
 //! (`NAME.tests.yaml` next to `NAME.policy`): a request, who sends it and
 //! the providers' health in; the expected plan or error out.
 
-use super::common::{RequestSpec, files_named, print_report, resolve_caller};
+use super::common::{RequestSpec, files_named, print_report, resolve_caller, why_no_file};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::schema::duration_text;
@@ -553,9 +553,16 @@ fn reaction_differences(
     {
         problems.push(match retry_ms {
             Some(actual) => {
-                format!("expected a retry after {expected} ms, got one after {actual} ms")
+                format!(
+                    "expected a retry after {}, got one after {}",
+                    duration_text(expected),
+                    duration_text(actual)
+                )
             }
-            None => format!("expected a retry after {expected} ms, the policy says `{action}`"),
+            None => format!(
+                "expected a retry after {}, the policy says `{action}`",
+                duration_text(expected)
+            ),
         });
     }
     let scope_name = |scope: HealthScope| match scope {
@@ -702,20 +709,17 @@ pub fn run(args: &TestArgs) -> ExitCode {
         };
         let policy = directory.join(&policy_name);
         if !policy.is_file() {
-            let what = if policy.is_dir() {
-                "is a directory"
+            let why = if policy.is_dir() {
+                format!("`{}` is a directory", policy.display())
             } else {
-                "does not exist"
+                why_no_file(&policy)
             };
             let named_by = if tests.policy.is_some() {
                 "`policy:` names a file relative to the tests file"
             } else {
                 "a file named NAME.tests.yaml tests NAME.policy beside it, or names its policy with `policy:`"
             };
-            say!(
-                "FAIL  {shown}: its policy `{}` {what} ({named_by})",
-                policy.display()
-            );
+            say!("FAIL  {shown}: its policy: {why} ({named_by})");
             failed += tests.cases.len().max(1);
             continue;
         }

@@ -7,7 +7,7 @@ use super::model::*;
 use super::schema::*;
 use super::yaml::*;
 use crate::diagnostics::{Code, Diagnostic, codes, io_reason, suggest};
-use crate::source::{MAX_FILE_BYTES, SourceId, SourceMap, Span, read_text};
+use crate::source::{MAX_FILE_BYTES, SourceId, SourceMap, Span, read_text, refuse_pipe};
 use crate::value::{EnumMember, Value};
 use foldhash::{HashMap, HashSet};
 use serde_saphyr::{Location, Spanned};
@@ -22,7 +22,14 @@ pub fn read_source(
     diagnostics: &mut Vec<Diagnostic>,
     referenced_at: Option<(SourceId, Span)>,
 ) -> Option<SourceId> {
-    match read_text(path, MAX_FILE_BYTES) {
+    // A data file a policy names is read again at every reload: a pipe in
+    // its place would hang them all.
+    let read = if referenced_at.is_some() {
+        refuse_pipe(path).and_then(|()| read_text(path, MAX_FILE_BYTES))
+    } else {
+        read_text(path, MAX_FILE_BYTES)
+    };
+    match read {
         Ok(text) => Some(sources.add(shown_as, text)),
         Err(error) => {
             let mut diagnostic = Diagnostic::new(

@@ -499,7 +499,8 @@ pub struct RawTenants {
     pub attributes: RawTenantSchema,
     #[serde(default)]
     pub settings: AttrSpecs,
-    #[serde(default)]
+    /// Required: a file cut off before its tenants (written half) would
+    /// otherwise turn every key away; `tenants: []` says there are none.
     pub tenants: Vec<Spanned<RawTenant>>,
 }
 

@@ -63,7 +63,7 @@ codes! {
     UPSTREAM_BEFORE_ATTEMPT = "E0407", Error, "an error reads `upstream` but is raised where no provider has answered";
     BAD_HEADER_VALUE = "E0408", Error, "a header or listing value cannot be written as text";
 
-    DUPLICATE_SECTION = "E0501", Error, "a section that may appear once appears twice";
+    DUPLICATE_SECTION = "E0501", Error, "a section, statement or clause that may appear once appears twice";
     MISSING_SECTION = "E0502", Error, "a required section or statement is missing";
     UNREACHABLE_ERROR = "E0503", Error, "a declared error code can never be produced";
     UNCOVERED_OUTCOME = "E0504", Error, "some attempt outcomes are not handled by any `on` rule";

@@ -189,8 +189,10 @@ fn without_carriage_returns(text: Cow<'_, str>) -> Cow<'_, str> {
 /// The end of a span, before the carriage return of a CRLF line end that
 /// it runs into (a string left open reaches the end of its line).
 fn end_before_line_end(file: &SourceFile, start: usize, end: usize) -> usize {
-    let at_line_end = file.text.get(end.saturating_sub(1)..end) == Some("\r")
-        && matches!(file.text.get(end..end + 1), Some("\n") | None | Some(""));
+    let bytes = file.text.as_bytes();
+    let at_line_end = end > 0
+        && bytes.get(end - 1) == Some(&b'\r')
+        && (end == bytes.len() || bytes.get(end) == Some(&b'\n'));
     if at_line_end && end > start + 1 {
         end - 1
     } else {
@@ -432,6 +434,11 @@ mod tests {
         assert!(!out.contains("^^^^^^ opened here"), "{out}");
         let json = json([&diagnostic], &sources);
         assert!(json.contains("\"end_column\": 16"), "{json}");
+        // A carriage return that ends no line is kept.
+        let lone = sources.add("q", "a\ré\r");
+        let file = sources.file(lone).unwrap();
+        assert_eq!(end_before_line_end(file, 0, 2), 2);
+        assert_eq!(end_before_line_end(file, 0, 5), 4);
     }
 
     #[test]

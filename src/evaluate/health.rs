@@ -247,18 +247,28 @@ impl<'s> HealthTable<'s> {
 
 impl<'s> HealthTable<'s> {
     /// [`HealthTable::new`], for health a person wrote down: an entry that
-    /// sets no state is the same as no entry, and a test case using it
-    /// would pass without testing it, so it is refused too.
+    /// sets no state, with no later entry for its provider, is the same as
+    /// no entry, and a test case using it would pass without testing it, so
+    /// it is refused too. (Before a later entry, it keeps what it names
+    /// healthy: the first entry that matches a candidate applies.)
     pub fn written(
         snapshot: &'s crate::compile::Snapshot,
         entries: &[HealthEntry],
     ) -> Result<HealthTable<'s>, String> {
         let table = HealthTable::new(snapshot, entries)?;
-        if let Some((entry, _)) = table
+        let idle = table
             .entries
             .iter()
-            .find(|(_, health)| *health == CandidateHealth::default())
-        {
+            .enumerate()
+            .find(|(index, (entry, health))| {
+                *health == CandidateHealth::default()
+                    && !table
+                        .entries
+                        .iter()
+                        .skip(index + 1)
+                        .any(|(later, _)| later.provider == entry.provider)
+            });
+        if let Some((_, (entry, _))) = idle {
             return Err(format!(
                 "the entry for provider `{}` sets no state: give it `paused_for`, \
                  `penalized`, `strikes`, `full`, `in_flight`, `free_in` or `stats`",

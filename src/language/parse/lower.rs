@@ -565,7 +565,8 @@ impl Lowerer {
             Rule::malformed_clause => "malformed error",
             Rule::invalid_clause => "invalid error",
             Rule::unknown_ref_clause => "unknown error",
-            _ => "unless",
+            Rule::unless_clause => "unless",
+            _ => "clause",
         };
         let diagnostic = Diagnostic::new(
             codes::DUPLICATE_SECTION,
