@@ -67,3 +67,18 @@ async fn the_demos_suggested_requests_do_what_it_says() {
     }
     stack.stop().await;
 }
+
+#[test]
+fn a_policy_dir_that_is_a_file_is_named_as_such() {
+    let file = std::env::temp_dir().join(format!("switchyard-demo-file-{}", std::process::id()));
+    std::fs::write(&file, "").unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--policy-dir"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is not a directory"), "{stderr}");
+}

@@ -904,6 +904,17 @@ async fn the_sim_endpoints_read_clear_and_replace() {
         429,
         "a bad scenario changes nothing"
     );
+    let not_text = client
+        .post(format!("{base}/_sim/scenario"))
+        .body(b"\xff\xfeproviders: {}".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(not_text.status(), 400);
+    assert_eq!(
+        json_of(not_text).await["error"]["message"],
+        "scenario: it is not UTF-8 text"
+    );
 
     let wrong = client
         .get(format!("{base}/_sim/scenario"))

@@ -6,6 +6,7 @@ use super::daemon::{LogFormat, Signals, fail, init_logging, raise_open_file_limi
 use super::exit;
 use super::serve::{Service, load};
 use crate::compile::AllSecrets;
+use crate::diagnostics::io_reason;
 use crate::proxy::{Options, Running};
 use crate::sim::{self, Scenario};
 use std::net::SocketAddr;
@@ -128,9 +129,21 @@ pub fn run(args: &DemoArgs) -> ExitCode {
     let dir = args.policy_dir.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("switchyard-demo-{}", std::process::id()))
     });
+    if dir.exists() && !dir.is_dir() {
+        return fail(format!(
+            "{} is not a directory; --policy-dir names a directory (an empty one starts from the shipped policy)",
+            dir.display()
+        ));
+    }
     let copied = match prepare(&dir, &tour) {
         Ok(copied) => copied,
-        Err(error) => return fail(format!("cannot prepare {}: {error}", dir.display())),
+        Err(error) => {
+            return fail(format!(
+                "cannot prepare {}: {}",
+                dir.display(),
+                io_reason(&error)
+            ));
+        }
     };
     let policy = dir.join(&tour.policy);
     if !policy.is_file() {

@@ -199,14 +199,19 @@ fn for_writers(message: &str) -> String {
         {
             "expected a whole number"
         }
-        message
-            if message
+        message => {
+            // The reader says the same of a negative number and of one too
+            // large for the field: the message gives the range.
+            let unsigned_bits = message
                 .strip_prefix("invalid u")
-                .is_some_and(|bits| bits.parse::<u8>().is_ok()) =>
-        {
-            "expected a whole number, 0 or more"
+                .and_then(|bits| bits.parse::<u32>().ok())
+                .filter(|bits| (1..=64).contains(bits));
+            if let Some(bits) = unsigned_bits {
+                let largest = u64::MAX >> (64 - bits);
+                return format!("expected a whole number from 0 to {largest}");
+            }
+            message
         }
-        message => message,
     };
     lowercase_first(plain)
 }
@@ -594,8 +599,14 @@ mod tests {
                 "duplicate mapping key: tenants, set DuplicateKeyPolicy in Options if acceptable",
                 "duplicate mapping key: tenants",
             ),
-            ("invalid u32", "expected a whole number, 0 or more"),
-            ("invalid u64", "expected a whole number, 0 or more"),
+            (
+                "invalid u32",
+                "expected a whole number from 0 to 4294967295",
+            ),
+            (
+                "invalid u64",
+                "expected a whole number from 0 to 18446744073709551615",
+            ),
             (
                 "invalid boolean (strict mode expects true/false)",
                 "expected `true` or `false`",

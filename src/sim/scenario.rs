@@ -432,8 +432,11 @@ impl Place<'_> {
     }
 
     fn check_provider_name(&self, name: &Spanned<String>) -> Result<(), FileProblem> {
+        // `.` and `..` are dot segments, which clients fold out of a URL.
         let valid = !name.value.is_empty()
             && !name.value.starts_with('_')
+            && name.value != "."
+            && name.value != ".."
             && name
                 .value
                 .chars()
@@ -445,7 +448,8 @@ impl Place<'_> {
                 &name.referenced,
                 format_args!(
                     "`{}` cannot name a provider: it is the first segment of the URL path, \
-                     made of letters, digits, `.`, `-`, `_` and `~`, not starting with `_`",
+                     made of letters, digits, `.`, `-`, `_` and `~`, not starting with `_`, \
+                     and not `.` or `..`",
                     name.value
                 ),
             ))
@@ -655,7 +659,12 @@ mod tests {
         assert_eq!(
             error("providers:\n  _sim: {}\n"),
             "s.yaml:2:3: `_sim` cannot name a provider: it is the first segment of the URL path, \
-             made of letters, digits, `.`, `-`, `_` and `~`, not starting with `_`"
+             made of letters, digits, `.`, `-`, `_` and `~`, not starting with `_`, \
+             and not `.` or `..`"
+        );
+        assert!(
+            error("providers:\n  \"..\": {}\n").contains("`..` cannot name a provider"),
+            "a dot segment"
         );
         for chunks in ["0", "1000000000000", "-3", "2.5"] {
             assert_eq!(

@@ -246,11 +246,12 @@ fn control(
             empty_response(StatusCode::NO_CONTENT)
         }
         ("scenario", &Method::POST) => {
-            let text = body.as_deref().map(String::from_utf8_lossy);
-            let parsed = match text {
-                Some(text) => {
-                    Scenario::parse(&text, "scenario").map_err(|problem| problem.to_string())
+            let parsed = match body.as_deref().map(std::str::from_utf8) {
+                Some(Ok(text)) => {
+                    Scenario::parse(text, "scenario").map_err(|problem| problem.to_string())
                 }
+                // As the command line says of such a file.
+                Some(Err(_)) => Err(String::from("scenario: it is not UTF-8 text")),
                 None => Err(String::from("scenario: a scenario is at most 1 MiB")),
             };
             match parsed {

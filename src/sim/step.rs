@@ -279,6 +279,21 @@ fn words_text(text: &str, words: &[Word]) -> String {
 
 fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
     let name = word.name.as_str();
+    // Quoted back, an empty name or value would read as empty backticks.
+    if name.is_empty() {
+        return Err(error_at(
+            word.offset,
+            "an option's name is missing before its `=`; write it like `retry_after=2s`",
+        ));
+    }
+    // `name=` and nothing after it (a quoted `""` is a value).
+    let written = word.end.saturating_sub(word.offset);
+    if word.value.as_deref() == Some("") && written == name.chars().count() + 1 {
+        return Err(error_at(
+            word.offset,
+            format!("`{name}=` has no value; give one after the `=`"),
+        ));
+    }
     if !name.is_empty() && name.chars().all(|c| c.is_ascii_digit()) {
         if let Some(value) = &word.value {
             return Err(error_at(
@@ -636,6 +651,23 @@ mod tests {
                 message: Some(String::from("out of room")),
             }
         );
+    }
+
+    #[test]
+    fn an_empty_option_name_or_value_is_named() {
+        assert_eq!(
+            error("200 cut_after="),
+            (
+                4,
+                String::from("`cut_after=` has no value; give one after the `=`")
+            )
+        );
+        let (offset, message) = error("=3");
+        assert_eq!(offset, 0);
+        assert!(message.contains("name is missing"), "{message}");
+        // A quoted empty value is a value.
+        let quoted = step("503 message=\"\"");
+        assert!(matches!(quoted.action, Action::Error(_)));
     }
 
     #[test]
