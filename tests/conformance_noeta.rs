@@ -1417,19 +1417,21 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e43_e46_a_stream_that_keeps_sending_is_never_cut_for_its_length() {
     let clock = Arc::new(ManualClock::default());
-    // Pieces far enough apart (in real time) that each reaches the client
-    // before the proxy receives the next.
+    // The pieces come 150 ms apart on the test's clock, as the sim's pauses
+    // run on it: the proxy gets the next only once the test, holding the
+    // one before, moves the clock.
     let slow = "providers:\n  claude: {chunks: 14, chunk_interval: 150ms}\n  deepseek: {chunks: 4, chunk_interval: 150ms}\n  openrouter: {}\n  openai-responses: {chunks: 4, chunk_interval: 150ms}\n";
-    let stack = Stack::shipped("noeta", slow, &[], clock.clone()).await;
+    let stack = Stack::shipped_on_one_clock("noeta", slow, clock.clone()).await;
 
-    for (api, model, provider, silence_ms) in [
-        (Api::Messages, "opus", "claude", ANTHROPIC_SILENCE_MS),
-        (Api::Chat, "deepseek-chat", "deepseek", OPENAI_SILENCE_MS),
+    for (api, model, provider, silence_ms, chunks) in [
+        (Api::Messages, "opus", "claude", ANTHROPIC_SILENCE_MS, 14),
+        (Api::Chat, "deepseek-chat", "deepseek", OPENAI_SILENCE_MS, 4),
         (
             Api::Responses,
             "gpt-5-codex",
             "openai-responses",
             OPENAI_SILENCE_MS,
+            4,
         ),
     ] {
         let sent = Instant::now();
@@ -1448,8 +1450,17 @@ async fn e43_e46_a_stream_that_keeps_sending_is_never_cut_for_its_length() {
             text.push_str(std::str::from_utf8(&chunk).unwrap());
             let now = content_events(&text);
             if now > pieces {
-                clock.advance(step);
                 pieces = now;
+                // Moved only once the sim waits to send the next piece: a
+                // move before would not reach that wait.
+                if pieces < chunks {
+                    let next_at = clock.now_ms() + 150;
+                    until_sleeping(&clock, "the sim waits to send the next piece", |at| {
+                        at == next_at
+                    })
+                    .await;
+                }
+                clock.advance(step);
             }
         }
         let moved = clock.now_ms() - started;
