@@ -34,8 +34,8 @@ mod common;
 
 use common::{
     HEALTHY, Reply, Stack, advance_until, chat, closed_port, data_file, finished,
-    finished_attempts, finished_within, messages, model_list, names, recompile, reconfigure,
-    replay, settle, spawn_chat, spawn_open, streamed, tried_by, until, until_sleeping,
+    finished_attempts, finished_within, headers_come_after, messages, model_list, names, recompile,
+    reconfigure, replay, settle, spawn_chat, spawn_open_chat, streamed, tried_by, until,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -1735,17 +1735,7 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
     let asked_at = clock.now_ms();
     let streaming = spawn_chat(&stack, RESEARCH, streamed(body(DEEPSEEK)));
     until("tinfoil is asked", || stack.sim.requests().len() == 1).await;
-    until_sleeping(&clock, "the sim holds tinfoil's headers", |at| {
-        at == asked_at + 1_000
-    })
-    .await;
-    clock.advance(1_000);
-    // The first event's wait counts from the headers: its deadline is a
-    // second after the headers' own.
-    until_sleeping(&clock, "the proxy waits for the first event", |at| {
-        at == asked_at + 1_000 + TIMEOUT_MS
-    })
-    .await;
+    headers_come_after(&clock, asked_at, 1_000, TIMEOUT_MS).await;
     clock.advance(TIMEOUT_MS - 1);
     settle().await;
     assert_eq!(
@@ -1812,13 +1802,7 @@ async fn a88_after_output_started_a_failure_is_reported_not_retried() {
     // The clock moves once the stream is committed (its headers go out with
     // its first event), so it is the idle wait that ends.
     replay(&stack, &scenario(&[("tinfoil", &["stall_after=2"])]));
-    let opening = spawn_open(
-        &stack,
-        "/v1/chat/completions",
-        RESEARCH,
-        &[],
-        streamed(body(DEEPSEEK)),
-    );
+    let opening = spawn_open_chat(&stack, RESEARCH, streamed(body(DEEPSEEK)));
     let response = finished(opening).await;
     let reply = advance_until(
         &clock,

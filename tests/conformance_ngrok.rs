@@ -22,7 +22,7 @@ mod common;
 
 use common::{
     Reply, Stack, chat_body, closed_port, data_file, finished, finished_attempts, messages_body,
-    model_list, recompile, replay, settle, sha256_hex, spawn_open, streamed,
+    model_list, recompile, replay, settle, sha256_hex, spawn_open_chat, streamed,
 };
 use serde_json::{Value, json};
 use std::future::Future;
@@ -1974,13 +1974,7 @@ async fn the_per_request_timeout_bounds_a_committed_stream() {
         clock.clone(),
     )
     .await;
-    let opening = spawn_open(
-        &stack,
-        "/v1/chat/completions",
-        TUNNELCO,
-        &[],
-        streamed(chat_body("gpt-4o")),
-    );
+    let opening = spawn_open_chat(&stack, TUNNELCO, streamed(chat_body("gpt-4o")));
     // The headers go out with the first event: the stream is committed
     // before the clock moves.
     let response = finished(opening).await;

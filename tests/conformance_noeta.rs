@@ -23,8 +23,8 @@ mod common;
 
 use common::{
     AllBut, HEALTHY, Reply, Stack, advance_until, assert_nothing_sent, closed_port, edit,
-    event_text, events, finished, get, healthz, names, reconfigure, replay, settle, until_asked,
-    until_sleeping,
+    event_text, events, finished, get, headers_come_after, healthz, names, reconfigure, replay,
+    settle, until_asked, until_sleeping,
 };
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
@@ -1377,15 +1377,7 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
         );
         let asked_at = clock.now_ms();
         let waiting = spawn_call(&stack, api, api.stream_body(model));
-        until_sleeping(&clock, "the sim holds the headers", |at| {
-            at == asked_at + 1_000
-        })
-        .await;
-        clock.advance(1_000);
-        until_sleeping(&clock, "the proxy waits for the first event", |at| {
-            at == asked_at + 1_000 + silence_ms
-        })
-        .await;
+        headers_come_after(&clock, asked_at, 1_000, silence_ms).await;
         expect_timeout_after(&stack, &clock, 1, silence_ms, "first_token_timeout").await;
         finished(waiting).await.assert_served(provider);
 

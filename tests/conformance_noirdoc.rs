@@ -25,9 +25,9 @@
 mod common;
 
 use common::{
-    HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished, messages,
-    messages_body, model_list, names, replay, settle, spawn_chat, spawn_open, spawn_post, streamed,
-    tried_by, until, until_sleeping,
+    HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished,
+    headers_come_after, messages, messages_body, model_list, names, replay, settle, spawn_chat,
+    spawn_open_chat, spawn_post, streamed, tried_by, until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -1889,13 +1889,7 @@ async fn n31_n53_a_stream_held_15s_names_its_provider_in_a_comment() {
     .await;
 
     let started = Instant::now();
-    let opening = spawn_open(
-        &stack,
-        "/v1/chat/completions",
-        ACME,
-        &[],
-        streamed(chat_body(GPT_5)),
-    );
+    let opening = spawn_open_chat(&stack, ACME, streamed(chat_body(GPT_5)));
     until_sleeping(&clock, "the sim holds the first event", |at| at == 20_000).await;
     clock.advance(15_000);
     let response = finished(opening).await;
@@ -1936,20 +1930,9 @@ async fn n25_n31_n51_n53_a_stream_without_a_first_event_switches() {
     .await;
 
     let started = Instant::now();
-    let opening = spawn_open(
-        &stack,
-        "/v1/chat/completions",
-        ACME,
-        &[],
-        streamed(chat_body(QWEN)),
-    );
+    let opening = spawn_open_chat(&stack, ACME, streamed(chat_body(QWEN)));
     until("aki-io is asked", || asked(&stack, "aki-io") == 1).await;
-    until_sleeping(&clock, "the sim holds aki-io's headers", |at| at == 1_000).await;
-    clock.advance(1_000);
-    until_sleeping(&clock, "the proxy waits for the first event", |at| {
-        at == 121_000
-    })
-    .await;
+    headers_come_after(&clock, 0, 1_000, 120_000).await;
     // The gateway's headers are held 15 s from the request, then go out
     // without the provider.
     clock.advance(13_999);

@@ -689,6 +689,11 @@ pub fn spawn_chat(stack: &Stack, key: &str, body: Value) -> JoinHandle<Reply> {
     spawn_post(stack, "/v1/chat/completions", key, body)
 }
 
+/// [`spawn_open`] of a chat completion.
+pub fn spawn_open_chat(stack: &Stack, key: &str, body: Value) -> JoinHandle<reqwest::Response> {
+    spawn_open(stack, "/v1/chat/completions", key, &[], body)
+}
+
 /// POSTs `body` to `path` from a task of its own, which ends when the
 /// response's headers arrive (for a stream, at its commit unless the policy
 /// holds them); [`Reply::rest`] reads the rest.
@@ -865,6 +870,28 @@ pub async fn until_asked(stack: &Stack, count: usize) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A stream asked at `asked_at` whose headers the sim, on `clock`, holds
+/// `held_ms`: lets them come once the sim waits, then waits until the
+/// proxy waits `first_event_ms` from them for the first event. That wake
+/// time is the first event's own: the headers' wait counts from the
+/// request.
+pub async fn headers_come_after(
+    clock: &ManualClock,
+    asked_at: u64,
+    held_ms: u64,
+    first_event_ms: u64,
+) {
+    until_sleeping(clock, "the sim holds the headers", |at| {
+        at == asked_at + held_ms
+    })
+    .await;
+    clock.advance(held_ms);
+    until_sleeping(clock, "the proxy waits for the first event", |at| {
+        at == asked_at + held_ms + first_event_ms
+    })
+    .await;
 }
 
 /// Attempts the proxy has finished (its upstream histogram's count). An
