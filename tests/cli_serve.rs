@@ -247,6 +247,25 @@ fn a_body_limit_of_zero_is_refused_at_start() {
     assert!(stderr.contains("0 would refuse every request"), "{stderr}");
 }
 
+/// A served policy is read again at every reload, where opening a pipe
+/// would wait for a writer: `serve` refuses one at start instead of
+/// waiting there.
+#[test]
+fn a_policy_that_is_a_named_pipe_is_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("switchyard-serve-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pipe = dir.join("p.policy");
+    let made = Command::new("mkfifo").arg(&pipe).status().unwrap();
+    assert!(made.success());
+    let (mut serving, lines) = serve_policy(pipe.to_str().unwrap(), &[], &["--no-watch"]);
+    let mut seen = Vec::new();
+    wait_for(&lines, "it is a named pipe, not a file", &mut seen);
+    wait_for(&lines, "read again at every reload", &mut seen);
+    assert_eq!(serving.0.wait().unwrap().code(), Some(1), "{seen:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn stopping_without_a_drain_says_requests_are_cut() {
     let (mut serving, lines) = serve_policy(

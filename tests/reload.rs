@@ -243,6 +243,35 @@ async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
     setup.stop().await;
 }
 
+/// A served policy is read again at every reload. Opening a pipe waits for
+/// a writer, so a pipe put in its place once froze every later reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_replaced_by_a_named_pipe_fails_its_reload_and_later_ones_run() {
+    let setup = Setup::start("pipe", HEALTHY).await;
+    assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
+
+    std::fs::remove_file(&setup.policy).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&setup.policy)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    until("the pipe is refused", || {
+        let status = setup.proxy.reload_status.lock().unwrap();
+        status
+            .last_failure
+            .as_ref()
+            .is_some_and(|failure| failure.diagnostics.to_string().contains("named pipe"))
+    })
+    .await;
+    assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
+
+    std::fs::remove_file(&setup.policy).unwrap();
+    std::fs::write(&setup.policy, policy_text("g1")).unwrap();
+    setup.until_serving("g1").await;
+    setup.stop().await;
+}
+
 async fn metrics(stack: &Stack) -> String {
     stack
         .client

@@ -9,7 +9,7 @@ use super::daemon::{
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report, unusable_credentials};
 use crate::diagnostics::render::{self, Style};
-use crate::language::check_file;
+use crate::language::check_served_file;
 use crate::proxy::{AccessLog, Limits, Options, Proxy, Running, serve};
 use crate::reload::{Outcome, Reloader, log_unusable};
 use crate::source::SourceMap;
@@ -60,9 +60,10 @@ fn body_limit_arg(text: &str) -> Result<usize, String> {
     }
 }
 
-/// Checks and compiles a policy, as `check` does; on failure prints why.
+/// Checks and compiles a policy to serve, as `check` does; on failure
+/// prints why.
 pub fn load(policy: &Path, secrets: &dyn SecretSource) -> Result<(Snapshot, SourceMap), ExitCode> {
-    let report = check_file(policy);
+    let report = check_served_file(policy, None);
     // A policy that checks may still have warnings, as `check` shows them.
     let warnings: Vec<String> = report
         .warnings_of_a_policy()

@@ -14,6 +14,14 @@ use serde_saphyr::{Location, Spanned};
 use std::path::Path;
 use std::sync::Arc;
 
+/// Whether a file is read once, or again at every reload of the policy
+/// that is served.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ReadWhen {
+    Once,
+    AtEveryReload,
+}
+
 /// Reads a file into the source map, or reports why it could not.
 pub fn read_source(
     path: &Path,
@@ -21,13 +29,13 @@ pub fn read_source(
     sources: &mut SourceMap,
     diagnostics: &mut Vec<Diagnostic>,
     referenced_at: Option<(SourceId, Span)>,
+    when: ReadWhen,
 ) -> Option<SourceId> {
-    // A data file a policy names is read again at every reload: a pipe in
-    // its place would hang them all.
-    let read = if referenced_at.is_some() {
-        refuse_pipe(path).and_then(|()| read_text(path, MAX_FILE_BYTES))
-    } else {
-        read_text(path, MAX_FILE_BYTES)
+    // A pipe in the place of a file read at every reload would hang them
+    // all.
+    let read = match when {
+        ReadWhen::AtEveryReload => refuse_pipe(path).and_then(|()| read_text(path, MAX_FILE_BYTES)),
+        ReadWhen::Once => read_text(path, MAX_FILE_BYTES),
     };
     match read {
         Ok(text) => Some(sources.add(shown_as, text)),
@@ -40,6 +48,10 @@ pub fn read_source(
                 "save the file as UTF-8 text"
             } else if error.kind() == std::io::ErrorKind::FileTooLarge {
                 "check the path: policies and data files are at most 64 MiB"
+            } else if when == ReadWhen::AtEveryReload
+                && error.kind() == std::io::ErrorKind::InvalidInput
+            {
+                "a served policy and its data files are read again at every reload: give a regular file"
             } else if referenced_at.is_some() {
                 "check the path; data paths are relative to the policy file"
             } else {

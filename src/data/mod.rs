@@ -8,7 +8,7 @@ pub mod schema;
 mod tenants;
 mod yaml;
 
-pub use load::{Reading, load, load_reading, load_texts, read_source};
+pub use load::{ReadWhen, Reading, load, load_reading, load_texts, read_source};
 pub use model::*;
 pub use tenants::DEFAULT_WORKSPACE;
 // For the sim's scenario files; unused (a warning) in a build without the sim.

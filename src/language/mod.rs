@@ -9,7 +9,7 @@ pub mod check;
 pub mod ir;
 pub mod parse;
 
-use crate::data::{self, Data};
+use crate::data::{self, Data, ReadWhen};
 use crate::diagnostics::{Diagnostic, Diagnostics, codes};
 use crate::source::{SourceId, SourceMap, Span};
 use ast::{DataFileKind, Item};
@@ -79,16 +79,23 @@ const MAX_POLICY_BYTES: usize = 4 * 1024 * 1024;
 /// Reads, parses and checks a policy file together with the catalog and
 /// tenants files it names (paths relative to the policy file).
 pub fn check_file(path: &Path) -> CheckReport {
-    check_file_cached(path, None)
+    check_file_read(path, ReadWhen::Once, None)
 }
 
-/// `check_file`, reusing `cache`'s data when the data files are unchanged
-/// (and remembering them when they load cleanly).
-pub fn check_file_cached(path: &Path, cache: Option<&DataCache>) -> CheckReport {
+/// `check_file` for a policy that is served, which is read again at every
+/// reload: a pipe in its place is refused, as in a data file's. Reuses
+/// `cache`'s data when the data files are unchanged (and remembers them
+/// when they load cleanly).
+pub fn check_served_file(path: &Path, cache: Option<&DataCache>) -> CheckReport {
+    check_file_read(path, ReadWhen::AtEveryReload, cache)
+}
+
+fn check_file_read(path: &Path, when: ReadWhen, cache: Option<&DataCache>) -> CheckReport {
     let mut sources = SourceMap::new();
     let mut diagnostics = Vec::new();
     let shown = path.display().to_string();
-    let Some(source) = data::read_source(path, &shown, &mut sources, &mut diagnostics, None) else {
+    let read = data::read_source(path, &shown, &mut sources, &mut diagnostics, None, when);
+    let Some(source) = read else {
         let mut report = finish(sources, diagnostics, None);
         report.unread.push(path.to_path_buf());
         return report;
@@ -194,6 +201,8 @@ fn check_source_cached(
                 sources,
                 diagnostics,
                 Some((source, setting.path.span)),
+                // Named by the policy: read again at every reload.
+                ReadWhen::AtEveryReload,
             );
             if read.is_none() {
                 unread.push(path);

@@ -8,7 +8,7 @@ use crate::compile::{
     Environment, SecretSource, Snapshot, UnusableCredential, compile_report, unusable_credentials,
 };
 use crate::diagnostics::render;
-use crate::language::{DataCache, check_file_cached};
+use crate::language::{DataCache, check_served_file};
 use crate::proxy::Proxy;
 use crate::source::SourceMap;
 use crate::sync::lock;
@@ -164,7 +164,7 @@ impl Reloader {
     pub fn reload(&self) -> Outcome {
         let _one_at_a_time = lock(&self.reloading);
         let started = Instant::now();
-        let report = check_file_cached(&self.policy, Some(&self.data));
+        let report = check_served_file(&self.policy, Some(&self.data));
         let files = self.files_of(&report.sources, &report.unread);
         // What `check` would warn about the new files, said only when they
         // go live: a rule that can never match is worth knowing at once.
