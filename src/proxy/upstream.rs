@@ -124,8 +124,10 @@ impl Outgoing {
             if input_headers.contains(&name.as_str()) {
                 continue;
             }
-            if let Some(value) = client_headers.get(&name) {
-                headers.insert(name, value.clone());
+            // Every line of a repeated header goes on (`anthropic-beta`
+            // given once per feature), in the client's order.
+            for value in client_headers.get_all(&name) {
+                headers.append(name.clone(), value.clone());
             }
         }
         if let Ok(value) = HeaderValue::from_str(request_id) {
@@ -475,6 +477,9 @@ mod tests {
         client.insert("connection", HeaderValue::from_static("keep-alive"));
         client.insert("x-route-hint", HeaderValue::from_static("eu"));
         client.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
+        // One feature per line, as clients send several.
+        client.append("anthropic-beta", HeaderValue::from_static("prompt-caching"));
+        client.append("anthropic-beta", HeaderValue::from_static("output-128k"));
         let outgoing = Outgoing::new(
             Some(&body),
             &client,
@@ -494,6 +499,8 @@ mod tests {
         assert!(outgoing.headers.get("x-route-hint").is_none());
         assert_eq!(outgoing.headers["anthropic-version"], "2024-01-01");
         assert_eq!(outgoing.headers["x-request-id"], "req-1");
+        let betas: Vec<_> = outgoing.headers.get_all("anthropic-beta").iter().collect();
+        assert_eq!(betas, ["prompt-caching", "output-128k"]);
     }
 
     #[test]
