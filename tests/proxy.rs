@@ -2427,6 +2427,50 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
+    let gateway = gateway_taking_1_kib().await;
+    let body = chat_body(false);
+    let reply = Reply::of(
+        gateway
+            .api
+            .chat_request(&body)
+            .header("content-encoding", "gzip"),
+    )
+    .await;
+    assert_eq!(reply.status, 415, "{}", reply.text);
+    let (code, _, message) = openai_error(&reply);
+    assert_eq!(code, "unsupported_content_encoding");
+    assert!(message.contains("`Content-Encoding: gzip`"), "{message}");
+
+    let reply = Reply::of(
+        gateway
+            .api
+            .messages_request(&json!({"model": "m", "max_tokens": 8, "messages": []}))
+            .header("content-encoding", "br"),
+    )
+    .await;
+    assert_eq!(reply.status, 415, "{}", reply.text);
+    assert!(anthropic_error(&reply).1.contains("`Content-Encoding: br`"));
+
+    // `identity` is no coding at all.
+    let reply = Reply::of(
+        gateway
+            .api
+            .chat_request(&body)
+            .header("content-encoding", "identity"),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        gateway.sim.requests().len(),
+        1,
+        "only that one went upstream"
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_a_refused_body_reads_the_413() -> TestResult {
     // Refused at once, with megabytes still to send: a connection closed on
     // unread data is reset, and the reset loses the answer.

@@ -960,7 +960,7 @@ impl Exchange {
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+            .is_some_and(is_event_stream);
         if is_stream && self.plan.request.stream {
             return self
                 .stream(index, response, &timeouts, begun, attempt_deadline, link)
@@ -1407,6 +1407,13 @@ impl Exchange {
     }
 }
 
+/// Whether a `Content-Type` names an event stream: media types are
+/// case-insensitive, and may carry parameters (`; charset=utf-8`).
+fn is_event_stream(content_type: &str) -> bool {
+    let media_type = content_type.split(';').next().unwrap_or_default().trim();
+    media_type.eq_ignore_ascii_case("text/event-stream")
+}
+
 impl Drop for Exchange {
     /// Dropped before it ended: the request's future went with its client
     /// (or with the connection, when the drain time ran out). The attempt
@@ -1546,5 +1553,19 @@ async fn read_body(
             Some(Some(Err(_))) => return Err(ReadError::Cut),
             None => return Err(ReadError::TimedOut),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_event_stream;
+
+    #[test]
+    fn an_event_stream_is_known_by_its_media_type_in_any_case() {
+        assert!(is_event_stream("text/event-stream"));
+        assert!(is_event_stream("Text/Event-Stream; charset=utf-8"));
+        assert!(is_event_stream(" text/event-stream ;charset=utf-8"));
+        assert!(!is_event_stream("text/event-streamx"));
+        assert!(!is_event_stream("application/json"));
     }
 }

@@ -769,6 +769,30 @@ async fn complete(
             return answered(response);
         }
     };
+    if let Some(encoding) = body_encoding(request.headers()) {
+        // A compressed body would otherwise be refused as JSON that does
+        // not parse, which hides the reason.
+        let message = format!(
+            "the request body is sent with `Content-Encoding: {encoding}`; this gateway accepts it uncompressed"
+        );
+        record_refusal(
+            &proxy,
+            &request_id,
+            endpoint,
+            Some((tenant_id(&snapshot, caller), "")),
+            "",
+            (415, "unsupported_content_encoding"),
+            "refused",
+        );
+        drain_unread(request, proxy.limits.max_body_bytes);
+        return answered(respond::builtin_error(
+            wire,
+            &request_id,
+            415,
+            "unsupported_content_encoding",
+            &message,
+        ));
+    }
     let (parts, mut incoming) = request.into_parts();
     let limit = proxy.limits.max_body_bytes;
     // A body whose declared length is over the limit is refused before any
@@ -869,6 +893,22 @@ async fn complete(
         request_id,
         version,
     })
+}
+
+/// The coding a request body is sent in, unless none is (`identity`).
+fn body_encoding(headers: &hyper::HeaderMap) -> Option<String> {
+    let text = headers
+        .get_all(hyper::header::CONTENT_ENCODING)
+        .iter()
+        .map(|value| {
+            // Said back in the error: a few characters are enough.
+            let coding = String::from_utf8_lossy(value.as_bytes());
+            coding.trim().chars().take(32).collect::<String>()
+        })
+        .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (!text.is_empty()).then_some(text)
 }
 
 /// Whether reading failed because the client's connection ended (closed or
