@@ -372,6 +372,23 @@ fn noirdoc_refuses_the_wrong_endpoint_and_unknown_models() {
     );
 }
 
+/// Embeddings never come as a stream: a body's `stream: true` there must
+/// not make the proxy wait for events, nor read a JSON answer as a broken
+/// stream.
+#[test]
+fn an_embeddings_request_is_never_a_stream() {
+    let snap = snapshot("noirdoc");
+    for (endpoint, model, streamed) in [
+        (Endpoint::Embeddings, "mistral-embed", false),
+        (Endpoint::ChatCompletions, "gpt-5", true),
+    ] {
+        let body = serde_json::json!({"model": model, "input": "hi", "stream": true});
+        let decision = decide(&snap, "acme-default", endpoint, body, &[]);
+        let plan = decision.result.as_ref().unwrap();
+        assert_eq!(plan.request.stream, streamed, "{model}");
+    }
+}
+
 #[test]
 fn anonrouter_applies_pins_conflicts_and_floors() {
     let snap = snapshot("anonrouter");

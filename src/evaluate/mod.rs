@@ -100,6 +100,12 @@ impl Endpoint {
             _ => ModelKind::Chat,
         }
     }
+
+    /// Whether an answer here can come as a stream: embeddings never do,
+    /// whatever the body's `stream` says.
+    pub fn streams(self) -> bool {
+        self != Endpoint::Embeddings
+    }
 }
 
 /// Who is asking: a tenant, one of its workspaces and, usually, a key.
@@ -551,7 +557,8 @@ fn decide(
         id: context.id.clone(),
         model,
         endpoint: context.endpoint,
-        stream: body.get("stream").and_then(Json::as_bool).unwrap_or(false),
+        stream: context.endpoint.streams()
+            && body.get("stream").and_then(Json::as_bool).unwrap_or(false),
         parameters: parameters_of(body),
         estimated_tokens: (context.body_bytes / 4) as f64,
         caller: context.caller,
