@@ -41,7 +41,8 @@ const BROKECO: &str = "sk-ngrok-brokeco";
 const CREDENTIALS: &[(&str, &str)] = &[
     ("NGROK_OPENAI_KEY_1", "openai-primary"),
     ("NGROK_OPENAI_KEY_2", "openai-secondary"),
-    ("NGROK_ANTHROPIC_KEY", "anthropic-primary"),
+    ("NGROK_ANTHROPIC_KEY_1", "anthropic-primary"),
+    ("NGROK_ANTHROPIC_KEY_2", "anthropic-secondary"),
     ("NGROK_OPENROUTER_KEY", "openrouter-primary"),
 ];
 
@@ -190,6 +191,12 @@ const ERR_3809: PolicyError = PolicyError {
     code: "ERR_NGROK_3809",
     kind: "api_error",
     message: "the provider could not be reached",
+};
+const ERR_3806: PolicyError = PolicyError {
+    status: 400,
+    code: "ERR_NGROK_3806",
+    kind: "invalid_request_error",
+    message: "the model is not served in the API format of the endpoint called",
 };
 const ERR_3810: PolicyError = PolicyError {
     status: 504,
@@ -547,17 +554,28 @@ async fn the_access_scope_blocks_providers_and_models() {
     );
 
     // With every key set, the scoped key's plan for gpt-4o skips the
-    // reseller: openai's two keys, then anthropic for the fallback model.
+    // reseller, for the fallback model too (in OpenAI's format only the
+    // reseller serves it): openai's two keys.
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
     let reply = at_once(stack.chat(TUNNELCO_SCOPED, chat_body("gpt-4o"))).await;
-    assert_passthrough(&reply, Wire::OpenAi, 500, "anthropic");
+    assert_passthrough(&reply, Wire::OpenAi, 500, "openai");
     assert_eq!(
         upstream(&stack),
         [
             "openai/openai-primary@gpt-4o",
             "openai/openai-secondary@gpt-4o",
+        ]
+    );
+    // Through /v1/messages, the scope lets anthropic serve it.
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO_SCOPED, messages_body("claude-sonnet-4-5"))).await;
+    assert_passthrough(&reply, Wire::Anthropic, 500, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
             "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "anthropic/anthropic-secondary@claude-sonnet-4-5",
         ]
     );
 }
@@ -618,7 +636,8 @@ async fn no_provider_key_is_err_ngrok_3805() {
     let missing = [
         "NGROK_OPENAI_KEY_1",
         "NGROK_OPENAI_KEY_2",
-        "NGROK_ANTHROPIC_KEY",
+        "NGROK_ANTHROPIC_KEY_1",
+        "NGROK_ANTHROPIC_KEY_2",
         "NGROK_OPENROUTER_KEY",
     ];
     let stack = Stack::shipped("ngrok", &fleet(&[]), &missing, clock.clone()).await;
@@ -724,7 +743,8 @@ async fn every_response_carries_the_request_id() {
         .iter()
         .map(|(_, reply)| reply.header("ngrok-aig-request-id").unwrap().to_string())
         .collect();
-    assert_eq!(sent, ids);
+    // The error after failover asked both of anthropic's keys.
+    assert_eq!(sent, [&ids[..], &ids[2..]].concat());
 
     // A client's own sensible id is kept.
     let reply = at_once(stack.post(
@@ -757,10 +777,12 @@ async fn responses_after_attempts_carry_the_attempt_count() {
     assert_served_by(&reply, "openrouter");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
 
-    // Failed after all five.
+    // Failed after five, the attempt cap (of seven candidates: gpt-4o's
+    // three, gpt-4o-mini's three, the fallback model's reseller).
     replay(&stack, &fleet(ALL_FAIL));
-    let reply = at_once(stack.messages(TUNNELCO, messages_body("gpt-4o"))).await;
-    assert_passthrough(&reply, Wire::Anthropic, 500, "openrouter");
+    let body = with(chat_body("gpt-4o"), "models", json!(["gpt-4o-mini"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_passthrough(&reply, Wire::OpenAi, 500, "openai");
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("5"));
 
     // A stream served by the second candidate.
@@ -829,14 +851,17 @@ async fn a_rejected_key_fails_over_to_the_next_key() {
     }
 
     // Anthropic says why in the error's type: authentication_error.
-    replay(&stack, &fleet(&[("anthropic", "{sequence: [\"401\"]}")]));
+    replay(
+        &stack,
+        &fleet(&[("anthropic", "{sequence: [\"401\", \"200\"]}")]),
+    );
     let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
-    assert_served_by(&reply, "openrouter");
+    assert_served_by(&reply, "anthropic");
     assert_eq!(
         upstream(&stack),
         [
             "anthropic/anthropic-primary@claude-sonnet-4-5",
-            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5"
+            "anthropic/anthropic-secondary@claude-sonnet-4-5"
         ]
     );
 
@@ -905,7 +930,7 @@ async fn rate_limits_server_errors_and_408_fail_over() {
                 "openrouter",
                 "{models: {\"openai/gpt-4o\": {sequence: [\"408\"]}}}",
             ),
-            ("anthropic", "{sequence: [\"529\"]}"),
+            ("anthropic", "{sequence: [\"529\", \"200\"]}"),
         ]),
         &[],
         clock.clone(),
@@ -919,8 +944,18 @@ async fn rate_limits_server_errors_and_408_fail_over() {
             "openai/openai-primary@gpt-4o",
             "openai/openai-secondary@gpt-4o",
             "openrouter/openrouter-primary@openai/gpt-4o",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
             "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+        ]
+    );
+    // Anthropic's 529 (overloaded) is above 500 too: its next key.
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
+    assert_served_by(&reply, "anthropic");
+    assert_eq!(
+        upstream(&stack),
+        [
+            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "anthropic/anthropic-secondary@claude-sonnet-4-5",
         ]
     );
 
@@ -938,16 +973,16 @@ async fn rate_limits_server_errors_and_408_fail_over() {
     );
     let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_passthrough(&reply, Wire::OpenAi, 503, "openrouter");
-    assert_eq!(upstream(&stack).len(), 5);
+    assert_eq!(upstream(&stack).len(), 4);
     // In Anthropic's format on /v1/messages.
     stack.sim.clear();
     let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
-    assert_passthrough(&reply, Wire::Anthropic, 503, "openrouter");
+    assert_passthrough(&reply, Wire::Anthropic, 599, "anthropic");
     assert_eq!(
         upstream(&stack),
         [
             "anthropic/anthropic-primary@claude-sonnet-4-5",
-            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+            "anthropic/anthropic-secondary@claude-sonnet-4-5",
         ]
     );
 }
@@ -1100,7 +1135,7 @@ async fn an_attempt_over_the_per_request_timeout_fails_over() {
     let stack = Stack::shipped(
         "ngrok",
         &fleet(&[("anthropic", "{sequence: [no_answer]}")]),
-        &["NGROK_OPENROUTER_KEY"],
+        &["NGROK_OPENROUTER_KEY", "NGROK_ANTHROPIC_KEY_2"],
         clock.clone(),
     )
     .await;
@@ -1171,12 +1206,14 @@ async fn network_failures_fail_over() {
     .await;
     let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
     assert_error(&reply, Wire::Anthropic, &ERR_3809);
-    assert_eq!(upstream(&stack).len(), 1);
-    for (what, base_url) in unreachable(&stack, "anthropic") {
-        repoint(&stack, &missing, "anthropic", &base_url);
-        let reply = at_once(stack.chat(TUNNELCO, chat_body("claude-sonnet-4-5"))).await;
+    assert_eq!(upstream(&stack).len(), 2);
+    // Without the reseller's key, gpt-4o-mini's last candidate is openai's
+    // second key (the fallback model has no route in OpenAI's format).
+    for (what, base_url) in unreachable(&stack, "openai") {
+        repoint(&stack, &missing, "openai", &base_url);
+        let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o-mini"))).await;
         assert_error(&reply, Wire::OpenAi, &ERR_3809);
-        assert_eq!(reply.header("ngrok-aig-attempts"), Some("1"), "{what}");
+        assert_eq!(reply.header("ngrok-aig-attempts"), Some("2"), "{what}");
     }
 }
 
@@ -1294,14 +1331,12 @@ async fn candidates_come_from_the_model_field_then_the_models_array() {
 
     // The models array alone.
     stack.sim.clear();
-    let body =
-        json!({"models": ["claude-sonnet-4-5", "gpt-4o-mini"], "max_tokens": 32, "messages": []});
-    let reply = at_once(stack.messages(TUNNELCO, body)).await;
-    assert_passthrough(&reply, Wire::Anthropic, 500, "openrouter");
+    let body = json!({"models": ["claude-sonnet-4-5", "gpt-4o-mini"], "messages": []});
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_passthrough(&reply, Wire::OpenAi, 500, "openrouter");
     assert_eq!(
         upstream(&stack),
         [
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
             "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
             "openai/openai-primary@gpt-4o-mini",
             "openai/openai-secondary@gpt-4o-mini",
@@ -1343,34 +1378,34 @@ async fn fallback_models_come_after_the_requested_ones() {
         "ngrok",
         &fleet(&[
             ("openai", "{sequence: [\"503\"]}"),
-            ("openrouter", "{sequence: [\"503\"]}"),
+            (
+                "openrouter",
+                "{models: {\"openai/gpt-4o-mini\": {sequence: [\"503\"]}, \"meta-llama/llama-3.3-70b-instruct\": {sequence: [\"503\"]}}}",
+            ),
         ]),
         &[],
         clock.clone(),
     )
     .await;
+    // The fallback model's route in OpenAI's format is the reseller's.
     let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o-mini"))).await;
-    assert_served_by(&reply, "anthropic");
-    assert_eq!(reply.json["model"], "claude-sonnet-4-5");
+    assert_served_by(&reply, "openrouter");
+    assert_eq!(reply.json["model"], "anthropic/claude-sonnet-4.5");
     assert_eq!(
         upstream(&stack),
         [
             "openai/openai-primary@gpt-4o-mini",
             "openai/openai-secondary@gpt-4o-mini",
             "openrouter/openrouter-primary@openai/gpt-4o-mini",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
 
     // After the models array too.
     stack.sim.clear();
-    let body = with(
-        messages_body("gpt-4o-mini"),
-        "models",
-        json!(["llama-3.3-70b"]),
-    );
-    let reply = at_once(stack.messages(TUNNELCO, body)).await;
-    assert_served_by(&reply, "anthropic");
+    let body = with(chat_body("gpt-4o-mini"), "models", json!(["llama-3.3-70b"]));
+    let reply = at_once(stack.chat(TUNNELCO, body)).await;
+    assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
         [
@@ -1378,19 +1413,21 @@ async fn fallback_models_come_after_the_requested_ones() {
             "openai/openai-secondary@gpt-4o-mini",
             "openrouter/openrouter-primary@openai/gpt-4o-mini",
             "openrouter/openrouter-primary@meta-llama/llama-3.3-70b-instruct",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
 }
 
 /// [G13] a bare model id expands to every provider serving it, the model's
-/// author first, then resellers (whatever the catalog's order)
+/// author first, then resellers (whatever the catalog's order); decided:
+/// only providers that speak the format of the endpoint called serve it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_id_goes_to_the_author_first_then_resellers() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
 
-    // The catalog lists openrouter first for gpt-4o.
+    // The catalog lists openrouter first for gpt-4o. The fallback model's
+    // author, anthropic, speaks only Anthropic's format.
     let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
     assert_eq!(reply.status, 500);
     assert_eq!(
@@ -1399,21 +1436,39 @@ async fn a_bare_id_goes_to_the_author_first_then_resellers() {
             "openai/openai-primary@gpt-4o",
             "openai/openai-secondary@gpt-4o",
             "openrouter/openrouter-primary@openai/gpt-4o",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
             "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
 
+    // Through /v1/messages only anthropic serves claude-sonnet-4-5; a model
+    // of the array that no provider serves in that format is skipped.
     stack.sim.clear();
-    let reply = at_once(stack.messages(TUNNELCO, messages_body("claude-sonnet-4-5"))).await;
+    let body = with(
+        messages_body("claude-sonnet-4-5"),
+        "models",
+        json!(["gpt-4o-mini"]),
+    );
+    let reply = at_once(stack.messages(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
     assert_eq!(
         upstream(&stack),
         [
             "anthropic/anthropic-primary@claude-sonnet-4-5",
-            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
+            "anthropic/anthropic-secondary@claude-sonnet-4-5",
         ]
     );
+    assert!(
+        stack
+            .sim
+            .requests()
+            .iter()
+            .all(|r| r.path == "/anthropic/v1/messages")
+    );
+
+    // A requested model that none does is refused before any attempt.
+    stack.sim.clear();
+    let reply = at_once(stack.messages(TUNNELCO, messages_body("gpt-4o"))).await;
+    assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3806);
 }
 
 /// [G14] a provider:model id reaches only that provider
@@ -1421,10 +1476,8 @@ async fn a_bare_id_goes_to_the_author_first_then_resellers() {
 async fn a_provider_model_id_reaches_only_that_provider() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
-    let fallback = [
-        "anthropic/anthropic-primary@claude-sonnet-4-5",
-        "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
-    ];
+    // The fallback model's route in OpenAI's format.
+    let fallback = ["openrouter/openrouter-primary@anthropic/claude-sonnet-4.5"];
 
     for (address, expected) in [
         (
@@ -1477,13 +1530,12 @@ async fn each_model_and_key_is_tried_once() {
     );
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
-    assert_eq!(reply.header("ngrok-aig-attempts"), Some("4"));
+    assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
     assert_eq!(
         upstream(&stack),
         [
             "openai/openai-primary@gpt-4o",
             "openrouter/openrouter-primary@openai/gpt-4o",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
             "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
@@ -1500,7 +1552,6 @@ async fn each_model_and_key_is_tried_once() {
     assert_eq!(
         upstream(&stack),
         [
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
             "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
             "openai/openai-primary@gpt-4o-mini",
             "openrouter/openrouter-primary@openai/gpt-4o-mini",
@@ -1664,14 +1715,14 @@ async fn a_long_retry_after_or_another_status_moves_on_at_once() {
     )
     .await;
     let reply = at_once(stack.chat(TUNNELCO, chat_body("gpt-4o"))).await;
-    assert_served_by(&reply, "anthropic");
+    assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
         [
             "openai/openai-primary@gpt-4o",
             "openai/openai-secondary@gpt-4o",
             "openrouter/openrouter-primary@openai/gpt-4o",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
     assert_eq!(clock.now_ms(), 0);
@@ -1706,14 +1757,14 @@ async fn a_retry_only_when_the_wait_fits_the_total_timeout() {
             t.until_answered().await;
         })
         .await;
-    assert_served_by(&reply, "anthropic");
+    assert_served_by(&reply, "openrouter");
     assert_eq!(
         upstream(&stack),
         [
             "openai/openai-primary@gpt-4o",
             "openai/openai-secondary@gpt-4o",
             "openrouter/openrouter-primary@openai/gpt-4o",
-            "anthropic/anthropic-primary@claude-sonnet-4-5",
+            "openrouter/openrouter-primary@anthropic/claude-sonnet-4.5",
         ]
     );
 
@@ -1825,7 +1876,7 @@ async fn two_timeouts_and_an_attempt_cap_bound_every_request() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped("ngrok", &fleet(ALL_FAIL), &[], clock.clone()).await;
 
-    // The cap: five of the nine candidates.
+    // The cap: five of the seven candidates.
     let body = with(chat_body("gpt-4o-mini"), "models", json!(["gpt-4o"]));
     let reply = at_once(stack.chat(TUNNELCO, body)).await;
     assert_eq!(reply.status, 500);
@@ -1843,7 +1894,7 @@ async fn two_timeouts_and_an_attempt_cap_bound_every_request() {
     );
     let t = Timeline::new(&stack, &clock);
     let reply = t
-        .run(stack.messages(TUNNELCO, messages_body("gpt-4o")), async {
+        .run(stack.chat(TUNNELCO, chat_body("gpt-4o")), async {
             t.reached(1, 0).await;
             t.quiet_until(7_999).await;
             t.advance_to(8_000);
@@ -1856,9 +1907,9 @@ async fn two_timeouts_and_an_attempt_cap_bound_every_request() {
             t.until_answered().await;
         })
         .await;
-    assert_error(&reply, Wire::Anthropic, &ERR_3810);
+    assert_error(&reply, Wire::OpenAi, &ERR_3810);
     assert_eq!(reply.header("ngrok-aig-attempts"), Some("3"));
-    // anthropic and openrouter for the fallback model were never tried.
+    // The fallback model's candidate was never tried.
     assert_eq!(
         upstream(&stack),
         [
