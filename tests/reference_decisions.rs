@@ -457,16 +457,16 @@ fn noirdoc_failover_keeps_priced_after_priced_and_stops_at_three() {
     // `together` has no price: never after a priced provider.
     assert_eq!(sequence, ["aki-io", "scaleway", "ionos"]);
     // With the first full, the next free one in the failover order serves.
-    let next = plan.next_candidate(&snap, &[], &|i| i != 0);
+    let next = plan.next_candidate(&snap, &Healthy, &[], &|i| i != 0);
     assert_eq!(next, NextCandidate::Try(1));
     // Nothing tried and everything full: wait for capacity.
     assert_eq!(
-        plan.next_candidate(&snap, &[], &|_| false),
+        plan.next_candidate(&snap, &Healthy, &[], &|_| false),
         NextCandidate::Wait
     );
     // After an attempt, nothing available: done, the last answer stands.
     assert_eq!(
-        plan.next_candidate(&snap, &[0], &|_| false),
+        plan.next_candidate(&snap, &Healthy, &[0], &|_| false),
         NextCandidate::Done
     );
 }
@@ -641,4 +641,73 @@ fn what_a_shorthand_makes_is_read_as_a_written_object() {
             Ok(plan) => panic!("{out_of_range} gave {} attempts", plan.attempts),
         }
     }
+}
+
+/// The first candidate's provider penalized, its first event measured at
+/// 2 s over 40 samples; every other candidate healthy.
+struct FirstProviderStruggling(usize);
+
+impl HealthView for FirstProviderStruggling {
+    fn health(&self, candidate: &Candidate) -> CandidateHealth {
+        let mut health = CandidateHealth::default();
+        if candidate.provider == self.0 {
+            health.penalized = true;
+            health.stats.samples = 40;
+            health.stats.ttft_ms = Some(2_000);
+        }
+        health
+    }
+}
+
+/// `on` rules, `keep` and timeouts are candidate places: they read the
+/// candidates' health as it is when the plan runs, not a healthy default.
+#[test]
+fn on_rules_keep_and_timeouts_read_the_candidates_health() {
+    let snapshot = two_providers(
+        "health-while-running",
+        "models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+         failover {\n  attempts 2\n  keep not health.penalized\n  \
+         on 5xx when health.penalized => stop, error no_route\n  \
+         on any => next, error upstream_failed\n}\n\
+         timeouts {\n  first_token coalesce(stats.ttft * 3, 10s)\n}",
+    );
+    let body = json!({"model": "small-chat", "messages": []});
+    let decision = decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[]);
+    let plan = decision.result.unwrap();
+    assert_eq!(plan.candidates.len(), 2);
+    let outcome = AttemptOutcome {
+        class: OutcomeClass::Status(503),
+        facts: OutcomeFacts {
+            status: Some(503),
+            ..OutcomeFacts::default()
+        },
+    };
+    let react = |health: &dyn HealthView| {
+        let reaction = plan.react(&snapshot, health, 0, &outcome, Progress::default(), &|_| 0);
+        (reaction.action, reaction.rule)
+    };
+    let struggling = FirstProviderStruggling(plan.candidates[0].provider);
+    assert_eq!(react(&Healthy), (Action::Next, Some(1)));
+    assert_eq!(react(&struggling), (Action::Stop, Some(0)));
+
+    assert_eq!(plan.timeouts(&snapshot, &Healthy, 0).first_token_ms, 10_000);
+    assert_eq!(
+        plan.timeouts(&snapshot, &struggling, 0).first_token_ms,
+        6_000
+    );
+    assert_eq!(
+        plan.timeouts(&snapshot, &struggling, 1).first_token_ms,
+        10_000
+    );
+
+    // `keep` is asked of the next candidate: a penalized one is passed over.
+    let penalized_second = FirstProviderStruggling(plan.candidates[1].provider);
+    assert_eq!(
+        plan.next_candidate(&snapshot, &Healthy, &[0], &|_| true),
+        NextCandidate::Try(1)
+    );
+    assert_eq!(
+        plan.next_candidate(&snapshot, &penalized_second, &[0], &|_| true),
+        NextCandidate::Done
+    );
 }

@@ -458,7 +458,13 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
                     refusal.error.code
                 )
             })?;
-            Ok(reaction_differences(snapshot, plan, outcome, &case.expect)?)
+            Ok(reaction_differences(
+                snapshot,
+                &health,
+                plan,
+                outcome,
+                &case.expect,
+            )?)
         }
     }
 }
@@ -498,6 +504,7 @@ fn outcome_class(text: &str) -> Result<OutcomeClass, String> {
 /// Compares the policy's reaction to an outcome with what the case expects.
 fn reaction_differences(
     snapshot: &Snapshot,
+    health: &HealthTable<'_>,
     plan: &Plan,
     outcome: &OutcomeSpec,
     expect: &Expect,
@@ -536,7 +543,9 @@ fn reaction_differences(
         jitter: 0.5,
     };
     let retries = outcome.retries;
-    let reaction = plan.react(snapshot, candidate, &attempt, progress, &|_| retries);
+    let reaction = plan.react(snapshot, health, candidate, &attempt, progress, &|_| {
+        retries
+    });
     let mut problems = Vec::new();
     let (action, retry_ms) = match reaction.action {
         Action::Next => ("next", None),

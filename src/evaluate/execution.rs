@@ -3,8 +3,8 @@
 //! attempt, and the error and headers a request ends with. Pure functions
 //! the proxy calls; they never perform I/O themselves.
 
-use super::health::CandidateHealth;
-use super::machine::{Focus, Machine, OutcomeFacts, Progress};
+use super::health::{AskedHealth, CandidateHealth, HealthView};
+use super::machine::{Focus, Health, Machine, OutcomeFacts, Progress};
 use super::{ErrorResponse, Plan, Refusal};
 use crate::compile::Snapshot;
 use crate::language::ast::{HealthScope, OutcomeKind, TimeoutKind};
@@ -134,18 +134,31 @@ impl Plan {
         Machine::new(snapshot, &self.request, &self.candidates, health)
     }
 
+    /// A machine for a candidate place (`on` rules, `keep`, timeouts): it
+    /// asks `health` for the candidates' health only if a term reads it.
+    fn machine_asking<'a>(
+        &'a self,
+        snapshot: &'a Snapshot,
+        asked: &'a AskedHealth<'a>,
+    ) -> Machine<'a> {
+        let mut machine = self.machine(snapshot, &[]);
+        machine.health = Health::Asked(asked);
+        machine
+    }
+
     /// The policy's reaction to an attempt of `candidate` (an index into
     /// `candidates`).
     pub fn react(
         &self,
         snapshot: &Snapshot,
+        health: &dyn HealthView,
         candidate: usize,
         outcome: &AttemptOutcome,
         progress: Progress,
         rule_retries: &dyn Fn(usize) -> u32,
     ) -> Reaction {
-        let health = [];
-        let mut machine = self.machine(snapshot, &health);
+        let asked = AskedHealth::new(health, &self.candidates);
+        let mut machine = self.machine_asking(snapshot, &asked);
         machine.outcome = Some(&outcome.facts);
         machine.progress = progress;
         let focus = &Focus {
@@ -244,6 +257,7 @@ impl Plan {
     pub fn next_candidate(
         &self,
         snapshot: &Snapshot,
+        health: &dyn HealthView,
         tried: &[usize],
         available: &dyn Fn(usize) -> bool,
     ) -> NextCandidate {
@@ -254,7 +268,7 @@ impl Plan {
         let start = tried.last().map_or(0, |last| last + 1);
         for index in start..self.candidates.len() {
             if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
-                && !self.allows(snapshot, first, prev, index)
+                && !self.allows(snapshot, health, first, prev, index)
             {
                 continue;
             }
@@ -271,10 +285,13 @@ impl Plan {
     }
 
     /// The candidates tried, in order, if every attempt fails and every
-    /// candidate is available.
+    /// candidate is available and healthy.
     pub fn failover_sequence(&self, snapshot: &Snapshot) -> Vec<usize> {
         let mut tried = Vec::new();
-        while let NextCandidate::Try(index) = self.next_candidate(snapshot, &tried, &|_| true) {
+        let healthy = super::health::Healthy;
+        while let NextCandidate::Try(index) =
+            self.next_candidate(snapshot, &healthy, &tried, &|_| true)
+        {
             tried.push(index);
         }
         tried
@@ -282,9 +299,16 @@ impl Plan {
 
     /// Whether `keep` allows trying `next` after `prev`, the first attempt
     /// having been `first` (indices into `candidates`).
-    pub fn allows(&self, snapshot: &Snapshot, first: usize, prev: usize, next: usize) -> bool {
-        let health = [];
-        let mut machine = self.machine(snapshot, &health);
+    pub fn allows(
+        &self,
+        snapshot: &Snapshot,
+        health: &dyn HealthView,
+        first: usize,
+        prev: usize,
+        next: usize,
+    ) -> bool {
+        let asked = AskedHealth::new(health, &self.candidates);
+        let mut machine = self.machine_asking(snapshot, &asked);
         let focus = &Focus {
             current: Some(next),
             prev: Some(prev),
@@ -299,9 +323,14 @@ impl Plan {
             .all(|constraint| machine.truth(constraint, focus))
     }
 
-    pub fn timeouts(&self, snapshot: &Snapshot, candidate: usize) -> Timeouts {
-        let health = [];
-        let mut machine = self.machine(snapshot, &health);
+    pub fn timeouts(
+        &self,
+        snapshot: &Snapshot,
+        health: &dyn HealthView,
+        candidate: usize,
+    ) -> Timeouts {
+        let asked = AskedHealth::new(health, &self.candidates);
+        let mut machine = self.machine_asking(snapshot, &asked);
         let focus = &Focus::on(candidate);
         let mut get = |kind: TimeoutKind| {
             snapshot

@@ -198,7 +198,11 @@ impl Exchange {
         log: RequestLog,
     ) -> Exchange {
         let hold_until_ms = if plan.request.stream && !plan.candidates.is_empty() {
-            plan.timeouts(&snapshot, 0)
+            let view = StateView {
+                state: &proxy.state,
+                snapshot: &snapshot,
+            };
+            plan.timeouts(&snapshot, &view, 0)
                 .hold_headers_ms
                 .map(|ms| started_ms.saturating_add(ms))
         } else {
@@ -308,12 +312,17 @@ impl Exchange {
         })
     }
 
-    /// Milliseconds until some candidate may become available, if known.
-    fn soonest_available_ms(&self) -> Option<u64> {
-        let view = StateView {
+    /// The health and capacity state now, as the policy's terms read it.
+    fn state_view(&self) -> StateView<'_> {
+        StateView {
             state: &self.proxy.state,
             snapshot: &self.snapshot,
-        };
+        }
+    }
+
+    /// Milliseconds until some candidate may become available, if known.
+    fn soonest_available_ms(&self) -> Option<u64> {
+        let view = self.state_view();
         self.plan
             .candidates
             .iter()
@@ -464,9 +473,10 @@ impl Exchange {
         loop {
             let next = {
                 let ticket_ref = ticket.as_ref();
-                self.plan.next_candidate(&self.snapshot, &tried, &|index| {
-                    self.available(index, ticket_ref)
-                })
+                self.plan
+                    .next_candidate(&self.snapshot, &self.state_view(), &tried, &|index| {
+                        self.available(index, ticket_ref)
+                    })
             };
             match next {
                 NextCandidate::Try(index) => {
@@ -503,6 +513,7 @@ impl Exchange {
                                 self.progress.jitter = super::random_unit();
                                 let reaction = self.plan.react(
                                     &self.snapshot,
+                                    &self.state_view(),
                                     index,
                                     &outcome,
                                     self.progress_at(ended_ms),
@@ -571,9 +582,12 @@ impl Exchange {
                     };
                     let changed = waiting.room_may_have_appeared();
                     let ticket_ref = Some(waiting);
-                    let room_now = self.plan.next_candidate(&self.snapshot, &tried, &|index| {
-                        self.available(index, ticket_ref)
-                    });
+                    let room_now = self.plan.next_candidate(
+                        &self.snapshot,
+                        &self.state_view(),
+                        &tried,
+                        &|index| self.available(index, ticket_ref),
+                    );
                     // A route or credential paused by another request since
                     // the set was taken would hold its provider back from
                     // everyone behind this waiter, which cannot use it.
@@ -873,7 +887,9 @@ impl Exchange {
         let Some(candidate) = self.plan.candidates.get(index) else {
             return failed(OutcomeClass::ConnectError);
         };
-        let timeouts = self.plan.timeouts(&self.snapshot, index);
+        let timeouts = self
+            .plan
+            .timeouts(&self.snapshot, &self.state_view(), index);
         let Some((url, headers, body)) =
             self.outgoing
                 .request_for(&self.snapshot, candidate, self.endpoint)
