@@ -3411,6 +3411,39 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_chunk_asked_for_is_waited_for_after_the_last_finish() -> TestResult {
+    let usage = json!({
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
+    });
+    let (content, finish) = (choice_chunk(0, Some("hi")), choice_chunk(0, None));
+    let usage = format!("data: {usage}\n\n");
+    // The usage comes later than the grace of an answer that finished.
+    let pieces = [
+        (0, content.as_str()),
+        (0, finish.as_str()),
+        (1500, usage.as_str()),
+        (0, "data: [DONE]\n\n"),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let mut body = chat_body(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let reply = gateway.api.chat(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let events = sse_events(&reply.text);
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{}", reply.text);
+    let reported = events
+        .iter()
+        .filter_map(|event| event_json(event))
+        .find_map(|data| data["usage"]["completion_tokens"].as_u64());
+    assert_eq!(reported, Some(7), "{}", reply.text);
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_responses_stream_ending_incomplete_is_passed_on_as_its_end() -> TestResult {
     let pieces = [
         (

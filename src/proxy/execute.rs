@@ -1190,6 +1190,11 @@ impl Exchange {
             Endpoint::ChatCompletions | Endpoint::Completions => self.outgoing.choices(),
             _ => 1,
         };
+        // Asked for, the usage comes in a chunk of its own after the last
+        // choice finished: until it came, the end may take as long as any
+        // silence, not just the grace of an answer that is complete.
+        let usage_to_come = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
+            && self.outgoing.wants_usage();
         let mut finished_choices = FinishedChoices::default();
         let first_byte: Option<Duration>;
         // Each chunk waits on the same timers, moved rather than made anew.
@@ -1305,7 +1310,7 @@ impl Exchange {
             let finished = finished_choices.are_all_of(choices);
             // Cleared again by a choice that was not asked for.
             self.finished_stream = finished.then(|| finished_with(usage));
-            let wait = if finished {
+            let wait = if finished && !(usage_to_come && usage.is_none()) {
                 FINISHED_GRACE_MS.min(timeouts.idle_ms)
             } else {
                 timeouts.idle_ms

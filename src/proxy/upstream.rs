@@ -96,6 +96,10 @@ pub struct Outgoing {
     /// How many choices the body asks for (its `n`): a streamed chat or
     /// completion is complete only once each of them finished.
     choices: u64,
+    /// Whether the body asks for the usage at a stream's end
+    /// (`stream_options.include_usage`), which comes after the last choice
+    /// finished.
+    wants_usage: bool,
 }
 
 impl Outgoing {
@@ -119,6 +123,11 @@ impl Outgoing {
             .and_then(|n| serde_json::from_str::<u64>(n.get()).ok())
             .filter(|n| *n >= 1)
             .unwrap_or(1);
+        let wants_usage = body
+            .filter(|_| !dropped("stream_options"))
+            .and_then(|body| body.member("stream_options"))
+            .and_then(|options| serde_json::from_str::<Json>(options.get()).ok())
+            .is_some_and(|options| options.get("include_usage") == Some(&Json::Bool(true)));
         let mut headers = HeaderMap::new();
         for name in FORWARDED_HEADERS {
             if input_headers.contains(&name.as_str()) {
@@ -141,12 +150,18 @@ impl Outgoing {
             members,
             headers,
             choices,
+            wants_usage,
         }
     }
 
     /// How many choices the answer has, when the endpoint gives choices.
     pub fn choices(&self) -> u64 {
         self.choices
+    }
+
+    /// Whether a stream's usage comes after its last choice finished.
+    pub fn wants_usage(&self) -> bool {
+        self.wants_usage
     }
 
     /// Frees the body and headers once no further attempt can follow: a
