@@ -3410,6 +3410,96 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
     Ok(())
 }
 
+/// Events that only announce an answer (Anthropic's `message_start`, the
+/// Responses API's `response.created`) come at once, before the provider
+/// generates anything: they are held with the answer's first event, so a
+/// failure after them still fails over, and the first token's limit runs
+/// until the answer itself begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_fails_after_its_opening_events_still_fails_over() -> TestResult {
+    let opened = [
+        (
+            0,
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":\
+             {\"id\":\"msg_from_a\",\"type\":\"message\",\"role\":\"assistant\",\
+             \"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        ),
+        (0, "event: ping\ndata: {\"type\":\"ping\"}\n\n"),
+        (
+            200,
+            "event: error\ndata: {\"type\":\"error\",\"error\":\
+             {\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+        ),
+    ];
+    let sections = format!("{PATIENT_STREAMS}\ntimeouts {{\n  first_token 1s\n}}\n")
+        .replace("timeouts {\n  idle 10s\n}\n", "");
+    let start = |pieces: Vec<(u64, &'static str)>, then: Then, format: &'static str| {
+        let sections = sections.clone();
+        async move {
+            let a = scripted_provider(&pieces, then).await;
+            Setup::new(
+                &sections,
+                STREAM_ERRORS,
+                catalog(
+                    &[provider_at("a", format, &a), provider("b", format, "")],
+                    &[model("m", &["a", "b"])],
+                ),
+            )
+            .start("providers:\n  b: {}\n")
+            .await
+        }
+    };
+
+    // An error event after `message_start`: b answers, and nothing of a's
+    // reached the client.
+    let gateway = start(opened.to_vec(), Then::Cut, "anthropic").await;
+    let body = json!({"model": "m", "max_tokens": 16, "stream": true, "messages": []});
+    let reply = gateway.api.messages(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert!(!reply.text.contains("msg_from_a"), "{}", reply.text);
+    assert_eq!(gateway.sim.requests().len(), 1);
+    gateway.stop().await;
+
+    // `message_start`, then nothing within the first token's limit.
+    let silent = Then::EndAfter(Duration::from_secs(30));
+    let gateway = start(opened[..2].to_vec(), silent, "anthropic").await;
+    let began = Instant::now();
+    let reply = gateway.api.messages(&body).await;
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert!(!reply.text.contains("msg_from_a"), "{}", reply.text);
+    gateway.stop().await;
+
+    // `response.created`, then `response.failed`.
+    let created = [
+        (
+            0,
+            "event: response.created\ndata: {\"type\":\"response.created\",\
+             \"response\":{\"id\":\"resp_from_a\",\"status\":\"in_progress\"}}\n\n",
+        ),
+        (
+            200,
+            "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":\
+             {\"id\":\"resp_from_a\",\"status\":\"failed\",\
+             \"error\":{\"code\":\"server_error\",\"message\":\"down\"}}}\n\n",
+        ),
+    ];
+    let gateway = start(created.to_vec(), Then::Cut, "openai").await;
+    let body = json!({"model": "m", "input": "Hello", "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert!(!reply.text.contains("resp_from_a"), "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usage_chunk_asked_for_is_waited_for_after_the_last_finish() -> TestResult {
     let usage = json!({

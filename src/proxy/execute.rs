@@ -1205,6 +1205,13 @@ impl Exchange {
                 let (kind, reported) = event.meaning(endpoint);
                 match kind {
                     EventKind::Comment => held.push(event.raw),
+                    // Held with the first event of the answer itself: until
+                    // that came, a stall or an error can still fail over,
+                    // and the first token's limit still runs.
+                    EventKind::Opening => {
+                        usage = wire::accumulated_usage(usage, reported);
+                        held.push(event.raw);
+                    }
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
                     // An error in place of the answer.
                     EventKind::Error => {

@@ -80,6 +80,13 @@ pub struct Event {
 pub enum EventKind {
     /// Content or metadata.
     Content,
+    /// Announces the answer before any of it: Anthropic's `message_start`,
+    /// `content_block_start` and `ping`, the Responses API's
+    /// `response.created`, `response.in_progress`,
+    /// `response.output_item.added` and `response.content_part.added`.
+    /// Providers send these at once, before generating anything, so they
+    /// say nothing of whether the answer will come.
+    Opening,
     /// Choices of the answer are complete (finish reasons; a stop reason,
     /// which ends Anthropic's one choice). Once every choice the request
     /// asked for is, only the sentinel or usage may follow.
@@ -270,6 +277,7 @@ impl Facts<'_> {
                 Some("message_delta") if self.delta_stopped => {
                     EventKind::Finished(FinishedChoices::FIRST)
                 }
+                Some("message_start" | "content_block_start" | "ping") => EventKind::Opening,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
@@ -278,6 +286,12 @@ impl Facts<'_> {
                 // limit, a content filter), which its final event reports.
                 Some("response.completed") | Some("response.incomplete") => EventKind::Sentinel,
                 Some("response.failed") => EventKind::Error,
+                Some(
+                    "response.created"
+                    | "response.in_progress"
+                    | "response.output_item.added"
+                    | "response.content_part.added",
+                ) => EventKind::Opening,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
@@ -709,6 +723,42 @@ mod tests {
         assert_eq!(
             event("data: [DONE]\n\n").meaning(chat),
             (EventKind::Sentinel, None)
+        );
+    }
+
+    #[test]
+    fn events_that_only_announce_an_answer_are_openings() {
+        let typed = |kind: &str| {
+            parse_event(Bytes::from(format!(
+                "event: {kind}\ndata: {{\"type\":\"{kind}\"}}\n\n"
+            )))
+        };
+        for kind in ["message_start", "content_block_start", "ping"] {
+            assert_eq!(
+                typed(kind).kind(Endpoint::Messages),
+                EventKind::Opening,
+                "{kind}"
+            );
+        }
+        assert_eq!(
+            typed("content_block_delta").kind(Endpoint::Messages),
+            EventKind::Content
+        );
+        for kind in [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ] {
+            assert_eq!(
+                typed(kind).kind(Endpoint::Responses),
+                EventKind::Opening,
+                "{kind}"
+            );
+        }
+        assert_eq!(
+            typed("response.output_text.delta").kind(Endpoint::Responses),
+            EventKind::Content
         );
     }
 
