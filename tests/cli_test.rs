@@ -108,6 +108,11 @@ cases:
   - name: nobody asks
     body: {{model: qwen3.8-27b}}
     expect: {{attempts: 3}}
+  - name: a success as an outcome
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "200"}}
+    expect: {{action: stop, error: passthrough}}
 "#,
         policy = noirdoc()
     );
@@ -142,6 +147,7 @@ cases:
         ),
         ("a status with passthrough", "provider's own status"),
         ("nobody asks", "give the case a `key:`"),
+        ("a success as an outcome", "which no `on` rule sees"),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -149,7 +155,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 14 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 15 failed\n"), "{stdout}");
     // The note names the errors no case expects, but not the capacity
     // error, which only the proxy answers.
     assert!(

@@ -491,13 +491,21 @@ fn outcome_class(text: &str) -> Result<OutcomeClass, String> {
         "first_token_timeout" => OutcomeClass::FirstTokenTimeout,
         "malformed" => OutcomeClass::Malformed,
         "stream_broken" => OutcomeClass::StreamBroken,
-        status => OutcomeClass::Status(
-            status
+        status => {
+            let code: u16 = status
                 .parse()
                 .ok()
                 .filter(|s| (100..=599).contains(s))
-                .ok_or_else(|| format!("`{status}` is not an HTTP status or an outcome"))?,
-        ),
+                .ok_or_else(|| format!("`{status}` is not an HTTP status or an outcome"))?;
+            // The proxy serves those: no `on` rule ever sees one, so a case
+            // of one tests nothing the proxy does.
+            if code < 300 {
+                return Err(format!(
+                    "`{status}` is an answer the proxy serves, which no `on` rule sees; give a failing status (3xx to 5xx) or an outcome"
+                ));
+            }
+            OutcomeClass::Status(code)
+        }
     })
 }
 
