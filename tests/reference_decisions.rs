@@ -711,3 +711,39 @@ fn on_rules_keep_and_timeouts_read_the_candidates_health() {
         NextCandidate::Done
     );
 }
+
+/// A `model` input takes an alias of one model as that model's id, as
+/// `model.id` reads it; an alias of several models names none of them.
+#[test]
+fn a_model_input_named_by_an_alias_is_its_model_id() {
+    let catalog = format!("{TWO_PROVIDERS}aliases:\n  both: [small-chat, \"alpha:small-chat\"]\n");
+    let policy = "policy model_input {\n  catalog \"catalog.yaml\"\n  tenants \"tenants.yaml\"\n}\n\
+        input wanted from body \"wanted\" : model\n  malformed error no_route\n  invalid error unknown_model\n  unknown error unknown_model\n\
+        models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+        eligibility {\n  require not present(input.wanted) or model.id == input.wanted else no_route\n}\n\
+        failover {\n  attempts 2\n  on any => next, error upstream_failed\n}\n\
+        errors {\n  no_route = 503, \"no provider can serve this model\"\n  \
+        unknown_model = 404, \"there is no such model\"\n  \
+        upstream_failed = 502, \"every provider failed\"\n}\n";
+    let files = [
+        ("catalog.yaml", catalog),
+        ("tenants.yaml", ONE_TENANT.to_string()),
+        ("policy.policy", policy.to_string()),
+    ];
+    let snapshot = compiled_from("model-input", &files, "policy.policy");
+    let ask = |wanted: &str| {
+        let body = json!({"model": "small-chat", "wanted": wanted, "messages": []});
+        decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[])
+    };
+    for wanted in ["small-chat", "small"] {
+        let decision = ask(wanted);
+        assert_eq!(
+            providers(&snapshot, &decision),
+            ["alpha", "beta"],
+            "{wanted}"
+        );
+    }
+    // Refused as invalid, not left to fail the eligibility step.
+    let (status, code) = refused(&ask("both"));
+    assert_eq!((status, code.as_str()), (404, "unknown_model"));
+}

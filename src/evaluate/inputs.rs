@@ -151,8 +151,19 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
         }
         InputType::Model => {
             let id = text_of(raw).ok_or_else(|| malformed("a model id"))?;
+            // The value is the model's id, as `model.id` reads it, though
+            // the client named it by an alias.
             match snapshot.model_named(id) {
-                Some(ModelName::Model(_) | ModelName::Alias(_)) => Ok(Value::string(id)),
+                Some(ModelName::Model(index)) => snapshot
+                    .data
+                    .catalog
+                    .models
+                    .get(*index)
+                    .map(|model| Value::string(&model.id))
+                    .ok_or_else(|| Problem::Unknown(format!("no model has the id `{id}`"))),
+                Some(ModelName::Alias(_)) => Err(Problem::Invalid(format!(
+                    "`{id}` is an alias of several models; give one model's id"
+                ))),
                 None => Err(Problem::Unknown(format!("no model has the id `{id}`"))),
             }
         }
