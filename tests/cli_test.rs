@@ -389,6 +389,40 @@ fn explain_output(policy: &str, key: &str, model: &str, more: &[&str]) -> Vec<u8
     output.stdout
 }
 
+/// The sort keys `explain` lists say where absent values go, when a key
+/// puts them first.
+#[test]
+fn explain_lists_a_keys_nulls_first() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-nulls-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::fs::read_to_string(noirdoc()).unwrap();
+    let data = format!("{PACKAGE_ROOT}/policies/noirdoc");
+    let edited = shipped
+        .replace("\"noirdoc/", &format!("\"{data}/"))
+        .replace("  by weighted_price  ", "  by weighted_price nulls first  ");
+    assert_ne!(edited, shipped);
+    let policy = dir.join("nulls.policy");
+    std::fs::write(&policy, edited).unwrap();
+    let request = dir.join("request.json");
+    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
+    let output = Command::new(BIN)
+        .arg("explain")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--key", "acme-default", "--request"])
+        .arg(&request)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains(" weighted_price nulls first\n"), "{stdout}");
+    assert!(stdout.contains(" provider.priority desc\n"), "{stdout}");
+}
+
 /// `switchyard explain --format json` for a Noirdoc request.
 fn explain_json(key: &str, model: &str) -> serde_json::Value {
     serde_json::from_slice(&explain_output(

@@ -321,8 +321,9 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
                 .as_ref()
                 .map_or_else(String::new, |name| format!("  (sort {name})"));
             let direction = if key.descending { " desc" } else { "" };
+            let nulls = if key.nulls_first { " nulls first" } else { "" };
             line(format!(
-                "  {}. line {number:<4} {text}{direction}{sort}",
+                "  {}. line {number:<4} {text}{direction}{nulls}{sort}",
                 index + 1
             ));
         }

@@ -445,11 +445,13 @@ pub struct Trace {
     pub refused_by: Option<Span>,
 }
 
-/// A sort key: where it is written, its direction, the named sort it came from.
+/// A sort key: where it is written, its direction, where absent values
+/// go, the named sort it came from.
 #[derive(Debug, Clone)]
 pub struct KeyTrace {
     pub span: Span,
     pub descending: bool,
+    pub nulls_first: bool,
     pub sort: Option<String>,
 }
 
@@ -822,6 +824,7 @@ fn decide(
             .map(|key| KeyTrace {
                 span: key.spec.term.span,
                 descending: key.spec.descending,
+                nulls_first: key.spec.nulls_first,
                 sort: key.sort.map(str::to_string),
             })
             .collect();
