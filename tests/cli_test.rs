@@ -389,22 +389,20 @@ fn explain_output(policy: &str, key: &str, model: &str, more: &[&str]) -> Vec<u8
     output.stdout
 }
 
-/// The sort keys `explain` lists say where absent values go, when a key
-/// puts them first.
-#[test]
-fn explain_lists_a_keys_nulls_first() {
+/// `switchyard explain` of a qwen3.8-27b request by `acme-default` under
+/// the shipped Noirdoc policy as `edit` changes it; its standard output.
+fn explain_edited_noirdoc(name: &str, edit: impl Fn(&str) -> String) -> String {
     let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-nulls-{}",
+        "switchyard-cli-explain-{name}-{}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let shipped = std::fs::read_to_string(noirdoc()).unwrap();
-    let data = format!("{PACKAGE_ROOT}/policies/noirdoc");
-    let edited = shipped
-        .replace("\"noirdoc/", &format!("\"{data}/"))
-        .replace("  by weighted_price  ", "  by weighted_price nulls first  ");
-    assert_ne!(edited, shipped);
-    let policy = dir.join("nulls.policy");
+    let shipped = std::fs::read_to_string(noirdoc())
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{PACKAGE_ROOT}/policies/noirdoc/"));
+    let edited = edit(&shipped);
+    assert_ne!(edited, shipped, "the edit changed nothing");
+    let policy = dir.join("edited.policy");
     std::fs::write(&policy, edited).unwrap();
     let request = dir.join("request.json");
     std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
@@ -417,10 +415,42 @@ fn explain_lists_a_keys_nulls_first() {
         .output()
         .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}");
+    stdout
+}
+
+/// The sort keys `explain` lists say where absent values go, when a key
+/// puts them first.
+#[test]
+fn explain_lists_a_keys_nulls_first() {
+    let stdout = explain_edited_noirdoc("nulls", |policy| {
+        policy.replace("  by weighted_price  ", "  by weighted_price nulls first  ")
+    });
     assert!(stdout.contains(" weighted_price nulls first\n"), "{stdout}");
     assert!(stdout.contains(" provider.priority desc\n"), "{stdout}");
+}
+
+/// `keep` may pass a candidate over: `explain` then says which are tried
+/// if each attempt fails. Noirdoc never goes from a priced provider to the
+/// unpriced `together`, so a fourth attempt is never made.
+#[test]
+fn explain_says_which_candidates_keep_lets_be_tried() {
+    let stdout = explain_edited_noirdoc("keep", |policy| {
+        policy.replace("  attempts 3\n", "  attempts 4\n")
+    });
+    assert!(
+        stdout.contains("plan   aki-io -> scaleway -> ionos -> together (at most 4 attempts)\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("       tried if each fails: aki-io -> scaleway -> ionos\n"),
+        "{stdout}"
+    );
+    // Where the plan's first attempts are the ones made, nothing is added.
+    let shipped = explain_output("noirdoc", "acme-default", "gpt-5", &[]);
+    let shipped = String::from_utf8_lossy(&shipped);
+    assert!(!shipped.contains("tried if each fails"), "{shipped}");
 }
 
 /// `switchyard explain --format json` for a Noirdoc request.

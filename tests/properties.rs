@@ -917,7 +917,7 @@ fn outcome(snapshot: &Snapshot, decision: &Decision) -> Outcome {
             attempts: plan.attempts,
             budget_ms: plan.budget_ms,
             capacity_wait_ms: plan.capacity_wait_ms,
-            sequence: plan.failover_sequence(snapshot),
+            sequence: plan.failover_sequence(snapshot, &Healthy),
         },
         Err(refusal) => Outcome::Refused(refusal.clone()),
     }
@@ -1659,7 +1659,7 @@ proptest! {
             return Ok(());
         };
         let who = request.who(&world);
-        let sequence = plan.failover_sequence(&snapshot);
+        let sequence = plan.failover_sequence(&snapshot, &Healthy);
         prop_assert!(!sequence.is_empty(), "a plan with candidates tries none");
         prop_assert_eq!(sequence[0], 0, "the first attempt is not the plan's first");
         prop_assert!(
@@ -1713,7 +1713,7 @@ proptest! {
         let Ok(plan) = &decision.result else {
             return Ok(());
         };
-        let sequence = plan.failover_sequence(&snapshot);
+        let sequence = plan.failover_sequence(&snapshot, &Healthy);
         prop_assert!(
             sequence.windows(2).all(|pair| pair[0] < pair[1]),
             "{:?} leaves plan order",
@@ -1780,7 +1780,7 @@ fn failover_order_minimal_counterexample() {
     assert_eq!(planned, [(0, 0), (0, 1), (1, 0)]);
     assert_eq!(plan.attempts, 3);
     // Passed over after p0/c0, p0/c1 stays passed over: p1/c0 is the last.
-    assert_eq!(plan.failover_sequence(&snapshot), [0, 2]);
+    assert_eq!(plan.failover_sequence(&snapshot, &Healthy), [0, 2]);
 }
 
 // ---------------------------------------------------------------------------
@@ -2280,7 +2280,7 @@ proptest! {
                         if let Ok(plan) = &decision.result {
                             prop_assert!(!plan.candidates.is_empty(), "{}: an empty plan", name);
                             prop_assert!(plan.attempts >= 1, "{}: a plan of no attempts", name);
-                            let sequence = plan.failover_sequence(snapshot);
+                            let sequence = plan.failover_sequence(snapshot, &Healthy);
                             prop_assert_eq!(sequence.first(), Some(&0), "{}: {:?}", name, sequence);
                             prop_assert!(
                                 sequence.len() <= plan.attempts,

@@ -445,7 +445,7 @@ fn noirdoc_failover_keeps_priced_after_priced_and_stops_at_three() {
     );
     let plan = decision.result.unwrap();
     let sequence: Vec<String> = plan
-        .failover_sequence(&snap)
+        .failover_sequence(&snap, &Healthy)
         .into_iter()
         .map(|i| {
             snap.provider(plan.candidates[i].provider)

@@ -6,7 +6,7 @@ use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::data::yaml_error;
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
-use crate::evaluate::health::{HealthEntry, HealthTable};
+use crate::evaluate::health::{HealthEntry, HealthTable, HealthView};
 use crate::evaluate::{Decision, RequestContext, StepTrace, evaluate_traced};
 use crate::language::check_file;
 use crate::language::ir::{StepKind, StepSpec};
@@ -166,12 +166,12 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             let _ = write!(
                 std::io::stdout().lock(),
                 "{}",
-                human(&snapshot, &sources, &decision)
+                human(&snapshot, &sources, &decision, &health)
             );
         }
         ExplainFormat::Json => say!(
             "{}",
-            serde_json::to_string_pretty(&as_json(&snapshot, &sources, &decision))
+            serde_json::to_string_pretty(&as_json(&snapshot, &sources, &decision, &health))
                 .unwrap_or_default()
         ),
     }
@@ -256,7 +256,12 @@ fn statement_lines(sources: &SourceMap, span: Span) -> (usize, Vec<Cow<'_, str>>
     (number, lines)
 }
 
-fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> String {
+fn human(
+    snapshot: &Snapshot,
+    sources: &SourceMap,
+    decision: &Decision,
+    health: &dyn HealthView,
+) -> String {
     let trace = &decision.trace;
     let mut out = String::new();
     let mut line = |text: String| {
@@ -383,6 +388,19 @@ fn human(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> Strin
                 plan.attempts,
                 if plan.attempts == 1 { "" } else { "s" }
             ));
+            // `keep` may pass candidates over: then the plan's first
+            // attempts are not the ones made.
+            let tried = plan.failover_sequence(snapshot, health);
+            if !tried.iter().copied().eq(0..plan.attempts.min(names.len())) {
+                let tried: Vec<&str> = tried
+                    .iter()
+                    .filter_map(|index| names.get(*index).map(String::as_str))
+                    .collect();
+                line(format!(
+                    "       tried if each fails: {}",
+                    tried.join(" -> ")
+                ));
+            }
             if let Some(span) = trace.balance {
                 let (number, text) = policy_line(sources, span.start);
                 line(format!("       reshuffled by line {number}: {text}"));
@@ -428,7 +446,12 @@ fn health_note(health: &crate::evaluate::health::CandidateHealth) -> String {
     }
 }
 
-fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> serde_json::Value {
+fn as_json(
+    snapshot: &Snapshot,
+    sources: &SourceMap,
+    decision: &Decision,
+    health: &dyn HealthView,
+) -> serde_json::Value {
     let trace = &decision.trace;
     let steps: Vec<serde_json::Value> = trace
         .steps
@@ -457,6 +480,12 @@ fn as_json(snapshot: &Snapshot, sources: &SourceMap, decision: &Decision) -> ser
         Ok(plan) => json!({
             "plan": plan.candidates.iter().map(|c| snapshot.provider(c.provider).map(|p| p.id.clone())).collect::<Vec<_>>(),
             "attempts": plan.attempts,
+            "tried_if_each_fails": plan
+                .failover_sequence(snapshot, health)
+                .iter()
+                .filter_map(|index| plan.candidates.get(*index))
+                .map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
+                .collect::<Vec<_>>(),
         }),
         Err(refusal) => json!({
             "error": {

@@ -285,12 +285,11 @@ impl Plan {
     }
 
     /// The candidates tried, in order, if every attempt fails and every
-    /// candidate is available and healthy.
-    pub fn failover_sequence(&self, snapshot: &Snapshot) -> Vec<usize> {
+    /// candidate has room, under `health` (which `keep` may read).
+    pub fn failover_sequence(&self, snapshot: &Snapshot, health: &dyn HealthView) -> Vec<usize> {
         let mut tried = Vec::new();
-        let healthy = super::health::Healthy;
         while let NextCandidate::Try(index) =
-            self.next_candidate(snapshot, &healthy, &tried, &|_| true)
+            self.next_candidate(snapshot, health, &tried, &|_| true)
         {
             tried.push(index);
         }
