@@ -747,3 +747,36 @@ fn a_model_input_named_by_an_alias_is_its_model_id() {
     let (status, code) = refused(&ask("both"));
     assert_eq!((status, code.as_str()), (404, "unknown_model"));
 }
+
+/// `share` shuffles the leading candidates within P% of the first one's
+/// key, on either side: behind an order that did not sort by the key, a far
+/// better candidate is no close rival of the first and stays where it is.
+#[test]
+fn share_takes_only_candidates_within_its_margin_of_the_first() {
+    let snapshot = two_providers(
+        "share-margin",
+        "models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+         order {\n  by coalesce(route.price.input, 0) desc\n}\n\
+         balance share by coalesce(route.price.input, 0) within 10%",
+    );
+    let body = json!({"model": "small-chat", "messages": []});
+    for seed in 0..16 {
+        let context = RequestContext {
+            id: std::sync::Arc::from("req-1"),
+            endpoint: Endpoint::ChatCompletions,
+            body: Ok(&body),
+            body_bytes: 40,
+            headers: &[],
+            caller: caller(&snapshot, "acme-dev"),
+            seed,
+            rotation: &0,
+        };
+        let decision = evaluate(&snapshot, &context, &Healthy);
+        // beta (0.2) first by the order; alpha (0.1) is half of it.
+        assert_eq!(
+            providers(&snapshot, &decision),
+            ["beta", "alpha"],
+            "seed {seed}"
+        );
+    }
+}

@@ -710,15 +710,11 @@ pub fn balance(
             let mut size = 1;
             for candidate in order.iter().skip(1) {
                 let value = numeric(&score(machine, *candidate));
+                // Within P% of the first one's, either way: behind an order
+                // that did not sort by the key, a far better one is no
+                // close rival of the first.
                 let within = match (best, value) {
-                    (Some(best), Some(value)) => {
-                        let margin = best.abs() * tolerance;
-                        if key.descending {
-                            value >= best - margin
-                        } else {
-                            value <= best + margin
-                        }
-                    }
+                    (Some(best), Some(value)) => (value - best).abs() <= best.abs() * tolerance,
                     _ => false,
                 };
                 if !within || !same_group(machine, *candidate) {
