@@ -245,9 +245,13 @@ impl<'a> Checker<'a> {
                 }
             }
             Item::Stream(block) => {
+                // A second statement would silently replace the first.
+                let mut hold_headers_seen = None;
+                let mut late_comment_seen = None;
                 for statement in &block.statements {
                     match statement {
-                        StreamStmt::HoldHeaders { limit, .. } => {
+                        StreamStmt::HoldHeaders { keyword, limit } => {
+                            self.once(&mut hold_headers_seen, *keyword, "hold_headers");
                             let (_, term) = self.expect(
                                 limit,
                                 &Ty::Duration,
@@ -256,7 +260,8 @@ impl<'a> Checker<'a> {
                             );
                             self.program.hold_headers = Some(term);
                         }
-                        StreamStmt::LateComment { text, .. } => {
+                        StreamStmt::LateComment { keyword, text } => {
+                            self.once(&mut late_comment_seen, *keyword, "late_comment");
                             let place = Place::request("`late_comment`")
                                 .with_roots(Roots::of(&[Root::Served]));
                             let (_, term) =

@@ -1068,19 +1068,48 @@ impl Lowerer {
             retry_after: None,
             error_type: None,
         };
+        let mut retry_after_given: Option<Span> = None;
+        let mut type_given: Option<Span> = None;
         for option in iter {
+            let option_span = self.span(&option);
             let mut inner = option.into_inner();
             let Some(which) = inner.next() else { continue };
+            let is_retry_after = which.as_rule() == Rule::kw_retry_after;
+            let (given, clause) = if is_retry_after {
+                (&mut retry_after_given, "retry_after")
+            } else {
+                (&mut type_given, "type")
+            };
+            if let Some(first) = *given {
+                self.error_option_twice(&decl, clause, option_span, first);
+                continue;
+            }
+            *given = Some(option_span);
             let Some(value) = inner.next().and_then(|p| self.expr(p)) else {
                 continue;
             };
-            if which.as_rule() == Rule::kw_retry_after {
+            if is_retry_after {
                 decl.retry_after = Some(value);
             } else {
                 decl.error_type = Some(value);
             }
         }
         Some(decl)
+    }
+
+    /// An error's `retry_after` or `type` given again: the second would
+    /// silently replace the first.
+    fn error_option_twice(&self, decl: &ErrorDecl, clause: &str, again: Span, first: Span) {
+        let diagnostic = Diagnostic::new(
+            codes::DUPLICATE_SECTION,
+            format!("error `{}` has `{clause}` twice", decl.name.name),
+        )
+        .at(self.source, again, "given again here")
+        .also(self.source, first, "first given here")
+        .help(format!(
+            "an error has one `{clause}`; keep the one you mean"
+        ));
+        self.diagnostics.borrow_mut().push(diagnostic);
     }
 
     fn field_value(&self, pair: Pair<'_, Rule>) -> Option<FieldValue> {
