@@ -281,6 +281,31 @@ fn every_code_has_a_golden_case() {
     );
 }
 
+/// docs/language.md promises a help line for every problem `check` reports;
+/// the golden cases between them reach every code, so each must carry one.
+#[test]
+fn every_diagnostic_has_a_help_line() {
+    let mut without_help = Vec::new();
+    for case in cases() {
+        let report = check_file(&case);
+        for diagnostic in report.diagnostics.iter() {
+            if diagnostic.help.as_deref().is_none_or(str::is_empty) {
+                without_help.push(format!(
+                    "{}: [{}] {}",
+                    file_name(&case),
+                    diagnostic.code.id,
+                    diagnostic.message
+                ));
+            }
+        }
+    }
+    assert!(
+        without_help.is_empty(),
+        "diagnostics without a help line:\n{}",
+        without_help.join("\n")
+    );
+}
+
 #[test]
 fn several_mistakes_are_all_reported_in_one_run() {
     let multi: Vec<PathBuf> = cases()

@@ -806,7 +806,7 @@ impl Checker<'_> {
                                 item.span,
                                 format!("list items must have one type; this is {ty}, earlier ones are {item_ty}"),
                                 "different type",
-                                None,
+                                Some(format!("make every item {item_ty} like the ones before it, or write two lists")),
                             );
                         }
                     }
@@ -828,7 +828,7 @@ impl Checker<'_> {
                         span,
                         String::from("object values can only be written in an input's `shorthand`"),
                         "object here",
-                        None,
+                        Some(String::from("outside `shorthand T => { field: EXPR }`, give each value its own `let` or write it where it is used")),
                     );
                     return broken(span);
                 }
@@ -1088,7 +1088,10 @@ impl Checker<'_> {
                                 op.symbol()
                             ),
                             "not a list",
-                            None,
+                            Some(format!(
+                                "write a list on the right (`x {} [a, b]`), or compare one value with `==`",
+                                op.symbol()
+                            )),
                         );
                         return broken(span);
                     }
@@ -1251,7 +1254,8 @@ impl Checker<'_> {
                             CANDIDATE_FIELDS.iter().map(|s| s.to_string()).collect();
                         fields.extend(self.candidate_let_names());
                         let help = suggest(&segment.name, fields.iter().map(String::as_str))
-                            .map(|close| format!("did you mean {prefix}.{close}?"));
+                            .map(|close| format!("did you mean {prefix}.{close}?"))
+                            .or_else(|| Some(format!("a candidate has: {}", fields.join(", "))));
                         self.err(
                             codes::UNKNOWN_ATTRIBUTE,
                             Span::new(path_start, segment.span.end),
@@ -1268,7 +1272,10 @@ impl Checker<'_> {
                         Span::new(path_start, segment.span.end),
                         format!("`{prefix}` is {other} and has no attributes"),
                         "no attributes here",
-                        None,
+                        Some(format!(
+                            "use `{prefix}` itself, without `.{}`",
+                            segment.name
+                        )),
                     );
                     return broken(span);
                 }
@@ -1712,7 +1719,11 @@ impl Checker<'_> {
                             arg.span,
                             format!("`{}` compares numbers, durations, dates or ordered enumerations, found {ty}", name.name),
                             "cannot be ordered this way",
-                            None,
+                            Some(if matches!(ty.required(), Ty::Bool) {
+                                String::from("for booleans, `a and b` is true when both are (the minimum) and `a or b` when either is (the maximum)")
+                            } else {
+                                format!("give `{}` numbers, durations, dates or members of one enumeration", name.name)
+                            }),
                         );
                         return broken(span);
                     }
@@ -1723,7 +1734,7 @@ impl Checker<'_> {
                         span,
                         format!("`{}` compares numbers, durations, dates or ordered enumerations, found string", name.name),
                         "cannot be ordered this way",
-                        None,
+                        Some(format!("`{}` takes strings only as members of an enumeration it compares them with (`{}(provider.tier, \"standard\")`); to pick one of two strings write `if COND then \"a\" else \"b\"`", name.name, name.name)),
                     );
                     return broken(span);
                 }
@@ -1897,7 +1908,9 @@ impl Checker<'_> {
                 arg.span,
                 format!("expected a list, found {ty}"),
                 "not a list",
-                None,
+                Some(String::from(
+                    "pass a list, such as `[\"a\", \"b\"]` or a `list<...>` attribute or input; an absent list counts as empty",
+                )),
             );
         }
     }
@@ -1990,7 +2003,18 @@ impl Checker<'_> {
                             function.name()
                         ),
                         "cannot aggregate this",
-                        None,
+                        Some(match (function, ty.required()) {
+                            (_, Ty::Bool) => String::from(
+                                "for a condition, `all_of(C)` holds when it does for every candidate and `any_of(C)` when it does for one",
+                            ),
+                            (Aggregate::AvgOf, _) => String::from(
+                                "`avg_of` averages a number or a duration per candidate",
+                            ),
+                            _ => format!(
+                                "give `{}` a number, duration, date or enumeration member per candidate",
+                                function.name()
+                            ),
+                        }),
                     );
                     return broken(span);
                 }

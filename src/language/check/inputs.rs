@@ -124,7 +124,10 @@ impl<'a> Checker<'a> {
                             field.name.span,
                             format!("field `{}` is declared twice", field.name.name),
                             "declared again",
-                            None,
+                            Some(format!(
+                                "an object has one `{}` field; remove one, or rename it",
+                                field.name.name
+                            )),
                         );
                         continue;
                     }
@@ -440,7 +443,7 @@ impl<'a> Checker<'a> {
                 shorthand.ty.span,
                 String::from("a shorthand reads a single value, not an object"),
                 "object type",
-                None,
+                Some(String::from("give the shorthand a single type, such as `shorthand provider => { only: [it] }`; the object type is the input's own")),
             );
         }
         let place = Place::only("an input's shorthand", Roots::of(&[Root::It]));
@@ -503,7 +506,16 @@ impl<'a> Checker<'a> {
                     Some(expected) => self.require_type(expr, actual, expected),
                     None => {
                         let help = suggest(name, target.fields.iter().map(|(f, _)| f.as_str()))
-                            .map(|close| format!("did you mean {close}?"));
+                            .map(|close| format!("did you mean {close}?"))
+                            .or_else(|| {
+                                let fields: Vec<&str> =
+                                    target.fields.iter().map(|(f, _)| f.as_str()).collect();
+                                Some(format!(
+                                    "input `{}` has: {}",
+                                    decl.name.name,
+                                    fields.join(", ")
+                                ))
+                            });
                         self.error_at(
                             codes::UNKNOWN_ATTRIBUTE,
                             ident.span,

@@ -314,7 +314,7 @@ impl<'a> Checker<'a> {
                         key.expr.span,
                         format!("`share` compares numbers or durations, found {ty}"),
                         "not a score",
-                        None,
+                        Some(String::from("share by a number or duration per candidate (a price, a latency, a `let` score); to keep candidates that differ in this value apart, add it to `among`")),
                     );
                 }
                 if !(0.0..=10.0).contains(tolerance) {
@@ -473,7 +473,7 @@ impl<'a> Checker<'a> {
                                     "model ids come from strings or lists of strings, found {ty}"
                                 ),
                                 "not a model id",
-                                None,
+                                Some(String::from("give a model id as a string (`\"gpt-4o\"`) or a list of strings, such as `request.model`")),
                             );
                         }
                         spec.sources.push(term);
@@ -875,7 +875,7 @@ impl<'a> Checker<'a> {
                             *span,
                             String::from("this rule pauses the same scope twice"),
                             "again",
-                            None,
+                            Some(String::from("pause each scope once per rule; keep the pause with the duration you mean")),
                         );
                     }
                     let (_, term) = self.expect(duration, &Ty::Duration, &place, &scope);
