@@ -545,6 +545,19 @@ impl Limits<'_, '_> {
 }
 
 /// Two numbers compared by `op`, one of `==`, `!=`, `<`, `<=`, `>`, `>=`.
+/// The enumeration whose members a string compared with a value of this
+/// type must be: the type's own, or its items' for a list of members.
+fn enum_or_list_of_enum(ty: &Ty) -> Option<Arc<EnumTy>> {
+    match ty.required() {
+        Ty::Enum(e) => Some(Arc::clone(e)),
+        Ty::List(item) => match item.required() {
+            Ty::Enum(e) => Some(Arc::clone(e)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn compare(op: BinaryOp, a: f64, b: f64) -> bool {
     match op {
         BinaryOp::Eq => a == b,
@@ -1074,9 +1087,8 @@ impl Checker<'_> {
                         if unify(&lhs_ty, item).is_none() {
                             return self.bad_operands(expr, op.symbol(), &lhs_ty, Some(&rhs_ty));
                         }
-                        if let Ty::Enum(e) = lhs_ty.required() {
-                            self.enum_literal(&e.clone(), rhs);
-                        }
+                        // `"private" in key.tiers` as well as `provider.tier in ["private"]`.
+                        self.enum_pair(&lhs_ty, rhs, &rhs_ty, lhs);
                     }
                     Ty::Unknown => {}
                     _ => {
@@ -1116,13 +1128,15 @@ impl Checker<'_> {
         }
     }
 
-    /// For an enumeration compared with a literal, checks the literal's member.
+    /// For an enumeration, or a list of its members, compared with a
+    /// literal, checks the literal's member: `key.tiers == ["privat"]` would
+    /// otherwise be silently never true.
     fn enum_pair(&mut self, lhs_ty: &Ty, rhs: &Expr, rhs_ty: &Ty, lhs: &Expr) {
-        if let Ty::Enum(e) = lhs_ty.required() {
-            self.enum_literal(&e.clone(), rhs);
+        if let Some(e) = enum_or_list_of_enum(lhs_ty) {
+            self.enum_literal(&e, rhs);
         }
-        if let Ty::Enum(e) = rhs_ty.required() {
-            self.enum_literal(&e.clone(), lhs);
+        if let Some(e) = enum_or_list_of_enum(rhs_ty) {
+            self.enum_literal(&e, lhs);
         }
     }
 
@@ -1828,6 +1842,9 @@ impl Checker<'_> {
                 {
                     return self.bad_operands(expr, &name.name, a, Some(b));
                 }
+                if let ([a, b], [a_ty, b_ty]) = (args, types.as_slice()) {
+                    self.enum_pair(a_ty, b, b_ty, a);
+                }
                 build(Ty::Bool, None, checked)
             }
             Function::IndexOf => {
@@ -1841,6 +1858,9 @@ impl Checker<'_> {
                     && ty.is_optional()
                 {
                     self.maybe_absent(arg, ty);
+                }
+                if let ([list, value], [list_ty, value_ty]) = (args, types.as_slice()) {
+                    self.enum_pair(list_ty, value, value_ty, list);
                 }
                 build(Ty::Number.optional(), None, checked)
             }
