@@ -100,6 +100,34 @@ impl<'a> Checker<'a> {
                     );
                 }
                 let (ty, input) = self.input_type(inner, source, all);
+                // A header is split at its commas into single values, each read
+                // as plain text: a list or object item could never be read, so
+                // every value sent would be refused as malformed. (An object
+                // written inline is already refused in a header.)
+                let item_kind = match &input {
+                    InputType::List(_) | InputType::Csv(_) => Some((
+                        "a list",
+                        "`list<list<T>>` and send the header as JSON (`[[\"a\", \"b\"], [\"c\"]]`)",
+                    )),
+                    InputType::Object(_) if !matches!(inner.kind, TypeExprKind::Object(_)) => {
+                        Some((
+                            "an object",
+                            "`list<T>` and send the header as a JSON array of objects",
+                        ))
+                    }
+                    _ => None,
+                };
+                if let Some((item_kind, nested)) = item_kind {
+                    self.error_at(
+                        codes::UNKNOWN_TYPE,
+                        inner.span,
+                        format!("a `csv<T>` item is a single value, not {item_kind}"),
+                        &format!("{item_kind} in a comma-separated header"),
+                        Some(format!(
+                            "write `csv<string>` or another single type; for {item_kind} per item, declare {nested}"
+                        )),
+                    );
+                }
                 (Ty::List(Box::new(ty)), InputType::Csv(Box::new(input)))
             }
             TypeExprKind::Object(fields) => {
