@@ -38,9 +38,25 @@ impl Usage {
 pub struct Facts(Vec<String>);
 
 impl Facts {
-    /// What a rule's `when` condition proves for the rule's consequences.
-    pub fn from_condition(condition: Option<&Expr>) -> Facts {
-        Facts(condition.map(facts_if_true).unwrap_or_default())
+    /// What an `on` rule's outcome patterns prove: a rule that names only
+    /// statuses and status classes runs on an answer, which always has a
+    /// status, so its `when` and consequences may read `upstream.status` as
+    /// present. A rule that also names `timeout`, `reset`, ... proves nothing.
+    pub fn from_outcomes(outcomes: &[OutcomePattern]) -> Facts {
+        let only_statuses = !outcomes.is_empty()
+            && outcomes
+                .iter()
+                .all(|pattern| matches!(pattern.kind, OutcomeKind::Status { .. }));
+        if only_statuses {
+            Facts(vec![String::from("upstream.status")])
+        } else {
+            Facts::default()
+        }
+    }
+
+    /// These facts and what `condition` proves besides.
+    pub fn and_condition(&self, condition: Option<&Expr>) -> Facts {
+        self.with(condition.map(facts_if_true).unwrap_or_default())
     }
 
     fn with(&self, more: Vec<String>) -> Facts {

@@ -794,16 +794,21 @@ impl<'a> Checker<'a> {
     /// it bounds the retries (present, and not set by a client).
     fn outcome_rule(&mut self, rule: &'a OutcomeRule, budget: Option<bool>) -> ir::RuleSpec {
         let place = Place::candidate("an `on` rule").with_roots(OUTCOME);
+        let outcome_facts = expr::Facts::from_outcomes(&rule.outcomes);
+        let when_scope = Scope {
+            facts: outcome_facts.clone(),
+            ..Scope::default()
+        };
         let (when_usage, when) = match &rule.when {
             Some(when) => {
-                let (usage, term) = self.condition(when, &place, &Scope::default());
+                let (usage, term) = self.condition(when, &place, &when_scope);
                 (usage, Some(term))
             }
             None => (Usage::default(), None),
         };
-        // What `when` proves holds for the rule's consequences.
+        // What the outcomes and `when` prove hold for the rule's consequences.
         let scope = Scope {
-            facts: expr::Facts::from_condition(rule.when.as_ref()),
+            facts: outcome_facts.and_condition(rule.when.as_ref()),
             ..Scope::default()
         };
         let mut actions = Vec::new();
