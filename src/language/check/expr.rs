@@ -560,7 +560,6 @@ impl Limits<'_, '_> {
     }
 }
 
-/// Two numbers compared by `op`, one of `==`, `!=`, `<`, `<=`, `>`, `>=`.
 /// The enumeration whose members a string compared with a value of this
 /// type must be: the type's own, or its items' for a list of members.
 fn enum_or_list_of_enum(ty: &Ty) -> Option<Arc<EnumTy>> {
@@ -574,6 +573,7 @@ fn enum_or_list_of_enum(ty: &Ty) -> Option<Arc<EnumTy>> {
     }
 }
 
+/// Two numbers compared by `op`, one of `==`, `!=`, `<`, `<=`, `>`, `>=`.
 fn compare(op: BinaryOp, a: f64, b: f64) -> bool {
     match op {
         BinaryOp::Eq => a == b,
