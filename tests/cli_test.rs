@@ -447,6 +447,32 @@ fn explain_says_which_candidates_keep_lets_be_tried() {
         stdout.contains("       tried if each fails: aki-io -> scaleway -> ionos\n"),
         "{stdout}"
     );
+    // A paused candidate is passed over, as the proxy passes it over.
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-paused-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (request, health) = (dir.join("request.json"), dir.join("health.yaml"));
+    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
+    std::fs::write(&health, "- {provider: aki-io, paused_for: 30s}\n").unwrap();
+    let output = Command::new(BIN)
+        .args(["explain", "--policy"])
+        .arg(noirdoc())
+        .args(["--key", "acme-default", "--request"])
+        .arg(&request)
+        .arg("--health")
+        .arg(&health)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let paused = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{paused}");
+    assert!(
+        paused.contains("       tried if each fails: scaleway -> ionos\n"),
+        "{paused}"
+    );
+
     // Where the plan's first attempts are the ones made, nothing is added.
     let shipped = explain_output("noirdoc", "acme-default", "gpt-5", &[]);
     let shipped = String::from_utf8_lossy(&shipped);

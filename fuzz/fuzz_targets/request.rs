@@ -275,9 +275,9 @@ fuzz_target!(|bytes: &[u8]| {
         return;
     };
 
-    let sequence = plan.failover_sequence(snapshot);
-    let _ = plan.next_candidate(snapshot, &[], &|index| index % 2 == 1);
-    let _ = plan.listing(snapshot);
+    let sequence = plan.failover_sequence(snapshot, &Healthy);
+    let _ = plan.next_candidate(snapshot, &Healthy, &[], &|index| index % 2 == 1);
+    let _ = plan.listing(snapshot, &Healthy);
     let _ = plan.headers(snapshot, None, Progress::default(), false);
     let _ = plan.exhausted(snapshot, false, Some(1_500), None, Progress::default());
     if !plan.candidates.is_empty() {
@@ -292,17 +292,17 @@ fuzz_target!(|bytes: &[u8]| {
             elapsed_ms: elapsed_ms + 1_000 * position as u64,
             jitter: 0.5,
         };
-        let _ = plan.timeouts(snapshot, candidate);
+        let _ = plan.timeouts(snapshot, &Healthy, candidate);
         let _ = plan.late_comment(snapshot, candidate);
         let _ = plan.headers(snapshot, Some(candidate), progress, position % 2 == 0);
         let _ = plan.exhausted(snapshot, true, None, Some(candidate), progress);
         if let Some(&first) = sequence.first()
             && candidate + 1 < plan.candidates.len()
         {
-            let _ = plan.allows(snapshot, first, candidate, candidate + 1);
+            let _ = plan.allows(snapshot, &Healthy, first, candidate, candidate + 1);
         }
         for outcome in &outcomes {
-            let _ = plan.react(snapshot, candidate, outcome, progress, &|_| retries);
+            let _ = plan.react(snapshot, &Healthy, candidate, outcome, progress, &|_| retries);
         }
     }
 });

@@ -266,9 +266,12 @@ impl Plan {
         }
         let mut any_allowed = false;
         let start = tried.last().map_or(0, |last| last + 1);
+        // One asking for the whole walk: `keep` reading health asks the
+        // view once per candidate, not once per candidate and step.
+        let asked = AskedHealth::new(health, &self.candidates);
         for index in start..self.candidates.len() {
             if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
-                && !self.allows(snapshot, health, first, prev, index)
+                && !self.allows_asking(snapshot, &asked, first, prev, index)
             {
                 continue;
             }
@@ -285,11 +288,17 @@ impl Plan {
     }
 
     /// The candidates tried, in order, if every attempt fails and every
-    /// candidate has room, under `health` (which `keep` may read).
+    /// candidate has room, under `health`: a paused candidate is passed over
+    /// as the proxy passes it over, and `keep` may read health too.
     pub fn failover_sequence(&self, snapshot: &Snapshot, health: &dyn HealthView) -> Vec<usize> {
         let mut tried = Vec::new();
+        let unpaused = |index: usize| {
+            self.candidates
+                .get(index)
+                .is_some_and(|candidate| !health.health(candidate).paused())
+        };
         while let NextCandidate::Try(index) =
-            self.next_candidate(snapshot, health, &tried, &|_| true)
+            self.next_candidate(snapshot, health, &tried, &unpaused)
         {
             tried.push(index);
         }
@@ -307,7 +316,18 @@ impl Plan {
         next: usize,
     ) -> bool {
         let asked = AskedHealth::new(health, &self.candidates);
-        let mut machine = self.machine_asking(snapshot, &asked);
+        self.allows_asking(snapshot, &asked, first, prev, next)
+    }
+
+    fn allows_asking(
+        &self,
+        snapshot: &Snapshot,
+        asked: &AskedHealth<'_>,
+        first: usize,
+        prev: usize,
+        next: usize,
+    ) -> bool {
+        let mut machine = self.machine_asking(snapshot, asked);
         let focus = &Focus {
             current: Some(next),
             prev: Some(prev),
