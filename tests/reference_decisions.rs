@@ -713,12 +713,13 @@ fn on_rules_keep_and_timeouts_read_the_candidates_health() {
 }
 
 /// A `model` input takes an alias of one model as that model's id, as
-/// `model.id` reads it; an alias of several models names none of them.
+/// `model.id` reads it; an alias of several models stays the alias, which
+/// is no model's id.
 #[test]
 fn a_model_input_named_by_an_alias_is_its_model_id() {
     let catalog = format!("{TWO_PROVIDERS}aliases:\n  both: [small-chat, \"alpha:small-chat\"]\n");
     let policy = "policy model_input {\n  catalog \"catalog.yaml\"\n  tenants \"tenants.yaml\"\n}\n\
-        input wanted from body \"wanted\" : model\n  malformed error no_route\n  invalid error unknown_model\n  unknown error unknown_model\n\
+        input wanted from body \"wanted\" : model\n  malformed error no_route\n  invalid error no_route\n  unknown error unknown_model\n\
         models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
         eligibility {\n  require not present(input.wanted) or model.id == input.wanted else no_route\n}\n\
         failover {\n  attempts 2\n  on any => next, error upstream_failed\n}\n\
@@ -743,8 +744,9 @@ fn a_model_input_named_by_an_alias_is_its_model_id() {
             "{wanted}"
         );
     }
-    // Refused as invalid, not left to fail the eligibility step.
     let (status, code) = refused(&ask("both"));
+    assert_eq!((status, code.as_str()), (503, "no_route"));
+    let (status, code) = refused(&ask("nothing-of-the-sort"));
     assert_eq!((status, code.as_str()), (404, "unknown_model"));
 }
 

@@ -151,8 +151,9 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
         }
         InputType::Model => {
             let id = text_of(raw).ok_or_else(|| malformed("a model id"))?;
-            // The value is the model's id, as `model.id` reads it, though
-            // the client named it by an alias.
+            // An alias of one model is that model's id, as `model.id`
+            // reads it; one of several stays the alias, which `from`
+            // expands into its models.
             match snapshot.model_named(id) {
                 Some(ModelName::Model(index)) => snapshot
                     .data
@@ -161,9 +162,7 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
                     .get(*index)
                     .map(|model| Value::string(&model.id))
                     .ok_or_else(|| Problem::Unknown(format!("no model has the id `{id}`"))),
-                Some(ModelName::Alias(_)) => Err(Problem::Invalid(format!(
-                    "`{id}` is an alias of several models; give one model's id"
-                ))),
+                Some(ModelName::Alias(_)) => Ok(Value::string(id)),
                 None => Err(Problem::Unknown(format!("no model has the id `{id}`"))),
             }
         }
