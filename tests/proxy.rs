@@ -2426,6 +2426,37 @@ async fn a_body_over_max_body_bytes_gets_413() -> TestResult {
     Ok(())
 }
 
+/// Embeddings never stream: a body asking for a stream gets the whole
+/// answer, and the provider is not asked for a stream it could refuse or
+/// send in events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embeddings_request_asking_for_a_stream_is_answered_whole() -> TestResult {
+    let embedding = "  - id: e\n    kind: embedding\n    routes:\n      - {provider: a}\n";
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[embedding.to_string()]),
+    )
+    .start("providers:\n  a: {}\n")
+    .await;
+    let body = json!({
+        "model": "e",
+        "input": "hi",
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let reply = Reply::of(gateway.api.post("/v1/embeddings", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    assert!(reply.json["data"].is_array(), "{}", reply.text);
+    let sent = &gateway.sim.requests()[0].body;
+    assert_eq!(sent.get("stream"), None, "{sent}");
+    assert_eq!(sent.get("stream_options"), None, "{sent}");
+    assert_eq!(sent["input"], "hi");
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
     let gateway = gateway_taking_1_kib().await;
@@ -3496,6 +3527,31 @@ async fn an_answer_that_fails_after_its_opening_events_still_fails_over() -> Tes
     assert_eq!(reply.status, 200, "{}", reply.text);
     assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
     assert!(!reply.text.contains("resp_from_a"), "{}", reply.text);
+    gateway.stop().await;
+
+    // Opened, then ended at once without output: the provider's own end,
+    // passed on, not a failure.
+    let ended = [
+        created[0],
+        (
+            0,
+            "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":\
+             {\"id\":\"resp_from_a\",\"status\":\"incomplete\",\
+             \"incomplete_details\":{\"reason\":\"content_filter\"}}}\n\n",
+        ),
+    ];
+    let gateway = start(ended.to_vec(), Then::EndAfter(Duration::ZERO), "openai").await;
+    let reply = Reply::of(gateway.api.post("/v1/responses", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let last = sse_events(&reply.text).last().copied().unwrap_or_default();
+    assert_eq!(
+        event_name(last),
+        Some("response.incomplete"),
+        "{}",
+        reply.text
+    );
+    assert!(reply.text.contains("resp_from_a"), "{}", reply.text);
+    assert!(gateway.sim.requests().is_empty());
     gateway.stop().await;
     Ok(())
 }

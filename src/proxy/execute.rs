@@ -1197,6 +1197,8 @@ impl Exchange {
             && self.outgoing.wants_usage();
         let mut finished_choices = FinishedChoices::default();
         let first_byte: Option<Duration>;
+        // Whether events announcing the answer came (held, not yet sent).
+        let mut opened = false;
         // Each chunk waits on the same timers, moved rather than made anew.
         let (mut hold, mut first_token, mut idle) =
             (Timer::default(), Timer::default(), Timer::default());
@@ -1210,7 +1212,17 @@ impl Exchange {
                     // and the first token's limit still runs.
                     EventKind::Opening => {
                         usage = wire::accumulated_usage(usage, reported);
+                        opened = true;
                         held.push(event.raw);
+                    }
+                    // An answer opened and ended with nothing in it (a
+                    // Responses stream `incomplete` at once, by a content
+                    // filter): the provider's own end, passed on after the
+                    // commit.
+                    EventKind::Sentinel if opened => {
+                        first_byte = Some(begun.elapsed());
+                        pending.push_front(event);
+                        break 'first;
                     }
                     EventKind::Malformed => return failed(OutcomeClass::Malformed, None),
                     // An error in place of the answer.

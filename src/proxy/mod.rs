@@ -1145,11 +1145,16 @@ fn prepare(
             )));
         }
     };
-    let input_fields = input_names(snapshot, InputSourceKind::Body);
+    let mut unsent_fields = input_names(snapshot, InputSourceKind::Body);
+    if !arrived.endpoint.streams() {
+        // Never a stream here (embeddings): a provider asked for one would
+        // refuse the request, or answer in events the proxy does not read.
+        unsent_fields.extend(["stream", "stream_options"]);
+    }
     let outgoing = upstream::Outgoing::new(
         client_body.as_ref().ok(),
         &arrived.parts.headers,
-        &input_fields,
+        &unsent_fields,
         &input_headers,
         request_id,
     );

@@ -103,17 +103,18 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// `body` is the client's body when it is a JSON object; `input_fields`
-    /// the body fields and `input_headers` the headers the policy reads as
+    /// `body` is the client's body when it is a JSON object; `unsent_fields`
+    /// the body fields not sent (the policy's inputs, and what the endpoint
+    /// cannot take) and `input_headers` the headers the policy reads as
     /// inputs.
     pub fn new(
         body: Option<&ClientBody<'_>>,
         client_headers: &HeaderMap,
-        input_fields: &[&str],
+        unsent_fields: &[&str],
         input_headers: &[&str],
         request_id: &str,
     ) -> Outgoing {
-        let dropped = |key: &str| key == "model" || input_fields.contains(&key);
+        let dropped = |key: &str| key == "model" || unsent_fields.contains(&key);
         let members = body.map_or_else(Bytes::new, |body| Bytes::from(body.members_but(dropped)));
         // A routing input is not sent: the provider then gives its default,
         // one choice. So does a `n` the provider would refuse.

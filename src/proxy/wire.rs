@@ -82,7 +82,7 @@ pub enum EventKind {
     Content,
     /// Announces the answer before any of it: Anthropic's `message_start`,
     /// `content_block_start` and `ping`, the Responses API's
-    /// `response.created`, `response.in_progress`,
+    /// `response.created`, `response.queued`, `response.in_progress`,
     /// `response.output_item.added` and `response.content_part.added`.
     /// Providers send these at once, before generating anything, so they
     /// say nothing of whether the answer will come.
@@ -288,6 +288,7 @@ impl Facts<'_> {
                 Some("response.failed") => EventKind::Error,
                 Some(
                     "response.created"
+                    | "response.queued"
                     | "response.in_progress"
                     | "response.output_item.added"
                     | "response.content_part.added",
@@ -746,6 +747,7 @@ mod tests {
         );
         for kind in [
             "response.created",
+            "response.queued",
             "response.in_progress",
             "response.output_item.added",
             "response.content_part.added",
