@@ -897,12 +897,14 @@ async fn complete(
 
 /// The coding a request body is sent in, unless none is (`identity`).
 fn body_encoding(headers: &hyper::HeaderMap) -> Option<String> {
+    // A list, over one or several lines: `gzip, identity`.
     let text = headers
         .get_all(hyper::header::CONTENT_ENCODING)
         .iter()
-        .map(|value| {
+        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+        .map(|coding| {
             // Said back in the error: a few characters are enough.
-            let coding = String::from_utf8_lossy(value.as_bytes());
+            let coding = String::from_utf8_lossy(coding);
             coding.trim().chars().take(32).collect::<String>()
         })
         .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
