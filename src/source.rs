@@ -32,12 +32,13 @@ pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
     Ok(text)
 }
 
-/// Opening a named pipe waits for a writer, which may never come. For a
-/// file that is read again and again (a policy's data files, at every
-/// reload) a check would hang, and so would every reload after it: such
-/// files are refused as pipes or sockets before they are opened. A file
-/// given once on the command line may be a pipe (`--request /dev/stdin`).
-pub fn refuse_pipe(path: &Path) -> std::io::Result<()> {
+/// Opening a named pipe waits for a writer, which may never come, and
+/// reading a terminal waits for its user. For a file that is read again
+/// and again (a served policy and its data files, at every reload) a check
+/// would hang, and so would every reload after it: such files are refused
+/// before they are opened, as anything but a regular file. A file given
+/// once on the command line may be a pipe (`--request /dev/stdin`).
+pub fn refuse_special_file(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
@@ -46,6 +47,10 @@ pub fn refuse_pipe(path: &Path) -> std::io::Result<()> {
             "a named pipe"
         } else if kind.is_socket() {
             "a socket"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
         } else {
             return Ok(());
         };
@@ -242,15 +247,17 @@ mod tests {
             .unwrap();
         assert!(made.success());
         // Opened, this would wait for a writer for ever.
-        let error = refuse_pipe(&pipe).unwrap_err();
+        let error = refuse_special_file(&pipe).unwrap_err();
         assert_eq!(error.to_string(), "it is a named pipe, not a file");
         let socket = dir.join("catalog.yaml");
         let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-        let error = refuse_pipe(&socket).unwrap_err();
+        let error = refuse_special_file(&socket).unwrap_err();
         assert_eq!(error.to_string(), "it is a socket, not a file");
+        let error = refuse_special_file(Path::new("/dev/null")).unwrap_err();
+        assert_eq!(error.to_string(), "it is a character device, not a file");
         let file = dir.join("policy");
         std::fs::write(&file, "x").unwrap();
-        assert!(refuse_pipe(&file).is_ok());
+        assert!(refuse_special_file(&file).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -7,7 +7,7 @@ use super::model::*;
 use super::schema::*;
 use super::yaml::*;
 use crate::diagnostics::{Code, Diagnostic, codes, io_reason, suggest};
-use crate::source::{MAX_FILE_BYTES, SourceId, SourceMap, Span, read_text, refuse_pipe};
+use crate::source::{MAX_FILE_BYTES, SourceId, SourceMap, Span, read_text, refuse_special_file};
 use crate::value::{EnumMember, Value};
 use foldhash::{HashMap, HashSet};
 use serde_saphyr::{Location, Spanned};
@@ -34,7 +34,7 @@ pub fn read_source(
     // A pipe in the place of a file read at every reload would hang them
     // all.
     let read = match when {
-        ReadWhen::AtEveryReload => refuse_pipe(path).and_then(|()| read_text(path, MAX_FILE_BYTES)),
+        ReadWhen::AtEveryReload => refuse_special_file(path).and_then(|()| read_text(path, MAX_FILE_BYTES)),
         ReadWhen::Once => read_text(path, MAX_FILE_BYTES),
     };
     match read {
