@@ -237,7 +237,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_named_pipe_or_a_socket_is_refused_before_it_is_opened() {
+    fn a_pipe_a_socket_or_a_device_is_refused_before_it_is_opened() {
         let dir = std::env::temp_dir().join(format!("switchyard-read-pipe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let pipe = dir.join("tenants.yaml");

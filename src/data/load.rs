@@ -34,7 +34,9 @@ pub fn read_source(
     // A pipe in the place of a file read at every reload would hang them
     // all.
     let read = match when {
-        ReadWhen::AtEveryReload => refuse_special_file(path).and_then(|()| read_text(path, MAX_FILE_BYTES)),
+        ReadWhen::AtEveryReload => {
+            refuse_special_file(path).and_then(|()| read_text(path, MAX_FILE_BYTES))
+        }
         ReadWhen::Once => read_text(path, MAX_FILE_BYTES),
     };
     match read {
