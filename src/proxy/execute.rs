@@ -34,6 +34,10 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
 /// How long a stream that has finished its answer may take to close, ms.
 const FINISHED_GRACE_MS: u64 = 500;
+/// How long a finished stream may take to send the usage the request asked
+/// for (`stream_options.include_usage`), ms: bounded, as a provider that
+/// ignores the option would otherwise hold the end for the idle timeout.
+const USAGE_GRACE_MS: u64 = 5_000;
 
 /// The way back to the client: the slot for the response not yet sent, or,
 /// once the headers went out, the body's queue. The exchange runs inside the
@@ -1191,8 +1195,7 @@ impl Exchange {
             _ => 1,
         };
         // Asked for, the usage comes in a chunk of its own after the last
-        // choice finished: until it came, the end may take as long as any
-        // silence, not just the grace of an answer that is complete.
+        // choice finished: until it came, the end gets a longer grace.
         let usage_to_come = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
             && self.outgoing.wants_usage();
         let mut finished_choices = FinishedChoices::default();
@@ -1329,10 +1332,10 @@ impl Exchange {
             let finished = finished_choices.are_all_of(choices);
             // Cleared again by a choice that was not asked for.
             self.finished_stream = finished.then(|| finished_with(usage));
-            let wait = if finished && !(usage_to_come && usage.is_none()) {
-                FINISHED_GRACE_MS.min(timeouts.idle_ms)
-            } else {
-                timeouts.idle_ms
+            let wait = match (finished, usage_to_come && usage.is_none()) {
+                (true, false) => FINISHED_GRACE_MS.min(timeouts.idle_ms),
+                (true, true) => USAGE_GRACE_MS.min(timeouts.idle_ms),
+                (false, _) => timeouts.idle_ms,
             };
             let wake = by_attempt(clock.now_ms().saturating_add(wait));
             let past_attempt_deadline =
