@@ -2461,13 +2461,15 @@ async fn an_embeddings_request_asking_for_a_stream_is_answered_whole() -> TestRe
 async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
     let gateway = gateway_taking_1_kib().await;
     let body = chat_body(false);
-    let reply = Reply::of(
-        gateway
-            .api
-            .chat_request(&body)
-            .header("content-encoding", "gzip"),
-    )
-    .await;
+    let encoded = |coding: &'static str| {
+        Reply::of(
+            gateway
+                .api
+                .chat_request(&body)
+                .header("content-encoding", coding),
+        )
+    };
+    let reply = encoded("gzip").await;
     assert_eq!(reply.status, 415, "{}", reply.text);
     let (code, _, message) = openai_error(&reply);
     assert_eq!(code, "unsupported_content_encoding");
@@ -2483,20 +2485,17 @@ async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
     assert_eq!(reply.status, 415, "{}", reply.text);
     assert!(anthropic_error(&reply).1.contains("`Content-Encoding: br`"));
 
-    // `identity` is no coding at all.
-    let reply = Reply::of(
-        gateway
-            .api
-            .chat_request(&body)
-            .header("content-encoding", "identity"),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert_eq!(
-        gateway.sim.requests().len(),
-        1,
-        "only that one went upstream"
-    );
+    // A list: only the codings that are not `identity` count.
+    let reply = encoded("identity, gzip").await;
+    assert_eq!(reply.status, 415, "{}", reply.text);
+    assert!(openai_error(&reply).2.contains("`Content-Encoding: gzip`"));
+
+    // `identity` is no coding at all, however it is listed.
+    for identity in ["identity", "Identity, identity", "identity,"] {
+        let reply = encoded(identity).await;
+        assert_eq!(reply.status, 200, "{identity}: {}", reply.text);
+    }
+    assert_eq!(gateway.sim.requests().len(), 3, "only those went upstream");
     gateway.stop().await;
     Ok(())
 }
