@@ -769,29 +769,34 @@ async fn complete(
             return answered(response);
         }
     };
-    if let Some(encoding) = body_encoding(request.headers()) {
-        // A compressed body would otherwise be refused as JSON that does
-        // not parse, which hides the reason.
-        let message = format!(
-            "the request body is sent with `Content-Encoding: {encoding}`; this gateway accepts it uncompressed"
-        );
+    // The gateway's own refusal of a known caller's request, before its
+    // body is read: counted, logged and answered in the endpoint's format.
+    let refused_here = |status: u16, code: &str, message: &str, outcome: &'static str| {
         record_refusal(
             &proxy,
             &request_id,
             endpoint,
             Some((tenant_id(&snapshot, caller), "")),
             "",
-            (415, "unsupported_content_encoding"),
-            "refused",
+            (status, code),
+            outcome,
         );
-        drain_unread(request, proxy.limits.max_body_bytes);
-        return answered(respond::builtin_error(
+        answered(respond::builtin_error(
             wire,
             &request_id,
-            415,
-            "unsupported_content_encoding",
-            &message,
-        ));
+            status,
+            code,
+            message,
+        ))
+    };
+    if let Some(encoding) = body_encoding(request.headers()) {
+        // A compressed body would otherwise be refused as JSON that does
+        // not parse, which hides the reason.
+        let message = format!(
+            "the request body is sent with `Content-Encoding: {encoding}`; this gateway accepts it uncompressed"
+        );
+        drain_unread(request, proxy.limits.max_body_bytes);
+        return refused_here(415, "unsupported_content_encoding", &message, "refused");
     }
     let (parts, mut incoming) = request.into_parts();
     let limit = proxy.limits.max_body_bytes;
@@ -852,22 +857,7 @@ async fn complete(
                     "cancelled",
                 ),
             };
-            record_refusal(
-                &proxy,
-                &request_id,
-                endpoint,
-                Some((tenant_id(&snapshot, caller), "")),
-                "",
-                (status, code),
-                outcome,
-            );
-            return answered(respond::builtin_error(
-                wire,
-                &request_id,
-                status,
-                code,
-                message,
-            ));
+            return refused_here(status, code, message, outcome);
         }
     };
     let exchange = match prepare(

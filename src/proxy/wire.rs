@@ -734,34 +734,21 @@ mod tests {
                 "event: {kind}\ndata: {{\"type\":\"{kind}\"}}\n\n"
             )))
         };
-        for kind in ["message_start", "content_block_start", "ping"] {
-            assert_eq!(
-                typed(kind).kind(Endpoint::Messages),
-                EventKind::Opening,
-                "{kind}"
-            );
-        }
-        assert_eq!(
-            typed("content_block_delta").kind(Endpoint::Messages),
-            EventKind::Content
-        );
-        for kind in [
-            "response.created",
-            "response.queued",
-            "response.in_progress",
-            "response.output_item.added",
-            "response.content_part.added",
+        let (messages, responses) = (Endpoint::Messages, Endpoint::Responses);
+        for (endpoint, kind, expected) in [
+            (messages, "message_start", EventKind::Opening),
+            (messages, "content_block_start", EventKind::Opening),
+            (messages, "ping", EventKind::Opening),
+            (messages, "content_block_delta", EventKind::Content),
+            (responses, "response.created", EventKind::Opening),
+            (responses, "response.queued", EventKind::Opening),
+            (responses, "response.in_progress", EventKind::Opening),
+            (responses, "response.output_item.added", EventKind::Opening),
+            (responses, "response.content_part.added", EventKind::Opening),
+            (responses, "response.output_text.delta", EventKind::Content),
         ] {
-            assert_eq!(
-                typed(kind).kind(Endpoint::Responses),
-                EventKind::Opening,
-                "{kind}"
-            );
+            assert_eq!(typed(kind).kind(endpoint), expected, "{kind}");
         }
-        assert_eq!(
-            typed("response.output_text.delta").kind(Endpoint::Responses),
-            EventKind::Content
-        );
     }
 
     #[test]

@@ -568,15 +568,20 @@ impl Lowerer {
             Rule::unless_clause => "unless",
             _ => "clause",
         };
-        let diagnostic = Diagnostic::new(
-            codes::DUPLICATE_SECTION,
+        self.given_twice(
             format!("input `{}` has `{clause}` twice", decl.name.name),
-        )
-        .at(self.source, again, "given again here")
-        .also(self.source, first, "first given here")
-        .help(format!(
-            "an input has one `{clause}` clause; keep the one you mean"
-        ));
+            format!("an input has one `{clause}` clause; keep the one you mean"),
+            again,
+            first,
+        );
+    }
+
+    /// E0501 for a clause given a second time, at `again`, after `first`.
+    fn given_twice(&self, message: String, help: String, again: Span, first: Span) {
+        let diagnostic = Diagnostic::new(codes::DUPLICATE_SECTION, message)
+            .at(self.source, again, "given again here")
+            .also(self.source, first, "first given here")
+            .help(help);
         self.diagnostics.borrow_mut().push(diagnostic);
     }
 
@@ -1100,16 +1105,12 @@ impl Lowerer {
     /// An error's `retry_after` or `type` given again: the second would
     /// silently replace the first.
     fn error_option_twice(&self, decl: &ErrorDecl, clause: &str, again: Span, first: Span) {
-        let diagnostic = Diagnostic::new(
-            codes::DUPLICATE_SECTION,
+        self.given_twice(
             format!("error `{}` has `{clause}` twice", decl.name.name),
-        )
-        .at(self.source, again, "given again here")
-        .also(self.source, first, "first given here")
-        .help(format!(
-            "an error has one `{clause}`; keep the one you mean"
-        ));
-        self.diagnostics.borrow_mut().push(diagnostic);
+            format!("an error has one `{clause}`; keep the one you mean"),
+            again,
+            first,
+        );
     }
 
     fn field_value(&self, pair: Pair<'_, Rule>) -> Option<FieldValue> {
