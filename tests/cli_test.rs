@@ -706,3 +706,46 @@ fn a_cases_file_named_twice_runs_once() {
     assert!(once.status.success() && twice.status.success());
     assert_eq!(summary(&once), summary(&twice));
 }
+
+/// A header whose value HTTP cannot carry (here a line break from the
+/// body) is left out by the proxy; `explain` and `test` compute headers the
+/// same way, so they leave it out too instead of showing what is not sent.
+#[test]
+fn explain_leaves_out_a_header_value_http_cannot_carry() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-header-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::fs::read_to_string(noirdoc())
+        .unwrap()
+        .replace("\"noirdoc/", &format!("\"{PACKAGE_ROOT}/policies/noirdoc/"));
+    let edited = shipped.replace(
+        "headers {\n",
+        "input note from body \"note\" : string\n  malformed error model_not_available\n\
+         headers {\n  \"x-note\" = input.note\n",
+    );
+    assert_ne!(edited, shipped, "the edit changed nothing");
+    let policy = dir.join("edited.policy");
+    std::fs::write(&policy, edited).unwrap();
+    let explain = |note: &str| {
+        let request = dir.join("request.json");
+        let body = serde_json::json!({"model": "no-such-model", "note": note});
+        std::fs::write(&request, body.to_string()).unwrap();
+        let output = Command::new(BIN)
+            .arg("explain")
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--key", "acme-default", "--request"])
+            .arg(&request)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let plain = explain("one line");
+    let broken = explain("two\nlines");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(plain.contains("       x-note: one line\n"), "{plain}");
+    assert!(broken.contains("error  "), "{broken}");
+    assert!(!broken.contains("x-note"), "{broken}");
+}

@@ -505,9 +505,22 @@ fn headers(
         .iter()
         .filter_map(|field| {
             let value = machine.eval(&field.term, focus);
-            (!value.is_null()).then(|| (field.name.clone(), value.to_string()))
+            if value.is_null() {
+                return None;
+            }
+            let text = value.to_string();
+            can_travel_in_a_header(&text).then(|| (field.name.clone(), text))
         })
         .collect()
+}
+
+/// Whether HTTP can carry `value` as a header's value: no control
+/// character but a tab. A value that cannot is left out here, so that
+/// `explain` and `test` show exactly the headers the proxy sends.
+fn can_travel_in_a_header(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|byte| byte == b'\t' || (byte >= 0x20 && byte != 0x7f))
 }
 
 /// The name of an error, for traces.
