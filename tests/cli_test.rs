@@ -326,6 +326,37 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
     assert!(stdout.contains("2 passed, 4 failed"), "{stdout}");
 }
 
+/// One run names every case with a field mistake, each at its place, not
+/// only the first; a case that reads well is not reported.
+#[test]
+fn a_cases_file_with_several_mistakes_names_each() {
+    let policy = noirdoc();
+    let text = format!(
+        "policy: {policy}\ncases:\n\
+         \x20 - name: a\n    key: acme-default\n    body: {{model: gpt-5}}\n    expct: {{plan: [x]}}\n\
+         \x20 - name: b\n    key: acme-default\n    body: {{model: gpt-5}}\n    expect: {{plan: [x]}}\n\
+         \x20 - name: c\n    key: acme-default\n    body:\n      model: gpt-5\n    expect:\n      plan: [x]\n      atempts: 2\n\
+         \x20 - name: d\n    kye: acme-default\n"
+    );
+    let (output, file) = run_cases("several-mistakes", "bad.tests.yaml", &text);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "{stdout}");
+    let file = file.display();
+    for said in [
+        ":6:5: `expct` is not a field here; did you mean `expect`?",
+        ":17:7: `atempts` is not a field here; did you mean `attempts`?",
+        ":19:5: `kye` is not a field here; did you mean `key`?",
+    ] {
+        let expected = format!("FAIL  {file}{said}\n");
+        assert!(
+            stdout.contains(&expected),
+            "expected `{expected}` in:\n{stdout}"
+        );
+    }
+    assert_eq!(stdout.matches("FAIL  ").count(), 3, "{stdout}");
+    assert!(stdout.contains("0 passed, 3 failed"), "{stdout}");
+}
+
 #[test]
 fn a_cases_file_that_does_not_read_says_where_and_what_in_its_terms() {
     let policy = noirdoc();

@@ -95,6 +95,70 @@ pub struct OutcomeSpec {
     pub elapsed: Option<String>,
 }
 
+/// Where each case of a cases file begins, read without reading the cases.
+#[derive(serde::Deserialize)]
+struct CasePlaces {
+    cases: Vec<serde_saphyr::Spanned<serde::de::IgnoredAny>>,
+}
+
+/// The field mistakes of a cases file's other cases, when `first` stopped
+/// reading it: each case read again on its own, so that one run names every
+/// case to fix. A case is read from its own lines, placed at their line and
+/// column in the file, so each mistake keeps its place. A case that cannot
+/// be read alone (an alias of an anchor in another case) is passed over.
+fn other_case_mistakes(text: &str, first: &serde_saphyr::Error) -> Vec<serde_saphyr::Error> {
+    let place_of = |error: &serde_saphyr::Error| {
+        error
+            .location()
+            .map(|location| (location.line(), location.column()))
+    };
+    let Ok(places) = serde_saphyr::from_str::<CasePlaces>(text) else {
+        return Vec::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    places
+        .cases
+        .iter()
+        .filter_map(|case| {
+            let (line, column) = (case.referenced.line(), case.referenced.column());
+            let alone = case_alone(&lines, line, column)?;
+            let mistake = serde_saphyr::from_str::<Case>(&alone).err()?;
+            let mentions_anchor = {
+                let message = mistake.to_string().to_lowercase();
+                message.contains("alias") || message.contains("anchor")
+            };
+            (!mentions_anchor && place_of(&mistake) != place_of(first)).then_some(mistake)
+        })
+        .collect()
+}
+
+/// The case beginning at `line` and `column` (both from 1) as a document of
+/// its own: blank lines before it, what precedes it on its line blanked, and
+/// its lines up to the first that is indented less than it.
+fn case_alone(lines: &[&str], line: u64, column: u64) -> Option<String> {
+    let first = usize::try_from(line).ok()?.checked_sub(1)?;
+    let indent = usize::try_from(column).ok()?.checked_sub(1)?;
+    let opening = lines.get(first)?;
+    let mut alone = "\n".repeat(first);
+    alone.extend(
+        opening
+            .chars()
+            .enumerate()
+            .map(|(at, c)| if at < indent { ' ' } else { c }),
+    );
+    alone.push('\n');
+    for more in lines.iter().skip(first + 1) {
+        let content = more.trim_start_matches(' ');
+        let shallower = more.len() - content.len() < indent;
+        if shallower && !content.is_empty() && !content.starts_with('#') {
+            break;
+        }
+        alone.push_str(more);
+        alone.push('\n');
+    }
+    Some(alone)
+}
+
 /// `n` and the noun, plural unless `n` is 1.
 fn count(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -697,6 +761,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
             Err(error) => {
                 say!("FAIL  {}", yaml_error(&shown, &error));
                 failed += 1;
+                for mistake in other_case_mistakes(&text, &error) {
+                    say!("FAIL  {}", yaml_error(&shown, &mistake));
+                    failed += 1;
+                }
                 continue;
             }
         };
@@ -812,5 +880,43 @@ pub fn run(args: &TestArgs) -> ExitCode {
         ExitCode::from(exit::PROBLEMS)
     } else {
         ExitCode::from(exit::OK)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mistakes(text: &str) -> Vec<String> {
+        let first = serde_saphyr::from_str::<TestFile>(text).expect_err("the file has a mistake");
+        other_case_mistakes(text, &first)
+            .iter()
+            .map(|mistake| yaml_error("t.yaml", mistake).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_case_read_alone_keeps_its_mistakes_place() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - name: b\n    body: {}\n    expect: {}\n    \
+                    # a comment less indented than the case\n# and one at the margin\n    plan: 1\n";
+        let found = mistakes(text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("t.yaml:9:5: `plan` is not a field here"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_case_that_needs_another_cases_anchor_is_passed_over() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - &b\n    name: b\n    body: {}\n    expect: {}\n  \
+                    - <<: *b\n    name: c\n";
+        assert_eq!(mistakes(text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_cases_after_the_first_mistake_end_where_the_file_goes_on() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - name: b\n    body: {}\n    expect: {}\npolicy: p\n";
+        assert_eq!(mistakes(text), Vec::<String>::new());
     }
 }
