@@ -572,6 +572,22 @@ fn explain_names_the_step_that_removed_each_candidate() {
         explained["result"]["plan"],
         serde_json::json!(["aki-io", "scaleway", "ionos"])
     );
+    // Positions count from 1, as the text's `#1` and the steps do.
+    let positions: Vec<_> = explained["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["provider"].clone(), c["position"].clone()))
+        .collect();
+    assert_eq!(
+        positions,
+        [
+            (serde_json::json!("aki-io"), serde_json::json!(1)),
+            (serde_json::json!("ionos"), serde_json::json!(3)),
+            (serde_json::json!("scaleway"), serde_json::json!(2)),
+            (serde_json::json!("together"), serde_json::json!(null)),
+        ]
+    );
 
     // The organisation's own OpenAI credential: step 1 keeps it alone.
     let explained = explain_json("acme-default", "gpt-5");

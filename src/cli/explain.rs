@@ -470,7 +470,8 @@ fn as_json(
                 "provider": snapshot.provider(c.candidate.provider).map(|p| p.id.clone()),
                 "credential": snapshot.credential(c.candidate.provider, c.candidate.credential).map(|c| c.id.clone()),
                 "upstream_model": c.candidate.upstream_model(snapshot).as_ref(),
-                "position": c.position,
+                // From 1, as the text's `#N` and `removed_by_step` count.
+                "position": c.position.map(|p| p + 1),
                 "removed_by_step": c.removed_by.map(|s| s + 1),
                 "keys": c.keys.iter().map(Value::to_json).collect::<Vec<_>>(),
             })
