@@ -23,11 +23,11 @@ pub struct EventData {
     pub finished_choices: FinishedChoices,
     /// `delta` is an object whose `stop_reason` is not null.
     pub delta_stopped: bool,
-    /// The values of `usage`, `message` and `response`, for the usage they
-    /// report.
-    pub usage: Option<Json>,
-    pub message: Option<Json>,
-    pub response: Option<Json>,
+    /// The usage figures of `usage`, and of the `usage` member of
+    /// `message` (Anthropic) and of `response` (Responses).
+    pub usage: Option<(u64, u64)>,
+    pub message_usage: Option<(u64, u64)>,
+    pub response_usage: Option<(u64, u64)>,
 }
 
 impl EventData {
@@ -70,9 +70,9 @@ impl<'de> Visitor<'de> for EventMembers {
                     data.delta_stopped =
                         members.next_value_seed(NonNullMember(&["stop_reason"]))?;
                 }
-                Some(4) => data.usage = Some(members.next_value()?),
-                Some(5) => data.message = Some(members.next_value()?),
-                Some(6) => data.response = Some(members.next_value()?),
+                Some(4) => data.usage = members.next_value_seed(UsageFigures)?,
+                Some(5) => data.message_usage = members.next_value_seed(UsageWithin)?,
+                Some(6) => data.response_usage = members.next_value_seed(UsageWithin)?,
                 _ => {
                     members.next_value::<IgnoredAny>()?;
                 }
@@ -142,6 +142,104 @@ macro_rules! other_values_are {
             Ok($value)
         }
     };
+}
+
+/// A `usage` value's figures, (input, output) tokens, as `wire::usage_figures`
+/// reads them from a tree: OpenAI's `prompt_tokens`/`completion_tokens`,
+/// else `input_tokens`/`output_tokens`, each counted only as a whole
+/// number; `None` when neither figure is there or it is not an object.
+pub struct UsageFigures;
+
+impl<'de> DeserializeSeed<'de> for UsageFigures {
+    type Value = Option<(u64, u64)>;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Option<(u64, u64)>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UsageFigures {
+    type Value = Option<(u64, u64)>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    other_values_are!(Option<(u64, u64)>, None);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
+        while items.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
+        const NAMES: &[&str] = &[
+            "prompt_tokens",
+            "input_tokens",
+            "completion_tokens",
+            "output_tokens",
+        ];
+        let mut figures = [None; 4];
+        while let Some(member) = members.next_key_seed(NameIn(NAMES))? {
+            match member.and_then(|at| figures.get_mut(at)) {
+                Some(figure) => *figure = members.next_value_seed(WholeNumber)?,
+                None => {
+                    members.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let [prompt, input, completion, output] = figures;
+        let (input, output) = (prompt.or(input), completion.or(output));
+        Ok(
+            (input.is_some() || output.is_some())
+                .then(|| (input.unwrap_or(0), output.unwrap_or(0))),
+        )
+    }
+}
+
+/// An object's `usage` member's figures (`UsageFigures`); `None` for
+/// anything else.
+struct UsageWithin;
+
+impl<'de> DeserializeSeed<'de> for UsageWithin {
+    type Value = Option<(u64, u64)>;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Option<(u64, u64)>, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UsageWithin {
+    type Value = Option<(u64, u64)>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    other_values_are!(Option<(u64, u64)>, None);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
+        while items.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
+        let mut usage = None;
+        while let Some(member) = members.next_key_seed(NameIn(&["usage"]))? {
+            if member.is_some() {
+                usage = members.next_value_seed(UsageFigures)?;
+            } else {
+                members.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(usage)
+    }
 }
 
 /// `choices`: of a list, the choices whose `finish_reason` is not null,

@@ -1,7 +1,7 @@
 //! The two wire formats as the proxy speaks them: error objects, error
 //! events in streams, and reading server-sent events from providers.
 
-use super::event_data::{EventData, NameIn};
+use super::event_data::{EventData, NameIn, UsageFigures};
 use crate::data::WireFormat;
 use crate::evaluate::{Endpoint, ErrorResponse};
 use bytes::Bytes;
@@ -173,12 +173,7 @@ impl Event {
             finished_choices: data.finished_choices,
             delta_stopped: data.delta_stopped,
         };
-        let usage = data
-            .usage
-            .as_ref()
-            .and_then(usage_figures)
-            .or_else(|| data.message.as_ref().and_then(usage_of))
-            .or_else(|| data.response.as_ref().and_then(usage_of));
+        let usage = data.usage.or(data.message_usage).or(data.response_usage);
         (facts.kind(endpoint), usage)
     }
 
@@ -367,13 +362,13 @@ fn usage_figures(usage: &Json) -> Option<(u64, u64)> {
 /// object, else its usage figures, if any, and whether it is an error
 /// object rather than an answer (a non-null `error` member, or Anthropic's
 /// `"type": "error"`), as some providers send with a success status. Only
-/// the `usage` and `type` members become JSON trees; the rest of the answer
-/// (its content) is checked but not kept.
+/// the `type` member becomes a JSON tree, and of `usage` only its figures
+/// are read; the rest of the answer (its content) is checked but not kept.
 pub fn whole_answer(body: &[u8]) -> Option<WholeAnswerFacts> {
     serde_json::from_slice::<WholeAnswer>(body)
         .ok()
         .map(|answer| WholeAnswerFacts {
-            usage: answer.usage.as_ref().and_then(usage_figures),
+            usage: answer.usage,
             is_error: answer.error || answer.kind.as_ref().and_then(Json::as_str) == Some("error"),
         })
 }
@@ -384,10 +379,10 @@ pub struct WholeAnswerFacts {
     pub is_error: bool,
 }
 
-/// A whole answer's `usage` and `type` members and whether its `error` one
-/// is there and not null (the last of each, as in a JSON tree).
+/// A whole answer's usage figures, its `type` member and whether its `error`
+/// one is there and not null (the last of each, as in a JSON tree).
 struct WholeAnswer {
-    usage: Option<Json>,
+    usage: Option<(u64, u64)>,
     kind: Option<Json>,
     error: bool,
 }
@@ -412,7 +407,7 @@ impl<'de> Deserialize<'de> for WholeAnswer {
                     members.next_key_seed(NameIn(&["usage", "type", "error"]))?
                 {
                     match member {
-                        Some(0) => answer.usage = Some(members.next_value::<Json>()?),
+                        Some(0) => answer.usage = members.next_value_seed(UsageFigures)?,
                         Some(1) => answer.kind = Some(members.next_value::<Json>()?),
                         Some(_) => {
                             answer.error = members.next_value::<Option<IgnoredAny>>()?.is_some()
@@ -926,6 +921,33 @@ mod tests {
                 messages,
                 (EventKind::Malformed, Some((4, 0))),
             ),
+            // Usage figures: OpenAI's names first, whole numbers only, the
+            // last of a name given twice; message, then response, after it.
+            (
+                r#"{"usage":{"input_tokens":2,"prompt_tokens":1.0,"completion_tokens":-3,"output_tokens":5}}"#,
+                chat,
+                (EventKind::Content, Some((2, 5))),
+            ),
+            (
+                r#"{"usage":{"prompt_tokens":1,"prompt_tokens":"x","completion_tokens":[1],"output_tokens":{}}}"#,
+                chat,
+                (EventKind::Content, None),
+            ),
+            (
+                r#"{"usage":[{"prompt_tokens":1}],"response":{"usage":{"output_tokens":6},"usage":{"input_tokens":8}}}"#,
+                chat,
+                (EventKind::Content, Some((8, 0))),
+            ),
+            (
+                r#"{"message":{"usage":{"input_tokens":3}},"response":{"usage":{"output_tokens":6}}}"#,
+                chat,
+                (EventKind::Content, Some((3, 0))),
+            ),
+            (
+                r#"{"message":[],"response":{"output":[{"usage":{"input_tokens":9}}],"usage":{"output_tokens":6}}}"#,
+                chat,
+                (EventKind::Content, Some((0, 6))),
+            ),
             (
                 r#"{"type":"message_delta","delta":[{"stop_reason":"end_turn"}]}"#,
                 messages,
@@ -1038,6 +1060,15 @@ mod tests {
             Some(Some((0, 4)))
         );
         assert_eq!(whole_answer(b"{}").map(|a| a.usage), Some(None));
+        assert_eq!(
+            whole_answer(br#"{"usage":{"prompt_tokens":1.5,"input_tokens":4,"output_tokens":2,"output_tokens":-1}}"#)
+                .map(|a| a.usage),
+            Some(Some((4, 0)))
+        );
+        assert_eq!(
+            whole_answer(br#"{"usage":{"prompt_tokens":1},"usage":[]}"#).map(|a| a.usage),
+            Some(None)
+        );
         for not_an_object in [&b"[1]"[..], b"\"text\"", b"{\"a\":1", b"{} {}", b""] {
             assert_eq!(whole_answer(not_an_object), None);
         }
