@@ -2500,6 +2500,23 @@ async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
     Ok(())
 }
 
+/// A byte-order mark before the JSON is passed over (RFC 8259 lets a
+/// reader), and the provider gets the members without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_with_a_byte_order_mark_is_read() -> TestResult {
+    let gateway = gateway_taking_1_kib().await;
+    let body = chat_body(false);
+    let mut marked = b"\xEF\xBB\xBF".to_vec();
+    marked.extend(serde_json::to_vec(&body)?);
+    let reply = Reply::of(gateway.api.chat_request(&body).body(marked)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let sent = gateway.sim.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body["messages"], body["messages"]);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_a_refused_body_reads_the_413() -> TestResult {
     // Refused at once, with megabytes still to send: a connection closed on

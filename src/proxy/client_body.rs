@@ -21,6 +21,8 @@ pub struct ClientBody<'a> {
     members: Vec<(Cow<'a, str>, &'a RawValue)>,
 }
 
+const UTF8_BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
+
 /// Up to this many members, a repeated key is found by comparing each key
 /// with those after it; past it, with a set.
 const FEW_MEMBERS: usize = 32;
@@ -28,8 +30,11 @@ const FEW_MEMBERS: usize = 32;
 impl<'a> ClientBody<'a> {
     /// The members of `bytes` as one JSON object; otherwise why it is not
     /// one, for the client: where the JSON breaks, or that it is some other
-    /// JSON value.
+    /// JSON value. A UTF-8 byte-order mark before the object is passed over,
+    /// as RFC 8259 allows a reader to (some clients on Windows write one);
+    /// it does not go on to the provider, which gets the members.
     pub fn read(bytes: &'a [u8]) -> Result<ClientBody<'a>, String> {
+        let bytes = bytes.strip_prefix(UTF8_BYTE_ORDER_MARK).unwrap_or(bytes);
         serde_json::from_slice(bytes).map_err(|error| match error.classify() {
             Category::Data => NOT_AN_OBJECT.to_string(),
             Category::Syntax | Category::Eof | Category::Io => {
@@ -229,6 +234,21 @@ mod tests {
         ] {
             assert!(ClientBody::read(not_an_object).is_err());
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_object_is_passed_over() {
+        let body = ClientBody::read(b"\xEF\xBB\xBF{\"model\":\"m\",\"n\":1}").unwrap();
+        assert_eq!(body.members_but(|_| false), br#""model":"m","n":1"#);
+        // Only before the object: one inside a string is the string's.
+        let body = ClientBody::read(b"{\"model\":\"\xEF\xBB\xBFm\"}").unwrap();
+        assert_eq!(
+            body.tree(|_| true).unwrap(),
+            serde_json::json!({"model": "\u{feff}m"})
+        );
+        // One mark only, and not after whitespace.
+        assert!(ClientBody::read(b"\xEF\xBB\xBF\xEF\xBB\xBF{}").is_err());
+        assert!(ClientBody::read(b" \xEF\xBB\xBF{}").is_err());
     }
 
     #[test]
