@@ -907,6 +907,32 @@ mod tests {
         );
     }
 
+    /// Every shipped cases file reads as a whole; with a mistake put in
+    /// its first case, reading its other cases alone finds none in them,
+    /// anchors shared between cases and all.
+    #[test]
+    fn the_shipped_cases_read_alone_raise_no_false_mistakes() {
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        let mut files = 0;
+        for entry in std::fs::read_dir(policies).unwrap() {
+            let path = entry.unwrap().path();
+            if !path.to_string_lossy().ends_with(".tests.yaml") {
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            let broken = text.replacen("  - name:", "  - nmae:", 1);
+            assert_ne!(broken, text, "{}", path.display());
+            assert_eq!(
+                mistakes(&broken),
+                Vec::<String>::new(),
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(files, 5);
+    }
+
     #[test]
     fn a_case_that_needs_another_cases_anchor_is_passed_over() {
         let text = "cases:\n  - name: a\n    kye: k\n  - &b\n    name: b\n    body: {}\n    expect: {}\n  \
