@@ -6,7 +6,7 @@ use super::common::{RequestSpec, files_named, print_report, resolve_caller, why_
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::schema::duration_text;
-use crate::data::yaml_error;
+use crate::data::{FileProblem, yaml_error};
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
@@ -101,62 +101,106 @@ struct CasePlaces {
     cases: Vec<serde_saphyr::Spanned<serde::de::IgnoredAny>>,
 }
 
-/// The field mistakes of a cases file's other cases, when `first` stopped
-/// reading it: each case read again on its own, so that one run names every
-/// case to fix. A case is read from its own lines, placed at their line and
-/// column in the file, so each mistake keeps its place. A case that cannot
-/// be read alone (an alias of an anchor in another case) is passed over.
-fn other_case_mistakes(text: &str, first: &serde_saphyr::Error) -> Vec<serde_saphyr::Error> {
-    let place_of = |error: &serde_saphyr::Error| {
-        error
-            .location()
-            .map(|location| (location.line(), location.column()))
-    };
+/// The mistakes of a cases file's other cases, when `first` stopped reading
+/// it: each case read again on its own, so that one run names every case to
+/// fix, each mistake at its `file:line:col`. Only mistakes that reading a
+/// case alone cannot make up are named: a case is read up to the line where
+/// the next begins, and the last up to its first line indented less than it
+/// (which may cut it short), so the last case's re-read names only unknown
+/// and repeated fields, which cutting lines off cannot cause. A case that
+/// refers to another case's anchor, or that its lines cannot hold alone (a
+/// flow list of cases), is passed over.
+fn other_case_mistakes(file: &str, text: &str, first: &serde_saphyr::Error) -> Vec<FileProblem> {
+    // The parser also breaks lines at a lone `\r`, which `lines` does not.
+    if text.replace("\r\n", "").contains('\r') {
+        return Vec::new();
+    }
     let Ok(places) = serde_saphyr::from_str::<CasePlaces>(text) else {
         return Vec::new();
     };
+    let first_place = yaml_error(file, first).place;
     let lines: Vec<&str> = text.lines().collect();
-    places
+    let starts: Vec<(u64, u64)> = places
         .cases
         .iter()
-        .filter_map(|case| {
-            let (line, column) = (case.referenced.line(), case.referenced.column());
-            let alone = case_alone(&lines, line, column)?;
-            let mistake = serde_saphyr::from_str::<Case>(&alone).err()?;
-            let mentions_anchor = {
-                let message = mistake.to_string().to_lowercase();
-                message.contains("alias") || message.contains("anchor")
-            };
-            (!mentions_anchor && place_of(&mistake) != place_of(first)).then_some(mistake)
-        })
-        .collect()
+        .map(|case| (case.referenced.line(), case.referenced.column()))
+        .collect();
+    let mut mistakes = Vec::new();
+    for (index, &(line, column)) in starts.iter().enumerate() {
+        let next_line = starts.get(index + 1).map(|&(next, _)| next);
+        if next_line.is_some_and(|next| next <= line) {
+            continue;
+        }
+        let Some((alone, lines_before)) = case_alone(&lines, line, column, next_line) else {
+            continue;
+        };
+        let Err(mistake) = serde_saphyr::from_str::<Case>(&alone) else {
+            continue;
+        };
+        if !made_by_the_case(&mistake, next_line.is_some()) {
+            continue;
+        }
+        let mut problem = yaml_error(file, &mistake);
+        if let Some((line, _)) = &mut problem.place {
+            *line = line.saturating_add(lines_before);
+        }
+        if problem.place != first_place {
+            mistakes.push(problem);
+        }
+    }
+    mistakes
+}
+
+/// Whether reading a case alone found a mistake of the case itself: a field
+/// unknown or given twice, or, when the case was read whole (`whole`), a
+/// field missing or of the wrong kind. Not one of reading it alone: YAML
+/// that its lines do not complete, an anchor set elsewhere.
+fn made_by_the_case(mistake: &serde_saphyr::Error, whole: bool) -> bool {
+    use serde_saphyr::Error;
+    match mistake.without_snippet() {
+        Error::SerdeUnknownField { .. } | Error::DuplicateMappingKey { .. } => true,
+        Error::SerdeMissingField { .. }
+        | Error::SerdeInvalidType { .. }
+        | Error::SerdeInvalidValue { .. }
+        | Error::SerdeInvalidLength { .. }
+        | Error::SerdeUnknownVariant { .. } => whole,
+        _ => false,
+    }
 }
 
 /// The case beginning at `line` and `column` (both from 1) as a document of
-/// its own: blank lines before it, what precedes it on its line blanked, and
-/// its lines up to the first that is indented less than it.
-fn case_alone(lines: &[&str], line: u64, column: u64) -> Option<String> {
+/// its own, and the number of lines before it in the file: what precedes it
+/// on its line blanked, then its lines up to `next_line` (where the next case
+/// begins) or, without one, up to the first line indented less than it.
+fn case_alone(
+    lines: &[&str],
+    line: u64,
+    column: u64,
+    next_line: Option<u64>,
+) -> Option<(String, usize)> {
     let first = usize::try_from(line).ok()?.checked_sub(1)?;
     let indent = usize::try_from(column).ok()?.checked_sub(1)?;
+    let end = match next_line {
+        Some(next) => usize::try_from(next).ok()?.checked_sub(1)?,
+        None => lines.len(),
+    };
     let opening = lines.get(first)?;
-    let mut alone = "\n".repeat(first);
-    alone.extend(
-        opening
-            .chars()
-            .enumerate()
-            .map(|(at, c)| if at < indent { ' ' } else { c }),
-    );
+    let mut alone: String = opening
+        .chars()
+        .enumerate()
+        .map(|(at, c)| if at < indent { ' ' } else { c })
+        .collect();
     alone.push('\n');
-    for more in lines.iter().skip(first + 1) {
+    for more in lines.iter().take(end).skip(first + 1) {
         let content = more.trim_start_matches(' ');
         let shallower = more.len() - content.len() < indent;
-        if shallower && !content.is_empty() && !content.starts_with('#') {
+        if next_line.is_none() && shallower && !content.is_empty() && !content.starts_with('#') {
             break;
         }
         alone.push_str(more);
         alone.push('\n');
     }
-    Some(alone)
+    Some((alone, first))
 }
 
 /// `n` and the noun, plural unless `n` is 1.
@@ -761,8 +805,8 @@ pub fn run(args: &TestArgs) -> ExitCode {
             Err(error) => {
                 say!("FAIL  {}", yaml_error(&shown, &error));
                 failed += 1;
-                for mistake in other_case_mistakes(&text, &error) {
-                    say!("FAIL  {}", yaml_error(&shown, &mistake));
+                for mistake in other_case_mistakes(&shown, &text, &error) {
+                    say!("FAIL  {mistake}");
                     failed += 1;
                 }
                 continue;
@@ -889,9 +933,9 @@ mod tests {
 
     fn mistakes(text: &str) -> Vec<String> {
         let first = serde_saphyr::from_str::<TestFile>(text).expect_err("the file has a mistake");
-        other_case_mistakes(text, &first)
+        other_case_mistakes("t.yaml", text, &first)
             .iter()
-            .map(|mistake| yaml_error("t.yaml", mistake).to_string())
+            .map(ToString::to_string)
             .collect()
     }
 
@@ -938,6 +982,43 @@ mod tests {
         let text = "cases:\n  - name: a\n    kye: k\n  - &b\n    name: b\n    body: {}\n    expect: {}\n  \
                     - <<: *b\n    name: c\n";
         assert_eq!(mistakes(text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_mistake_near_the_words_alias_or_anchor_is_still_named() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - name: \"aliases resolve; no anchor\"\n    \
+                    endpont: chat\n    body: {}\n    expect: {}\n";
+        let found = mistakes(text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("t.yaml:5:5: `endpont` is not a field here"),
+            "{found:?}"
+        );
+    }
+
+    /// Lines the parser takes inside a case that a cut by indentation would
+    /// end it at: a case is read up to the next one, so they raise nothing.
+    #[test]
+    fn lines_less_indented_inside_a_case_raise_no_false_mistakes() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - name: b\n\t# a tab before a comment\n    \
+                    body: {model: \"m,\n  n\"}\n    expect: {}\n  - name: c\n    body: {}\n    expect: {}\n";
+        assert_eq!(mistakes(text), Vec::<String>::new());
+        let flow = "cases: [{name: a, kye: k}, {name: b, body: {}, expect: {}},\n  {name: c, body: {}, expect: {}}]\n";
+        assert_eq!(mistakes(flow), Vec::<String>::new());
+    }
+
+    /// A case read whole (one with a case after it) names a missing field
+    /// or a value of the wrong kind; the last, perhaps cut short, only an
+    /// unknown or repeated field.
+    #[test]
+    fn only_a_case_read_whole_names_a_missing_field() {
+        let text = "cases:\n  - name: a\n    kye: k\n  - name: b\n    body: {}\n  - name: c\n    body: {}\n";
+        let found = mistakes(text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("t.yaml:5:5: missing field `expect`"),
+            "{found:?}"
+        );
     }
 
     #[test]
