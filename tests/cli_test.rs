@@ -791,8 +791,14 @@ fn explain_leaves_out_a_header_value_http_cannot_carry() {
     };
     let plain = explain("one line");
     let broken = explain("two\nlines");
+    let escape = explain("\u{1b}[2J");
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(plain.contains("       x-note: one line\n"), "{plain}");
     assert!(broken.contains("error  "), "{broken}");
     assert!(!broken.contains("x-note"), "{broken}");
+    // The input itself is shown on one line, its line break escaped, as
+    // is a terminal escape.
+    assert!(broken.contains("input  note = two\\nlines\n"), "{broken}");
+    assert!(escape.contains("input  note = \\u{1b}[2J\n"), "{escape}");
+    assert!(!escape.contains('\u{1b}'), "{escape}");
 }

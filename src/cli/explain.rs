@@ -264,8 +264,17 @@ fn human(
 ) -> String {
     let trace = &decision.trace;
     let mut out = String::new();
+    // A control character from the request (a line break or a terminal
+    // escape in an input's text) is shown escaped: it would break the
+    // layout, or act on the reader's terminal.
     let mut line = |text: String| {
-        out.push_str(&text);
+        for c in text.chars() {
+            if c.is_control() && c != '\t' {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
         out.push('\n');
     };
     line(format!(
