@@ -423,6 +423,19 @@ fn explain_output(policy: &str, key: &str, model: &str, more: &[&str]) -> Vec<u8
 /// `switchyard explain` of a qwen3.8-27b request by `acme-default` under
 /// the shipped Noirdoc policy as `edit` changes it; its standard output.
 fn explain_edited_noirdoc(name: &str, edit: impl Fn(&str) -> String) -> String {
+    let [output] = explain_edited_noirdoc_for(name, edit, [r#"{"model": "qwen3.8-27b"}"#]);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}");
+    stdout
+}
+
+/// `switchyard explain` of each request body by `acme-default` under the
+/// shipped Noirdoc policy as `edit` changes it.
+fn explain_edited_noirdoc_for<const N: usize>(
+    name: &str,
+    edit: impl Fn(&str) -> String,
+    bodies: [&str; N],
+) -> [Output; N] {
     let dir = std::env::temp_dir().join(format!(
         "switchyard-cli-explain-{name}-{}",
         std::process::id()
@@ -436,19 +449,19 @@ fn explain_edited_noirdoc(name: &str, edit: impl Fn(&str) -> String) -> String {
     let policy = dir.join("edited.policy");
     std::fs::write(&policy, edited).unwrap();
     let request = dir.join("request.json");
-    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
-    let output = Command::new(BIN)
-        .arg("explain")
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--key", "acme-default", "--request"])
-        .arg(&request)
-        .output()
-        .unwrap();
+    let outputs = bodies.map(|body| {
+        std::fs::write(&request, body).unwrap();
+        Command::new(BIN)
+            .arg("explain")
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--key", "acme-default", "--request"])
+            .arg(&request)
+            .output()
+            .unwrap()
+    });
     std::fs::remove_dir_all(&dir).unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "{stdout}");
-    stdout
+    outputs
 }
 
 /// The sort keys `explain` lists say where absent values go, when a key
@@ -759,40 +772,20 @@ fn a_cases_file_named_twice_runs_once() {
 /// same way, so they leave it out too instead of showing what is not sent.
 #[test]
 fn explain_leaves_out_a_header_value_http_cannot_carry() {
-    let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-header-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let shipped = std::fs::read_to_string(noirdoc())
-        .unwrap()
-        .replace("\"noirdoc/", &format!("\"{PACKAGE_ROOT}/policies/noirdoc/"));
-    let edited = shipped.replace(
-        "headers {\n",
-        "input note from body \"note\" : string\n  malformed error model_not_available\n\
-         headers {\n  \"x-note\" = input.note\n",
-    );
-    assert_ne!(edited, shipped, "the edit changed nothing");
-    let policy = dir.join("edited.policy");
-    std::fs::write(&policy, edited).unwrap();
-    let explain = |note: &str| {
-        let request = dir.join("request.json");
-        let body = serde_json::json!({"model": "no-such-model", "note": note});
-        std::fs::write(&request, body.to_string()).unwrap();
-        let output = Command::new(BIN)
-            .arg("explain")
-            .arg("--policy")
-            .arg(&policy)
-            .args(["--key", "acme-default", "--request"])
-            .arg(&request)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
-    let plain = explain("one line");
-    let broken = explain("two\nlines");
-    let escape = explain("\u{1b}[2J");
-    std::fs::remove_dir_all(&dir).unwrap();
+    let bodies = ["one line", "two\nlines", "\u{1b}[2J"]
+        .map(|note| serde_json::json!({"model": "no-such-model", "note": note}).to_string());
+    let [plain, broken, escape] = explain_edited_noirdoc_for(
+        "header",
+        |policy| {
+            policy.replace(
+                "headers {\n",
+                "input note from body \"note\" : string\n  malformed error model_not_available\n\
+                 headers {\n  \"x-note\" = input.note\n",
+            )
+        },
+        bodies.each_ref().map(String::as_str),
+    )
+    .map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
     assert!(plain.contains("       x-note: one line\n"), "{plain}");
     assert!(broken.contains("error  "), "{broken}");
     assert!(!broken.contains("x-note"), "{broken}");

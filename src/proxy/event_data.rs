@@ -70,9 +70,13 @@ impl<'de> Visitor<'de> for EventMembers {
                     data.delta_stopped =
                         members.next_value_seed(NonNullMember(&["stop_reason"]))?;
                 }
-                Some(4) => data.usage = members.next_value_seed(UsageFigures)?,
-                Some(5) => data.message_usage = members.next_value_seed(UsageWithin)?,
-                Some(6) => data.response_usage = members.next_value_seed(UsageWithin)?,
+                Some(4) => data.usage = members.next_value_seed(UsageFigures::Here)?,
+                Some(5) => {
+                    data.message_usage = members.next_value_seed(UsageFigures::InUsageMember)?
+                }
+                Some(6) => {
+                    data.response_usage = members.next_value_seed(UsageFigures::InUsageMember)?
+                }
                 _ => {
                     members.next_value::<IgnoredAny>()?;
                 }
@@ -144,11 +148,17 @@ macro_rules! other_values_are {
     };
 }
 
-/// A `usage` value's figures, (input, output) tokens, as `wire::usage_figures`
-/// reads them from a tree: OpenAI's `prompt_tokens`/`completion_tokens`,
-/// else `input_tokens`/`output_tokens`, each counted only as a whole
-/// number; `None` when neither figure is there or it is not an object.
-pub struct UsageFigures;
+/// Usage figures, (input, output) tokens, as `wire::usage_figures` reads
+/// them from a tree: OpenAI's `prompt_tokens`/`completion_tokens`, else
+/// `input_tokens`/`output_tokens`, each counted only as a whole number;
+/// `None` when neither figure is there or the value is not an object.
+pub enum UsageFigures {
+    /// The value is the `usage` object.
+    Here,
+    /// The value is an object (Anthropic's message, a Responses response)
+    /// whose `usage` member holds them.
+    InUsageMember,
+}
 
 impl<'de> DeserializeSeed<'de> for UsageFigures {
     type Value = Option<(u64, u64)>;
@@ -176,14 +186,25 @@ impl<'de> Visitor<'de> for UsageFigures {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
-        const NAMES: &[&str] = &[
+        const FIGURES: &[&str] = &[
             "prompt_tokens",
             "input_tokens",
             "completion_tokens",
             "output_tokens",
         ];
+        if let UsageFigures::InUsageMember = self {
+            let mut usage = None;
+            while let Some(member) = members.next_key_seed(NameIn(&["usage"]))? {
+                if member.is_some() {
+                    usage = members.next_value_seed(UsageFigures::Here)?;
+                } else {
+                    members.next_value::<IgnoredAny>()?;
+                }
+            }
+            return Ok(usage);
+        }
         let mut figures = [None; 4];
-        while let Some(member) = members.next_key_seed(NameIn(NAMES))? {
+        while let Some(member) = members.next_key_seed(NameIn(FIGURES))? {
             match member.and_then(|at| figures.get_mut(at)) {
                 Some(figure) => *figure = members.next_value_seed(WholeNumber)?,
                 None => {
@@ -197,48 +218,6 @@ impl<'de> Visitor<'de> for UsageFigures {
             (input.is_some() || output.is_some())
                 .then(|| (input.unwrap_or(0), output.unwrap_or(0))),
         )
-    }
-}
-
-/// An object's `usage` member's figures (`UsageFigures`); `None` for
-/// anything else.
-struct UsageWithin;
-
-impl<'de> DeserializeSeed<'de> for UsageWithin {
-    type Value = Option<(u64, u64)>;
-
-    fn deserialize<D: Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Option<(u64, u64)>, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for UsageWithin {
-    type Value = Option<(u64, u64)>;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a JSON value")
-    }
-
-    other_values_are!(Option<(u64, u64)>, None);
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Self::Value, A::Error> {
-        while items.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
-        let mut usage = None;
-        while let Some(member) = members.next_key_seed(NameIn(&["usage"]))? {
-            if member.is_some() {
-                usage = members.next_value_seed(UsageFigures)?;
-            } else {
-                members.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(usage)
     }
 }
 

@@ -407,7 +407,7 @@ impl<'de> Deserialize<'de> for WholeAnswer {
                     members.next_key_seed(NameIn(&["usage", "type", "error"]))?
                 {
                     match member {
-                        Some(0) => answer.usage = members.next_value_seed(UsageFigures)?,
+                        Some(0) => answer.usage = members.next_value_seed(UsageFigures::Here)?,
                         Some(1) => answer.kind = Some(members.next_value::<Json>()?),
                         Some(_) => {
                             answer.error = members.next_value::<Option<IgnoredAny>>()?.is_some()
