@@ -305,6 +305,28 @@ fn no_path_where_there_is_no_policies_directory_says_it_is_the_default() {
 }
 
 #[test]
+fn a_closed_standard_error_does_not_make_it_panic() {
+    // A pipe whose reader is gone before the first line, as under
+    // `check 2>&1 | true`: every write fails, none may panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    for args in [
+        vec!["policies/noirdoc.policy"],
+        vec!["policies/no-such-file.policy"],
+    ] {
+        let status = Command::new(BIN)
+            .arg("check")
+            .args(&args)
+            .current_dir(PACKAGE_ROOT)
+            .stderr(writer.try_clone().unwrap())
+            .status()
+            .expect("the switchyard binary runs");
+        let expected = if args[0].contains("no-such") { 2 } else { 0 };
+        assert_eq!(status.code(), Some(expected), "{args:?}");
+    }
+}
+
+#[test]
 fn a_missing_path_is_a_usage_error() {
     let output = check(&["policies/no-such-file.policy"]);
     let err = stderr(&output);

@@ -26,7 +26,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     let files = match files_named(&args.paths, ".policy") {
         Ok(files) => files,
         Err(message) => {
-            eprintln!("error: {message}");
+            say_err!("error: {message}");
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -65,7 +65,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             };
             for report in &reports {
                 for diagnostic in report.diagnostics.iter() {
-                    eprintln!("{}\n", render::human(diagnostic, &report.sources, style));
+                    say_err!("{}\n", render::human(diagnostic, &report.sources, style));
                 }
             }
             let noun = if files.len() == 1 {
@@ -79,7 +79,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
             } else {
                 ""
             };
-            eprintln!(
+            say_err!(
                 "checked {} {noun}: {}{denied}",
                 files.len(),
                 render::summary(errors, warnings)

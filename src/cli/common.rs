@@ -150,7 +150,7 @@ pub fn resolve_caller(
 /// Prints the diagnostics of a policy that did not check.
 pub fn print_report(report: &CheckReport) {
     for diagnostic in report.diagnostics.iter() {
-        eprintln!(
+        say_err!(
             "{}\n",
             render::human(diagnostic, &report.sources, Style::Plain)
         );

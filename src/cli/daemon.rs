@@ -111,7 +111,7 @@ fn status_at(level: &str, message: fmt::Arguments<'_>) {
         }) => {
             writer.write_now(format!("{message}\n").as_bytes());
         }
-        None => eprintln!("{message}"),
+        None => say_err!("{message}"),
     }
 }
 

@@ -59,7 +59,7 @@ pub enum ExplainFormat {
 }
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {message}");
+    say_err!("error: {message}");
     ExitCode::from(exit::USAGE)
 }
 
@@ -82,7 +82,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             } else {
                 print_report(&report);
             }
-            eprintln!("error: the policy does not check; fix it first");
+            say_err!("error: the policy does not check; fix it first");
             return ExitCode::from(exit::PROBLEMS);
         }
     };

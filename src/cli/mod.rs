@@ -11,6 +11,15 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that does the same for standard error: `check 2>&1 | head`
+/// must not turn a closed pipe into a panic and exit code 101.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 pub mod check;
 mod common;
 #[cfg(feature = "server")]

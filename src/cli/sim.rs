@@ -35,7 +35,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
     let scenario = match Scenario::parse(&text, &shown) {
         Ok(scenario) => scenario,
         Err(problem) => {
-            eprintln!("{}", scenario_problem(&text, &problem));
+            say_err!("{}", scenario_problem(&text, &problem));
             return ExitCode::from(exit::PROBLEMS);
         }
     };
@@ -47,7 +47,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            say_err!("error: cannot start the async runtime: {error}");
             return ExitCode::from(exit::PROBLEMS);
         }
     };

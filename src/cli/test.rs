@@ -775,7 +775,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         .find(|path| path.is_file() && path.extension().is_some_and(|ext| ext == "policy"))
     {
         let stem = policy.file_stem().map(|s| s.to_string_lossy().to_string());
-        eprintln!(
+        say_err!(
             "error: `{}` is a policy; `switchyard test` runs the cases beside it, in `{}.tests.yaml`",
             policy.display(),
             stem.unwrap_or_default()
@@ -785,7 +785,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     let files = match files_named(&args.paths, ".tests.yaml") {
         Ok(files) => files,
         Err(message) => {
-            eprintln!("error: {message}");
+            say_err!("error: {message}");
             return ExitCode::from(exit::USAGE);
         }
     };
