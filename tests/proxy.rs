@@ -1913,6 +1913,54 @@ async fn headers_case(scenario: &str) -> Gateway {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_own_key_sent_as_a_model_is_not_logged() -> TestResult {
+    // The test key is too short to look like a key: only knowing it is the
+    // caller's own keeps it out of the log.
+    let sent = [KEY.to_string(), format!("my key is {KEY}")];
+    let logged = ["***", "my key is ***"];
+    let errors = r#"  upstream_failed = 502, "every provider failed""#;
+
+    // Refused: an id the catalog does not know.
+    let refusing = Setup::new(HEADERS, errors, a_then_b())
+        .start("providers:\n  a: {}\n  b: {}\n")
+        .await;
+    for model in &sent {
+        let reply = refusing
+            .api
+            .chat(&json!({"model": model, "messages": []}))
+            .await;
+        assert_eq!(reply.status, 404, "{}", reply.text);
+    }
+    let log = refusing.log.clone();
+    until("both refusals are logged", || log.lines().len() == 2).await;
+    let models: Vec<String> = log.lines().into_iter().map(|line| line.model).collect();
+    assert_eq!(models, logged);
+
+    // Served: the id goes upstream as sent, and the line names it twice.
+    let mut serving = Setup::new(HEADERS, errors, a_then_b());
+    serving.policy = serving.policy.replace(
+        "unknown error unknown_model",
+        "unknown serve where true\n  unknown error unknown_model",
+    );
+    let serving = serving.start("providers:\n  a: {}\n  b: {}\n").await;
+    for model in &sent {
+        let reply = serving
+            .api
+            .chat(&json!({"model": model, "messages": []}))
+            .await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+    }
+    let log = serving.log.clone();
+    until("both requests are logged", || log.lines().len() == 2).await;
+    for (line, logged) in log.lines().iter().zip(logged) {
+        assert_eq!(line.model, logged);
+        let exchange = line.exchange.as_ref().expect("an exchange ran");
+        assert_eq!(exchange.served_model(), logged);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() -> TestResult {
     let gateway = headers_case("providers:\n  a: {sequence: [\"503\", \"503\"]}\n  b: {sequence: [\"200\", \"503\"]}\n  c: {}\n")
             .await;

@@ -666,11 +666,13 @@ impl Exchange {
     fn answered_by(&mut self, index: usize) {
         self.report.served_provider = Some(self.provider_id(index));
         // An `unknown serve` tier's upstream model is the client's id.
-        self.report.served_model = self
-            .plan
-            .candidates
-            .get(index)
-            .map(|c| super::logged_model(c.upstream_model(&self.snapshot)));
+        self.report.served_model = self.plan.candidates.get(index).map(|c| {
+            let upstream = c.upstream_model(&self.snapshot);
+            match &self.log {
+                Some(log) => log.served_model(upstream),
+                None => super::logged_model(upstream, None),
+            }
+        });
     }
 
     fn served(&mut self, index: usize, usage: Option<(u64, u64)>, first_byte: Option<Duration>) {

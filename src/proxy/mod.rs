@@ -1116,7 +1116,8 @@ fn prepare(
         .and_then(|b| b.get("model"))
         .and_then(Json::as_str)
         .unwrap_or("");
-    let requested_model = logged_model(requested);
+    let caller_key = presented_key(&arrived.parts.headers);
+    let requested_model = logged_model(requested, caller_key);
     let plan = match decision.result {
         Ok(plan) => plan,
         Err(refusal) => {
@@ -1168,6 +1169,7 @@ fn prepare(
         tenant,
         model_label: model_label(snapshot, requested, Some(&plan)).to_string(),
         model: requested_model,
+        ids_holding_the_key: ids_holding_the_key(&plan, caller_key),
         decision,
         started: arrived.started,
         _in_flight: arrived.in_flight,
@@ -1208,11 +1210,16 @@ pub const OTHER_MODEL: &str = "(other)";
 /// Longest model id a log line quotes in full.
 const LOGGED_MODEL_BYTES: usize = 256;
 
-/// A model id as the log line shows it: a word in it that looks like an
-/// API key masked (a client may paste one there by mistake), and cut short
-/// (at a character boundary, marked with `…`) when a client sent a long one.
-fn logged_model(requested: &str) -> String {
-    let requested = redact(requested);
+/// A model id as the log line shows it: the caller's own key, however
+/// short, and a word that looks like an API key masked (a client may paste
+/// one there by mistake), and cut short (at a character boundary, marked
+/// with `…`) when a client sent a long one.
+fn logged_model(requested: &str, caller_key: Option<&str>) -> String {
+    let without_key = match caller_key {
+        Some(key) if requested.contains(key) => Cow::Owned(requested.replace(key, KEY_MASK)),
+        _ => Cow::Borrowed(requested),
+    };
+    let requested = redact(&without_key);
     if requested.len() <= LOGGED_MODEL_BYTES {
         return requested.into_owned();
     }
@@ -1221,6 +1228,33 @@ fn logged_model(requested: &str) -> String {
         end -= 1;
     }
     format!("{}…", requested.get(..end).unwrap_or_default())
+}
+
+/// What the caller's own key becomes in a logged model id.
+const KEY_MASK: &str = "***";
+
+/// The requested ids an `unknown serve` candidate of the plan would send
+/// upstream as they are, which hold the caller's key, each with its logged
+/// form; empty (no allocation) for every sensible request.
+fn ids_holding_the_key(
+    plan: &crate::evaluate::Plan,
+    caller_key: Option<&str>,
+) -> Vec<(Arc<str>, String)> {
+    let Some(key) = caller_key else {
+        return Vec::new();
+    };
+    let mut ids: Vec<(Arc<str>, String)> = Vec::new();
+    for id in plan
+        .candidates
+        .iter()
+        .filter(|c| c.model.is_none())
+        .map(|c| &c.requested.id)
+    {
+        if id.contains(key) && !ids.iter().any(|(seen, _)| Arc::ptr_eq(seen, id)) {
+            ids.push((id.clone(), logged_model(id, Some(key))));
+        }
+    }
+    ids
 }
 
 /// A request that ended before any exchange: its log line and its count in
@@ -1256,6 +1290,9 @@ struct RequestLog {
     tenant: String,
     /// As the log line shows it.
     model: String,
+    /// See [`ids_holding_the_key`]: the answering model is logged in the
+    /// same masked form.
+    ids_holding_the_key: Vec<(Arc<str>, String)>,
     /// As the metrics count it.
     model_label: String,
     /// The plan: its providers in order and how many attempts it allows.
@@ -1265,6 +1302,17 @@ struct RequestLog {
 }
 
 impl RequestLog {
+    /// A candidate's upstream model as the log line shows it.
+    fn served_model(&self, upstream: &Arc<str>) -> String {
+        self.ids_holding_the_key
+            .iter()
+            .find(|(id, _)| Arc::ptr_eq(id, upstream))
+            .map_or_else(
+                || logged_model(upstream, None),
+                |(_, logged)| logged.clone(),
+            )
+    }
+
     /// The request's log line and metrics, once its exchange has ended.
     fn write(self, proxy: &Proxy, request_id: Arc<str>, endpoint: Endpoint, report: Report) {
         proxy.metrics.request(
@@ -1359,14 +1407,18 @@ mod tests {
 
     #[test]
     fn a_logged_model_masks_what_looks_like_a_key_and_is_cut_short() {
-        assert_eq!(logged_model("gpt-5"), "gpt-5");
+        assert_eq!(logged_model("gpt-5", None), "gpt-5");
         let key = "sk-proj-ABCDEFGHIJ0123456789";
         assert_eq!(
-            logged_model(key),
+            logged_model(key, None),
             format!("sk-{}", "*".repeat(key.len() - 3))
         );
+        // The caller's own key, however short, wherever it stands.
+        assert_eq!(logged_model("k-acme", Some("k-acme")), "***");
+        assert_eq!(logged_model("a k-acme b", Some("k-acme")), "a *** b");
+        assert_eq!(logged_model("gpt-5", Some("k-acme")), "gpt-5");
         let long = "é".repeat(200);
-        let logged = logged_model(&long);
+        let logged = logged_model(&long, None);
         assert!(logged.ends_with('…'), "{logged}");
         assert!(logged.len() <= LOGGED_MODEL_BYTES + '…'.len_utf8());
     }
