@@ -399,6 +399,14 @@ fn a_policy_that_is_not_text_is_a_problem_in_it() {
     assert_eq!(code(&output), 1, "{err}");
     assert!(err.contains("error[E0108]"), "{err}");
     assert!(err.contains("help: save the file as UTF-8 text"), "{err}");
+    // It has no line to point at, but says which file it is about, so a
+    // run over many files, or CI reading JSON, can tell.
+    let shown = policy.display().to_string();
+    assert!(err.contains(&format!("--> {shown}\n")), "{err}");
+    let output = check(&["--format", "json", policy.to_str().unwrap()]);
+    let items: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(items[0]["file"], shown.as_str(), "{items}");
+    assert_eq!(items[0]["line"], serde_json::Value::Null, "{items}");
 }
 
 #[test]

@@ -265,6 +265,16 @@ async fn a_policy_replaced_by_a_named_pipe_fails_its_reload_and_later_ones_run()
     })
     .await;
     assert_eq!(setup.ask().await, (200, Some(String::from("g0"))));
+    // The failure names the policy file, though no line of it was read.
+    let file = setup
+        .proxy
+        .reload_status
+        .lock()
+        .unwrap()
+        .last_failure
+        .as_ref()
+        .and_then(|failure| failure.file.clone());
+    assert_eq!(file.as_deref(), setup.policy.to_str());
 
     std::fs::remove_file(&setup.policy).unwrap();
     std::fs::write(&setup.policy, policy_text("g1")).unwrap();

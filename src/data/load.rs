@@ -59,9 +59,10 @@ pub fn read_source(
             } else {
                 "check the path"
             };
-            if let Some((source, span)) = referenced_at {
-                diagnostic = diagnostic.at(source, span, "named here");
-            }
+            diagnostic = match referenced_at {
+                Some((source, span)) => diagnostic.at(source, span, "named here"),
+                None => diagnostic.about_file(shown_as),
+            };
             diagnostics.push(diagnostic.help(help));
             None
         }

@@ -7,7 +7,7 @@ pub mod codes;
 pub mod redact;
 pub mod render;
 
-use crate::source::{SourceId, Span};
+use crate::source::{SourceId, SourceMap, Span};
 pub use codes::Code;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -33,6 +33,9 @@ pub struct Diagnostic {
     /// missing command-line argument.
     pub primary: Option<Label>,
     pub secondary: Vec<Label>,
+    /// The file a problem without a place in it is about (one that cannot
+    /// be read), so that a run over many files still names it.
+    pub file: Option<String>,
     pub help: Option<String>,
     /// Whether renderers may quote the source line. Off for diagnostics about
     /// secrets, so a pasted key never reaches a terminal or CI log.
@@ -46,6 +49,7 @@ impl Diagnostic {
             message: message.into(),
             primary: None,
             secondary: Vec::new(),
+            file: None,
             help: None,
             quote_source: true,
         }
@@ -71,6 +75,21 @@ impl Diagnostic {
             message: label.into(),
         });
         self
+    }
+
+    /// About `file` as a whole, for a problem with no place in it.
+    pub fn about_file(mut self, file: impl Into<String>) -> Diagnostic {
+        self.file = Some(file.into());
+        self
+    }
+
+    /// The file the diagnostic points into, or is about.
+    pub fn file_name<'a>(&'a self, sources: &'a SourceMap) -> Option<&'a str> {
+        self.primary
+            .as_ref()
+            .and_then(|label| sources.file(label.source))
+            .map(|file| file.name.as_str())
+            .or(self.file.as_deref())
     }
 
     pub fn help(mut self, help: impl Into<String>) -> Diagnostic {

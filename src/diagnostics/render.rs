@@ -119,6 +119,11 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
         };
         group = group.element(element);
     }
+    if places.is_empty()
+        && let Some(file) = &diagnostic.file
+    {
+        group = group.element(Origin::path(file.as_str()));
+    }
     let help = diagnostic.help.as_deref().map(redact);
     if let Some(help) = &help {
         group = group.element(Level::HELP.message(&**help));
@@ -292,6 +297,8 @@ pub fn one_line(diagnostic: &Diagnostic, sources: &SourceMap) -> String {
         .and_then(|label| json_label(label, sources))
     {
         line.push_str(&format!(" {}:{}:{}", label.file, label.line, label.column));
+    } else if let Some(file) = &diagnostic.file {
+        line.push_str(&format!(" {file}"));
     }
     line.push_str(": ");
     line.push_str(&redact(&diagnostic.message));
@@ -314,9 +321,11 @@ pub fn json<'a>(
                 .primary
                 .as_ref()
                 .and_then(|label| json_label(label, sources));
-            let (file, line, column) = primary.as_ref().map_or((None, None, None), |label| {
-                (Some(label.file), Some(label.line), Some(label.column))
-            });
+            let (file, line, column) = primary
+                .as_ref()
+                .map_or((diagnostic.file.as_deref(), None, None), |label| {
+                    (Some(label.file), Some(label.line), Some(label.column))
+                });
             let labels = primary
                 .into_iter()
                 .chain(

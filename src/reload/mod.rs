@@ -234,9 +234,8 @@ impl Reloader {
                     .iter()
                     .find(|d| d.severity() == crate::diagnostics::Severity::Error);
                 let failed_file = first_error
-                    .and_then(|d| d.primary.as_ref())
-                    .and_then(|label| report.sources.file(label.source))
-                    .map(|file| file.name.clone());
+                    .and_then(|d| d.file_name(&report.sources))
+                    .map(str::to_string);
                 let diagnostics: Json = serde_json::from_str(&render::json(
                     report.diagnostics.iter().take(SHOWN_DIAGNOSTICS),
                     &report.sources,
