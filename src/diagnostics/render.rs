@@ -217,9 +217,12 @@ fn visible_range(file: &SourceFile, label: &Label) -> std::ops::Range<usize> {
     while !file.text.is_char_boundary(end) {
         end += 1;
     }
-    if start == end {
+    let next = file.text.get(end..).and_then(|rest| rest.chars().next());
+    // At a line's end the caret stays after its last character: widened
+    // over the line break, it would reach into the next line.
+    if start == end && !matches!(next, Some('\n' | '\r')) {
         if end < len {
-            end += file.text[end..].chars().next().map_or(0, char::len_utf8);
+            end += next.map_or(0, char::len_utf8);
         } else if let Some(last) = file.text[..start].chars().next_back() {
             start -= last.len_utf8();
         }

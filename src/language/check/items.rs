@@ -534,7 +534,7 @@ impl<'a> Checker<'a> {
             spec.sources
                 .push(Term::read(ir::Read::RequestModel, block.keyword));
         }
-        if credentials_seen.is_none() {
+        if credentials_seen.is_none() && !self.incomplete {
             self.error_at(
                 codes::MISSING_SECTION,
                 block.keyword,
@@ -545,7 +545,7 @@ impl<'a> Checker<'a> {
                 )),
             );
         }
-        if unknown_error_seen.is_none() {
+        if unknown_error_seen.is_none() && !self.incomplete {
             self.error_at(
                 codes::MISSING_SECTION,
                 block.keyword,

@@ -17,7 +17,7 @@ fn describe(rule: Rule) -> Option<String> {
     }
     Some(
         match rule {
-            Rule::EOI => "end of file",
+            Rule::EOI => END_OF_FILE,
             Rule::expr | Rule::expr_only | Rule::path | Rule::if_expr | Rule::call => {
                 "an expression"
             }
@@ -100,11 +100,14 @@ fn describe(rule: Rule) -> Option<String> {
     )
 }
 
+const END_OF_FILE: &str = "end of file";
+const END_OF_LINE: &str = "end of line";
+
 /// The token at `offset`, for "found ..." in messages, with its length.
 fn found_at(text: &str, offset: usize) -> (String, usize) {
     let rest = text.get(offset..).unwrap_or("");
     let Some(first) = rest.chars().next() else {
-        return (String::from("end of file"), 0);
+        return (String::from(END_OF_FILE), 0);
     };
     let length = if first.is_alphanumeric() || first == '_' {
         rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '%'))
@@ -114,7 +117,7 @@ fn found_at(text: &str, offset: usize) -> (String, usize) {
     };
     let token = rest.get(..length).unwrap_or("");
     if first == '\n' || first == '\r' {
-        (String::from("end of line"), 0)
+        (String::from(END_OF_LINE), 0)
     } else if first != ' ' && (first.is_whitespace() || first.is_control() || is_invisible(first)) {
         // Shown between backticks it would look like nothing, or a space.
         (
@@ -165,10 +168,10 @@ fn join_expected(expected: &BTreeSet<String>) -> String {
 }
 
 /// Converts a pest error on `text` (a chunk that starts at byte `offset` of
-/// its file) into a syntax diagnostic.
+/// its file, and ends the file or not) into a syntax diagnostic.
 pub fn syntax_error(
     source: SourceId,
-    offset: usize,
+    (offset, ends_the_file): (usize, bool),
     text: &str,
     error: &pest::error::Error<Rule>,
 ) -> Diagnostic {
@@ -220,6 +223,29 @@ pub fn syntax_error(
     if expected.len() > 1 {
         expected.remove("an operator");
     }
+    // The characters a name or an expression may begin with are named by
+    // those words already.
+    if expected.contains("a name") || expected.contains("an expression") {
+        expected.remove("`_`");
+    }
+    if expected.contains("an expression") || expected.contains("a string") {
+        expected.remove("`\"`");
+    }
+    if expected.contains("an expression") {
+        expected.remove("`[`");
+    }
+    // A statement's or a section's text ends at its line, not the file's end.
+    let at_chunk_end = text
+        .get(position..)
+        .is_some_and(|rest| rest.trim().is_empty());
+    if !ends_the_file {
+        if expected.remove(END_OF_FILE) {
+            expected.insert(String::from(END_OF_LINE));
+        }
+        if at_chunk_end {
+            position = text.trim_end().len();
+        }
+    }
     // The parser tried to read a name, matched a reserved word, and wanted
     // the word to go on: "expected `_`" would send the reader looking for
     // a missing underscore.
@@ -250,7 +276,11 @@ pub fn syntax_error(
         expected = keep;
         expected.insert(format!("{more} more"));
     }
-    let (found, length) = found_at(text, position);
+    let (found, length) = if at_chunk_end && !ends_the_file {
+        (String::from(END_OF_LINE), 0)
+    } else {
+        found_at(text, position)
+    };
     let span = Span::new(offset + position, offset + position + length);
     // A word where a keyword or punctuation belongs: most often a keyword
     // misspelt.
@@ -271,7 +301,9 @@ pub fn syntax_error(
     };
     let help = match crate::diagnostics::suggest(word, candidates.iter().copied()) {
         Some(close)
-            if !is_keyword && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+            if !is_keyword
+                && !word.is_empty()
+                && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
         {
             format!("did you mean `{close}`? see docs/language.md for the form of each statement")
         }

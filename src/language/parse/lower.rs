@@ -1528,7 +1528,7 @@ pub fn parse_expression(source: SourceId, text: &str) -> (Option<Expr>, Vec<Diag
         }
         Err(error) => (
             None,
-            vec![super::errors::syntax_error(source, 0, text, &error)],
+            vec![super::errors::syntax_error(source, (0, true), text, &error)],
         ),
     }
 }

@@ -66,9 +66,12 @@ pub fn parse(source: SourceId, text: &str) -> Parsed {
         Err(whole_file_error) => {
             let mut parsed = Recovery::new(source, text, scan).run();
             if parsed.diagnostics.is_empty() {
-                parsed
-                    .diagnostics
-                    .push(errors::syntax_error(source, 0, text, &whole_file_error));
+                parsed.diagnostics.push(errors::syntax_error(
+                    source,
+                    (0, true),
+                    text,
+                    &whole_file_error,
+                ));
             }
             parsed
         }
@@ -124,9 +127,12 @@ impl<'t> Recovery<'t> {
 
     fn report(&mut self, offset: usize, text: &str, end: usize, error: &pest::error::Error<Rule>) {
         if !self.explained(offset, end) {
-            self.parsed
-                .diagnostics
-                .push(errors::syntax_error(self.source, offset, text, error));
+            self.parsed.diagnostics.push(errors::syntax_error(
+                self.source,
+                (offset, offset + text.len() >= self.text.len()),
+                text,
+                error,
+            ));
         }
     }
 
