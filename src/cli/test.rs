@@ -115,7 +115,11 @@ fn other_case_mistakes(file: &str, text: &str, first: &serde_saphyr::Error) -> V
     if text.replace("\r\n", "").contains('\r') {
         return Vec::new();
     }
-    let Ok(places) = serde_saphyr::from_str::<CasePlaces>(text) else {
+    // Only where cases begin: a key repeated in one of them is that case's
+    // mistake, found when it is read alone, and must not hide the others.
+    let mut options = serde_saphyr::Options::default();
+    options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::FirstWins;
+    let Ok(places) = serde_saphyr::from_str_with_options::<CasePlaces>(text, options) else {
         return Vec::new();
     };
     let first_place = yaml_error(file, first).place;
@@ -163,7 +167,11 @@ fn made_by_the_case(mistake: &serde_saphyr::Error, whole: bool) -> bool {
         | Error::SerdeInvalidType { .. }
         | Error::SerdeInvalidValue { .. }
         | Error::SerdeInvalidLength { .. }
-        | Error::SerdeUnknownVariant { .. } => whole,
+        | Error::SerdeUnknownVariant { .. }
+        // A text where a list or mapping belongs, a word where a number does.
+        | Error::Unexpected { .. }
+        | Error::InvalidScalar { .. }
+        | Error::NullIntoString { .. } => whole,
         _ => false,
     }
 }
@@ -239,7 +247,7 @@ pub struct Expect {
     pub headers: BTreeMap<String, String>,
     /// For an outcome: `next`, `stop` or `retry`.
     #[serde(default)]
-    pub action: Option<String>,
+    pub action: Option<ExpectedAction>,
     /// For a retry: the wait.
     #[serde(default)]
     pub retry_after: Option<String>,
@@ -249,6 +257,25 @@ pub struct Expect {
     /// Scopes penalized.
     #[serde(default)]
     pub penalize: Vec<String>,
+}
+
+/// What the policy does after an attempt's outcome, as a case names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpectedAction {
+    Next,
+    Stop,
+    Retry,
+}
+
+impl ExpectedAction {
+    fn name(self) -> &'static str {
+        match self {
+            ExpectedAction::Next => "next",
+            ExpectedAction::Stop => "stop",
+            ExpectedAction::Retry => "retry",
+        }
+    }
 }
 
 /// Every credential is set except the named ones.
@@ -668,7 +695,7 @@ fn reaction_differences(
         Action::Stop => ("stop", None),
         Action::Retry { after_ms } => ("retry", Some(after_ms)),
     };
-    if let Some(expected) = &expect.action
+    if let Some(expected) = expect.action.map(ExpectedAction::name)
         && expected != action
     {
         problems.push(format!("expected `{expected}`, the policy says `{action}`"));
@@ -947,6 +974,34 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
             found[0].contains("t.yaml:9:5: `plan` is not a field here"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_kind_of_value_or_a_repeated_field_in_another_case_is_named() {
+        let case = |name: &str, more: &str| {
+            format!("  - name: {name}\n    key: k\n    body: {{model: m}}\n{more}")
+        };
+        let text = format!(
+            "cases:\n{}{}{}{}{}",
+            case("a", "    expct: {plan: [p]}\n"),
+            case("b", "    expect: {plan: p}\n"),
+            case(
+                "c",
+                "    expect: {attempts: x}\n    outcome: {result: \"429\"}\n"
+            ),
+            case("d", "    expect: {action: nxt}\n"),
+            case("e", "    key: k\n    expect: {attempts: 2}\n"),
+        );
+        let found = mistakes(&text);
+        let places: Vec<&str> = found
+            .iter()
+            .filter_map(|mistake| mistake.split(": ").next())
+            .collect();
+        assert_eq!(
+            places,
+            ["t.yaml:9:20", "t.yaml:13:24", "t.yaml:18:22", "t.yaml:22:5"],
             "{found:?}"
         );
     }
