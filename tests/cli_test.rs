@@ -40,6 +40,35 @@ fn noirdoc() -> String {
 }
 
 #[test]
+fn each_plan_entry_is_compared_as_precisely_as_it_is_written() {
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: mixed
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io/aki-io-platform, scaleway@qwen3.8-27b, ionos, together]}}
+  - name: a wrong model
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io/aki-io-platform, scaleway@gpt-5, ionos, together]}}
+"#,
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("mixed-plan", "mixed.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("ok    "), "{stdout}");
+    assert!(stdout.contains(": mixed\n"), "{stdout}");
+    assert!(stdout.contains("FAIL  "), "{stdout}");
+    assert!(stdout.contains("1 passed, 1 failed"), "{stdout}");
+    // The difference is shown with a credential and a model for each entry.
+    assert!(
+        stdout.contains("actual plan [aki-io/aki-io-platform@qwen3.8-27b, scaleway/"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_case_that_could_not_fail_fails_and_says_why() {
     let cases = format!(
         r#"policy: {policy}

@@ -316,6 +316,15 @@ fn entry(
     text
 }
 
+/// Whether a plan entry names a credential and a model:
+/// `provider/credential@model`, where a model id may hold a `/` too.
+fn entry_names(written: &str) -> (bool, bool) {
+    match written.split_once('@') {
+        Some((provider, _)) => (provider.contains('/'), true),
+        None => (written.contains('/'), false),
+    }
+}
+
 /// Compares a decision with what the case expects; the differences, if any.
 fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec<String> {
     let mut problems = Vec::new();
@@ -328,19 +337,21 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 ));
             }
             if let Some(expected) = &expect.plan {
-                // `provider/credential@model`: a model id may hold a `/` too.
-                let with_credential = expected.iter().any(|e| {
-                    e.split_once('@')
-                        .map_or(e.as_str(), |(at, _)| at)
-                        .contains('/')
-                });
-                let with_model = expected.iter().any(|e| e.contains('@'));
-                let actual: Vec<String> = plan
-                    .candidates
-                    .iter()
-                    .map(|c| entry(snapshot, c, with_credential, with_model))
-                    .collect();
-                if &actual != expected {
+                // Each entry is compared as precisely as it is written.
+                let matches = expected.len() == plan.candidates.len()
+                    && expected.iter().zip(&plan.candidates).all(|(e, c)| {
+                        let (with_credential, with_model) = entry_names(e);
+                        entry(snapshot, c, with_credential, with_model) == *e
+                    });
+                if !matches {
+                    // Shown as precisely as the most precise expected entry.
+                    let with_credential = expected.iter().any(|e| entry_names(e).0);
+                    let with_model = expected.iter().any(|e| entry_names(e).1);
+                    let actual: Vec<String> = plan
+                        .candidates
+                        .iter()
+                        .map(|c| entry(snapshot, c, with_credential, with_model))
+                        .collect();
                     problems.push(format!("expected plan [{}]", expected.join(", ")));
                     problems.push(format!("  actual plan [{}]", actual.join(", ")));
                 }
