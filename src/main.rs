@@ -1,6 +1,5 @@
-use clap::Parser;
 use std::process::ExitCode;
-use switchyard::cli::{Cli, run};
+use switchyard::cli::{parse_args, run};
 
 /// Cargo.toml says why the proxy's allocator is jemalloc.
 #[cfg(all(feature = "server", unix))]
@@ -8,5 +7,8 @@ use switchyard::cli::{Cli, run};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    run(Cli::parse())
+    match parse_args(std::env::args_os().collect()) {
+        Ok(cli) => run(cli),
+        Err(exit) => exit,
+    }
 }

@@ -87,6 +87,74 @@ fn with_json_logs_the_refusal_is_a_json_line_too() {
 }
 
 #[test]
+fn with_json_logs_a_command_line_mistake_is_a_json_line_too() {
+    for args in [
+        &[
+            "serve",
+            "--policy",
+            "policies/noirdoc.policy",
+            "--log-format",
+            "json",
+            "--listen",
+            "localhost:8080",
+        ][..],
+        &[
+            "serve",
+            "--log-format=json",
+            "--policy",
+            "policies/noirdoc.policy",
+            "--drain",
+            "soon",
+        ][..],
+        &["demo", "--log-format", "json", "--no-such-flag"][..],
+    ] {
+        let output = Command::new(BIN)
+            .args(args)
+            .current_dir(ROOT)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        let lines: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{stderr}");
+        assert_eq!(lines[0]["level"], "ERROR", "{stderr}");
+        assert!(
+            lines[0]["fields"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("error: "),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_host_name_to_listen_on_is_refused_with_the_form_an_address_takes() {
+    let output = Command::new(BIN)
+        .args([
+            "sim",
+            "--scenario",
+            "scenarios/healthy.yaml",
+            "--listen",
+            "localhost:9100",
+        ])
+        .current_dir(ROOT)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "`localhost:9100` is not an IP address and port; write one such as 127.0.0.1:8080"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn with_json_logs_a_policy_that_does_not_check_is_reported_in_json() {
     let output = Command::new(BIN)
         .args([

@@ -98,12 +98,7 @@ pub fn warning(message: fmt::Arguments<'_>) {
 fn status_at(level: &str, message: fmt::Arguments<'_>) {
     match LOG_WRITER.get() {
         Some(StatusWriter { writer, json: true }) => {
-            let mut line = String::from("{\"timestamp\":\"");
-            let _ = write_timestamp(&mut line, std::time::SystemTime::now());
-            let _ = write!(line, "\",\"level\":\"{level}\",\"fields\":{{\"message\":");
-            let _ = write_json_string(&mut line, message.to_string().trim_end());
-            line.push_str("},\"target\":\"switchyard\"}\n");
-            writer.write_now(line.as_bytes());
+            writer.write_now(json_status_line(level, &message.to_string()).as_bytes());
         }
         Some(StatusWriter {
             writer,
@@ -113,6 +108,24 @@ fn status_at(level: &str, message: fmt::Arguments<'_>) {
         }
         None => say_err!("{message}"),
     }
+}
+
+/// A status line as a JSON object, as tracing's JSON lines are.
+fn json_status_line(level: &str, message: &str) -> String {
+    let mut line = String::from("{\"timestamp\":\"");
+    let _ = write_timestamp(&mut line, std::time::SystemTime::now());
+    let _ = write!(line, "\",\"level\":\"{level}\",\"fields\":{{\"message\":");
+    let _ = write_json_string(&mut line, message.trim_end());
+    line.push_str("},\"target\":\"switchyard\"}\n");
+    line
+}
+
+/// An error before logging starts (the command line's), as a JSON line on
+/// standard error.
+pub fn json_error(message: &str) {
+    use std::io::Write as _;
+    let line = json_status_line("ERROR", message);
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// A fatal error in the command's use or set-up: a status line, exit 2.
@@ -217,6 +230,16 @@ impl Signals {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// Parses a `--listen` address, saying what form it takes.
+pub fn listen_arg(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!(
+            "`{text}` is not an IP address and port; write one such as 127.0.0.1:8080 \
+             or [::1]:8080 (host names such as localhost are not looked up)"
+        )
+    })
 }
 
 /// Parses a duration such as `10s` or `250ms` for a command-line option.

@@ -91,7 +91,7 @@ fn shipped_file(path: &str) -> Option<&'static str> {
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where the proxy listens.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = super::daemon::listen_arg)]
     pub listen: SocketAddr,
     /// Serve the policy from this directory, which you may edit while the
     /// demo runs (changes reload live). The shipped policy is copied there

@@ -93,6 +93,33 @@ pub mod exit {
     pub const USAGE: u8 = 2;
 }
 
+/// The command line, or the exit code of a command line that is not one:
+/// clap's error (or help, or version) printed as clap prints it, but an
+/// error as a JSON line when the arguments ask for `--log-format json`, so
+/// that a collector reading every line as JSON reads this one too.
+pub fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, ExitCode> {
+    Cli::try_parse_from(&args).map_err(|error| {
+        #[cfg(feature = "server")]
+        if error.use_stderr() && asks_for_json_logs(&args) {
+            daemon::json_error(&error.render().to_string());
+            return ExitCode::from(exit::USAGE);
+        }
+        let code = error.exit_code();
+        // Printing fails only on a closed stream, which has no reader left.
+        let _ = error.print();
+        ExitCode::from(u8::try_from(code).unwrap_or(exit::USAGE))
+    })
+}
+
+/// Whether the arguments hold `--log-format json` (or `--log-format=json`).
+#[cfg(feature = "server")]
+fn asks_for_json_logs(args: &[std::ffi::OsString]) -> bool {
+    args.iter().any(|arg| arg == "--log-format=json")
+        || args
+            .windows(2)
+            .any(|pair| matches!(pair, [flag, value] if flag == "--log-format" && value == "json"))
+}
+
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Check(args) => check::run(&args),

@@ -3,8 +3,8 @@
 
 use super::common::{CHOOSE_ANOTHER, listen_failure};
 use super::daemon::{
-    LogFormat, Signals, duration_arg, fail, init_logging, problem, raise_open_file_limit, runtime,
-    status, warning,
+    LogFormat, Signals, duration_arg, fail, init_logging, listen_arg, problem,
+    raise_open_file_limit, runtime, status, warning,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report, unusable_credentials};
@@ -27,7 +27,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub policy: PathBuf,
     /// Where to listen. Only loopback unless you say otherwise.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_arg)]
     pub listen: SocketAddr,
     /// The largest request body accepted, in bytes (at least 1).
     #[arg(long, default_value_t = Limits::default().max_body_bytes, value_parser = body_limit_arg)]

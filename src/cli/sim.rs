@@ -17,7 +17,7 @@ use std::process::ExitCode;
 #[derive(Debug, Args)]
 pub struct SimArgs {
     /// The address to listen on; the shipped catalogs expect 127.0.0.1:9100.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9100")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9100", value_parser = super::daemon::listen_arg)]
     pub listen: SocketAddr,
 
     /// The scenario: which providers to simulate and how each answers
