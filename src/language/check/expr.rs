@@ -1248,20 +1248,26 @@ impl Checker<'_> {
                         return broken(span);
                     }
                     None => {
-                        let help =
-                            suggest(&segment.name, record.fields.iter().map(|(f, _)| f.as_str()))
-                                .map(|close| format!("did you mean {prefix}.{close}?"))
-                                .or_else(|| {
-                                    Some(format!(
-                                        "`{prefix}` has: {}",
-                                        record
-                                            .fields
-                                            .iter()
-                                            .map(|(f, _)| f.as_str())
-                                            .collect::<Vec<_>>()
-                                            .join(", ")
-                                    ))
-                                });
+                        let help = suggest(
+                            &segment.name,
+                            record.fields.iter().map(|(f, _)| f.as_str()),
+                        )
+                        .map(|close| format!("did you mean {prefix}.{close}?"))
+                        .or_else(|| {
+                            let fields: Vec<&str> =
+                                record.fields.iter().map(|(f, _)| f.as_str()).collect();
+                            let name = &segment.name;
+                            Some(match (fields.is_empty(), declared_where(&prefix, name)) {
+                                (true, Some(place)) => format!(
+                                    "nothing is declared for `{prefix}`; add `{name}` {place}"
+                                ),
+                                (false, Some(place)) => format!(
+                                    "`{prefix}` has: {}; add others {place}",
+                                    fields.join(", ")
+                                ),
+                                (_, None) => format!("`{prefix}` has: {}", fields.join(", ")),
+                            })
+                        });
                         self.err(
                             codes::UNKNOWN_ATTRIBUTE,
                             Span::new(path_start, segment.span.end),
@@ -2090,6 +2096,22 @@ fn type_hint(actual: &Ty, expected: &Ty) -> Option<String> {
             "this place takes {expected}; every branch of an `if` and every argument of a `coalesce` must be one too"
         )),
     }
+}
+
+/// Where a root's attributes are declared, for a hint when one is missing:
+/// what a policy may read is not all written in the policy.
+fn declared_where(root: &str, name: &str) -> Option<String> {
+    Some(match root {
+        "defaults" => String::from("under `settings:` in the tenants file"),
+        "input" => format!("as `input {name} from body \"FIELD\" : TYPE`"),
+        "deployment" | "provider" | "route" | "model" | "credential" => {
+            format!("under `attributes:` `{root}:` in the catalog")
+        }
+        "tenant" | "workspace" | "key" => {
+            format!("under `attributes:` `{root}:` in the tenants file")
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
