@@ -65,7 +65,7 @@ impl Tour {
     pub fn shipped() -> Result<Tour, String> {
         let text = shipped_file(TOUR).ok_or("the binary was built without policies/demo.yaml")?;
         serde_saphyr::from_str(text).map_err(|error| {
-            crate::data::yaml_error(&format!("policies/{TOUR}"), &error).to_string()
+            crate::data::yaml_error(&format!("policies/{TOUR}"), text, &error).to_string()
         })
     }
 

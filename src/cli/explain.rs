@@ -138,7 +138,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
             match serde_saphyr::from_str(&text) {
                 Ok(entries) => entries,
                 Err(error) => {
-                    return fail(yaml_error(&path.display().to_string(), &error));
+                    return fail(yaml_error(&path.display().to_string(), &text, &error));
                 }
             }
         }

@@ -122,7 +122,7 @@ fn other_case_mistakes(file: &str, text: &str, first: &serde_saphyr::Error) -> V
     let Ok(places) = serde_saphyr::from_str_with_options::<CasePlaces>(text, options) else {
         return Vec::new();
     };
-    let first_place = yaml_error(file, first).place;
+    let first_place = yaml_error(file, text, first).place;
     let lines: Vec<&str> = text.lines().collect();
     let starts: Vec<(u64, u64)> = places
         .cases
@@ -144,7 +144,7 @@ fn other_case_mistakes(file: &str, text: &str, first: &serde_saphyr::Error) -> V
         if !made_by_the_case(&mistake, next_line.is_some()) {
             continue;
         }
-        let mut problem = yaml_error(file, &mistake);
+        let mut problem = yaml_error(file, &alone, &mistake);
         if let Some((line, _)) = &mut problem.place {
             *line = line.saturating_add(lines_before);
         }
@@ -841,7 +841,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let tests: TestFile = match serde_saphyr::from_str(&text) {
             Ok(tests) => tests,
             Err(error) => {
-                say!("FAIL  {}", yaml_error(&shown, &error));
+                say!("FAIL  {}", yaml_error(&shown, &text, &error));
                 failed += 1;
                 for mistake in other_case_mistakes(&shown, &text, &error) {
                     say!("FAIL  {mistake}");

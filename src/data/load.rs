@@ -207,10 +207,27 @@ fn parse_data<T: serde::de::DeserializeOwned>(
     match serde_saphyr::from_str_with_options::<T>(text, yaml_options()) {
         Ok(raw) => Some(Parsed { raw, located: true }),
         Err(error) => {
-            let span = error.location().map_or_else(Span::default, |location| {
-                span_at(sources, source, &location)
-            });
-            diagnostics.push(schema_diagnostic(YamlError::of(&error), source, span));
+            let mut read = YamlError::of(&error);
+            let tab = error
+                .location()
+                .filter(|location| location.line() > 0)
+                .and_then(|location| {
+                    let (line, column) =
+                        tab_in_indentation(&read.message, text, whole(location.line()))?;
+                    sources
+                        .file(source)
+                        .map(|file| file.offset_of(line, column))
+                });
+            let span = match tab {
+                Some(at) => {
+                    read.message = String::from(TAB_IN_INDENTATION);
+                    Span::new(at, at + 1)
+                }
+                None => error.location().map_or_else(Span::default, |location| {
+                    span_at(sources, source, &location)
+                }),
+            };
+            diagnostics.push(schema_diagnostic(read, source, span));
             None
         }
     }

@@ -115,13 +115,34 @@ impl fmt::Display for FileProblem {
     }
 }
 
-fn whole(number: u64) -> usize {
+pub(super) fn whole(number: u64) -> usize {
     usize::try_from(number).unwrap_or(usize::MAX)
 }
 
-/// A YAML or schema error; an unknown field gets a suggestion or the list
-/// of fields allowed where it is.
-pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> FileProblem {
+/// What a tab in a line's indentation is called.
+pub const TAB_IN_INDENTATION: &str = "a tab in the indentation; YAML indents with spaces only";
+
+/// The line and column (from 1) of the tab the reader complains of, from
+/// line `from` on: it names the scalar it was reading when it met the tab,
+/// which may begin lines before. Only tabs in a line's indentation are
+/// refused (one between a key and its value is allowed).
+pub fn tab_in_indentation(message: &str, text: &str, from: usize) -> Option<(usize, usize)> {
+    if !(message.contains("found a tab") || message.contains("tabs disallowed")) {
+        return None;
+    }
+    text.lines()
+        .enumerate()
+        .skip(from.saturating_sub(1))
+        .find_map(|(index, line)| {
+            let content = line.trim_start_matches([' ', '\t']);
+            let indentation = line.get(..line.len() - content.len())?;
+            indentation.find('\t').map(|at| (index + 1, at + 1))
+        })
+}
+
+/// A YAML or schema error in `text`; an unknown field gets a suggestion or
+/// the list of fields allowed where it is.
+pub fn yaml_error(file: &str, text: &str, error: &serde_saphyr::Error) -> FileProblem {
     let read = YamlError::of(error);
     let message = match &read.unknown_field {
         Some(unknown) => match unknown.suggestion() {
@@ -146,6 +167,9 @@ pub fn yaml_error(file: &str, error: &serde_saphyr::Error) -> FileProblem {
         .location()
         .filter(|location| location.line() > 0)
         .map(|location| (whole(location.line()), whole(location.column())));
+    if let Some(tab) = place.and_then(|(line, _)| tab_in_indentation(&message, text, line)) {
+        return FileProblem::at(file, Some(tab), TAB_IN_INDENTATION);
+    }
     // The library quotes what it read (a field's name, a duplicate key):
     // a key pasted there is masked, as every diagnostic masks it.
     FileProblem::at(file, place, crate::diagnostics::redact::redact(&message))
@@ -564,7 +588,25 @@ pub struct RawKey {
 
 #[cfg(test)]
 mod tests {
-    use super::{YamlError, for_writers};
+    use super::{TAB_IN_INDENTATION, YamlError, for_writers, yaml_error};
+
+    #[test]
+    fn a_tab_in_the_indentation_is_shown_where_it_is() {
+        type Entry = std::collections::BTreeMap<String, String>;
+        // The reader names the scalar before the tab, on the line above.
+        let text = "- name: a\n\tvalue: b\n";
+        let error = serde_saphyr::from_str::<Vec<Entry>>(text).unwrap_err();
+        let problem = yaml_error("f.yaml", text, &error);
+        assert_eq!(problem.place, Some((2, 1)), "{problem}");
+        assert_eq!(problem.message, TAB_IN_INDENTATION);
+        // A tab between a key and its value is allowed and not searched for.
+        let text = "- name:\ta\n  value: [\n";
+        let error = serde_saphyr::from_str::<Vec<Entry>>(text).unwrap_err();
+        assert_ne!(
+            yaml_error("f.yaml", text, &error).message,
+            TAB_IN_INDENTATION
+        );
+    }
 
     #[test]
     fn a_message_loses_its_trailing_position_only() {

@@ -147,7 +147,7 @@ impl Scenario {
             return Err(FileProblem::at(file, None, "a scenario is at most 1 MiB"));
         }
         let raw: RawScenario = serde_saphyr::from_str_with_options(text, yaml_options())
-            .map_err(|error| yaml_error(file, &error))?;
+            .map_err(|error| yaml_error(file, text, &error))?;
         let place = Place { file, text };
         let defaults = match &raw.defaults {
             Some(defaults) => place.overrides(&defaults.settings())?.apply(BUILT_IN),
