@@ -155,8 +155,8 @@ fn validate_provider(
     );
     let priority = match &p.priority {
         None => 0.0,
-        Some(priority) if priority.value.is_finite() && priority.value.abs() <= MAX_NUMBER => {
-            priority.value
+        Some(priority) if priority.value.0.is_finite() && priority.value.0.abs() <= MAX_NUMBER => {
+            priority.value.0
         }
         Some(priority) => {
             let span = v.span(source, priority);
@@ -259,7 +259,7 @@ fn validate_capacity(
     let span = v.span(source, raw);
     let c = &raw.value;
     if let Some(concurrent) = &c.concurrent
-        && concurrent.value == 0
+        && concurrent.value.0 == 0
     {
         let span = v.span(source, concurrent);
         v.report(
@@ -276,7 +276,7 @@ fn validate_capacity(
     }
     let window = match (&c.requests, &c.window) {
         (Some(requests), Some(window)) => match super::schema::parse_duration(&window.value) {
-            Some(ms) if ms > 0 && requests.value > 0 => Some((requests.value, ms)),
+            Some(ms) if ms > 0 && requests.value.0 > 0 => Some((requests.value.0, ms)),
             _ => {
                 let span = v.span(source, window);
                 v.report(
@@ -310,7 +310,7 @@ fn validate_capacity(
         }
     };
     Some(CapacityLimits {
-        concurrent: c.concurrent.as_ref().map(|concurrent| concurrent.value),
+        concurrent: c.concurrent.as_ref().map(|concurrent| concurrent.value.0),
         window,
     })
 }
@@ -457,10 +457,11 @@ fn validate_route(
 const MAX_NUMBER: f64 = 1e15;
 
 fn validate_price(v: &mut Validator<'_>, source: SourceId, raw: &Spanned<RawPrice>) -> Price {
-    let mut check = |field: &Option<Spanned<f64>>| -> Option<f64> {
+    let mut check = |field: &Option<Spanned<Plain<f64>>>| -> Option<f64> {
         let value = field.as_ref()?;
-        if value.value.is_finite() && (0.0..=MAX_NUMBER).contains(&value.value) {
-            Some(value.value)
+        let Plain(price) = value.value;
+        if price.is_finite() && (0.0..=MAX_NUMBER).contains(&price) {
+            Some(price)
         } else {
             let span = v.span(source, value);
             v.report(

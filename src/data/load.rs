@@ -270,6 +270,9 @@ fn yaml_options() -> serde_saphyr::Options {
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
     options.strict_booleans = true;
+    // A number's range is checked where it is read, with a message about
+    // the field (`.nan` is no priority), not the reader's.
+    options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
     options
 }
 

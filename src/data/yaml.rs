@@ -175,6 +175,21 @@ pub fn yaml_error(file: &str, text: &str, error: &serde_saphyr::Error) -> FilePr
     FileProblem::at(file, place, crate::diagnostics::redact::redact(&message))
 }
 
+/// serde's "invalid type: sequence, expected a number" as "expected a
+/// number, found a list".
+fn invalid_type_for_writers(message: &str) -> Option<String> {
+    let (found, expected) = message
+        .strip_prefix("invalid type: ")?
+        .split_once(", expected ")?;
+    let found = match found {
+        "sequence" => "a list",
+        "map" => "a mapping",
+        "unit value" | "null" => "nothing",
+        other => other,
+    };
+    Some(format!("expected {expected}, found {found}"))
+}
+
 /// `message` without a final " at line N, column M" (YAML's) or
 /// " at line N column M" (JSON's); a position inside it stays.
 fn without_trailing_position(message: &str) -> &str {
@@ -211,6 +226,7 @@ fn for_writers(message: &str) -> String {
             "the file holds more than one YAML document; remove the `---` that starts the next"
         }
         "cannot deserialize null into string" => "expected a string, found nothing",
+        "expected string scalar" => "expected a single value, found a list or a mapping",
         message if message.starts_with("budget breached") => {
             "the file's aliases expand to more than a data file may hold; write the repeated values out"
         }
@@ -222,6 +238,9 @@ fn for_writers(message: &str) -> String {
                 .is_some_and(|bits| bits.parse::<u8>().is_ok()) =>
         {
             "expected a whole number"
+        }
+        message if message.starts_with("invalid type: ") => {
+            return invalid_type_for_writers(message).unwrap_or_else(|| message.to_string());
         }
         message => {
             // The reader says the same of a negative number and of one too
@@ -293,6 +312,7 @@ impl RawValue {
         match self {
             RawValue::Null => "nothing",
             RawValue::Bool(_) => "a boolean",
+            RawValue::Number(n) if !n.is_finite() => "a number that is not finite (`.nan`, `.inf`)",
             RawValue::Number(_) => "a number",
             RawValue::String(_) => "a string",
             RawValue::List(_) => "a list",
@@ -447,6 +467,84 @@ pub struct RawCatalogSchema {
     pub deployment: AttrSpecs,
 }
 
+/// A number written as one: `7`, not `"7"`. YAML's typed reading takes a
+/// quoted number too, where a declared `number` attribute and a JSON data
+/// file refuse it; read through this, the catalog's own numbers agree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plain<T>(pub T);
+
+/// What a [`Plain`] number may be.
+pub trait PlainNumber: Sized {
+    /// As the error says it: "expected {EXPECTED}".
+    const EXPECTED: &'static str;
+    fn from_u64(n: u64) -> Option<Self>;
+    fn from_i64(n: i64) -> Option<Self>;
+    fn from_f64(n: f64) -> Option<Self>;
+}
+
+impl PlainNumber for f64 {
+    const EXPECTED: &'static str = "a number";
+    fn from_u64(n: u64) -> Option<f64> {
+        Some(n as f64)
+    }
+    fn from_i64(n: i64) -> Option<f64> {
+        Some(n as f64)
+    }
+    fn from_f64(n: f64) -> Option<f64> {
+        Some(n)
+    }
+}
+
+impl PlainNumber for u32 {
+    const EXPECTED: &'static str = "a whole number from 0 to 4294967295";
+    fn from_u64(n: u64) -> Option<u32> {
+        u32::try_from(n).ok()
+    }
+    fn from_i64(n: i64) -> Option<u32> {
+        u32::try_from(n).ok()
+    }
+    fn from_f64(_: f64) -> Option<u32> {
+        None
+    }
+}
+
+impl<'de, T: PlainNumber> serde::Deserialize<'de> for Plain<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<T>(std::marker::PhantomData<T>);
+        impl<T: PlainNumber> Visitor<T> {
+            fn or_fail<E: de::Error>(
+                n: Option<T>,
+                written: impl fmt::Display,
+            ) -> Result<Plain<T>, E> {
+                n.map(Plain)
+                    .ok_or_else(|| E::custom(format!("expected {}, found {written}", T::EXPECTED)))
+            }
+        }
+        impl<T: PlainNumber> de::Visitor<'_> for Visitor<T> {
+            type Value = Plain<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(T::EXPECTED)
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Plain<T>, E> {
+                Self::or_fail(T::from_u64(n), n)
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Plain<T>, E> {
+                Self::or_fail(T::from_i64(n), n)
+            }
+            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Plain<T>, E> {
+                Self::or_fail(T::from_f64(n), n)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Plain<T>, E> {
+                Err(E::custom(format!(
+                    "expected {}, found the text \"{text}\"; write a number without quotes",
+                    T::EXPECTED
+                )))
+            }
+        }
+        deserializer.deserialize_any(Visitor(std::marker::PhantomData))
+    }
+}
+
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawProvider {
@@ -456,7 +554,7 @@ pub struct RawProvider {
     pub aliases: Vec<Spanned<String>>,
     pub format: Spanned<String>,
     pub base_url: Spanned<String>,
-    pub priority: Option<Spanned<f64>>,
+    pub priority: Option<Spanned<Plain<f64>>>,
     pub listed: Option<Spanned<String>>,
     pub capacity: Option<Spanned<RawCapacity>>,
     #[serde(default)]
@@ -468,8 +566,8 @@ pub struct RawProvider {
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCapacity {
-    pub concurrent: Option<Spanned<u32>>,
-    pub requests: Option<Spanned<u32>>,
+    pub concurrent: Option<Spanned<Plain<u32>>>,
+    pub requests: Option<Spanned<Plain<u32>>>,
     pub window: Option<Spanned<String>>,
 }
 
@@ -511,10 +609,10 @@ pub struct RawRoute {
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPrice {
-    pub input: Option<Spanned<f64>>,
-    pub output: Option<Spanned<f64>>,
-    pub cache_read: Option<Spanned<f64>>,
-    pub cache_write: Option<Spanned<f64>>,
+    pub input: Option<Spanned<Plain<f64>>>,
+    pub output: Option<Spanned<Plain<f64>>>,
+    pub cache_read: Option<Spanned<Plain<f64>>>,
+    pub cache_write: Option<Spanned<Plain<f64>>>,
 }
 
 // ------------------------------------------------------------------ tenants
