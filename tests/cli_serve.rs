@@ -267,6 +267,56 @@ fn a_policy_that_is_a_named_pipe_is_refused_at_start() {
 }
 
 #[test]
+fn a_second_signal_ends_the_drain_now() {
+    use std::io::Write as _;
+    let (mut serving, lines) = serve_policy(
+        "policies/noirdoc.policy",
+        &[],
+        &["--no-watch", "--drain", "120s"],
+    );
+    let mut seen = Vec::new();
+    wait_for(&lines, "serving policy noirdoc", &mut seen);
+    let address = seen
+        .last()
+        .and_then(|line| line.rsplit_once("http://"))
+        .map(|(_, address)| address.trim().to_string())
+        .unwrap();
+    // A request whose body is still arriving, one byte a second: in flight
+    // far longer than the test waits.
+    let mut client = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        client,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-noirdoc-acme\r\n\
+         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{"
+    )
+    .unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..60 {
+            std::thread::sleep(Duration::from_secs(1));
+            if client.write_all(b" ").is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&serving, "TERM");
+    wait_for(&lines, "requests in flight may take up to 120s", &mut seen);
+    signal(&serving, "INT");
+    wait_for(
+        &lines,
+        "a second signal; ending the requests in flight now",
+        &mut seen,
+    );
+    let stopped = Instant::now();
+    assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(60),
+        "the drain was not ended"
+    );
+    drop(trickle);
+}
+
+#[test]
 fn stopping_without_a_drain_says_requests_are_cut() {
     let (mut serving, lines) = serve_policy(
         "policies/noirdoc.policy",

@@ -189,7 +189,21 @@ impl Service {
                 "switchyard: stopping; requests in flight may take up to {drain:?}"
             ));
         }
-        running.shutdown().await;
+        // A second signal ends the drain now, as operators expect of a
+        // second Ctrl-C.
+        let drain_end = running.drain_end();
+        let shutting_down = running.shutdown();
+        tokio::pin!(shutting_down);
+        tokio::select! {
+            () = &mut shutting_down => {}
+            () = signals.stopped() => {
+                status(format_args!(
+                    "switchyard: a second signal; ending the requests in flight now"
+                ));
+                drain_end.now();
+                shutting_down.await;
+            }
+        }
     }
 }
 

@@ -213,10 +213,27 @@ pub fn random_unit() -> f64 {
 pub struct Running {
     addr: SocketAddr,
     shutdown: watch::Sender<bool>,
+    drain_over: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Ends a server's drain before its time: the requests still in flight end
+/// as they do when the drain time runs out.
+#[derive(Clone)]
+pub struct DrainEnd(watch::Sender<bool>);
+
+impl DrainEnd {
+    pub fn now(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 impl Running {
+    /// What ends the drain that [`Running::shutdown`] starts.
+    pub fn drain_end(&self) -> DrainEnd {
+        DrainEnd(self.drain_over.clone())
+    }
+
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -248,6 +265,7 @@ pub fn serve(
 ) -> std::io::Result<Running> {
     let addr = listener.local_addr()?;
     let (shutdown, mut stop) = watch::channel(false);
+    let drain_over = proxy.drain_over.clone();
     let task = tokio::spawn(async move {
         let mut connections = JoinSet::new();
         let mut upkeep = tokio::time::interval(metrics::UPKEEP_INTERVAL);
@@ -318,16 +336,24 @@ pub fn serve(
             }
         }
         drop(listener);
+        // The drain ends when every connection has, when its time is over,
+        // or when it is ended early (`DrainEnd`, a second signal).
+        let mut ended_early = proxy.drain_over.subscribe();
         let drained = tokio::time::timeout(drain, async {
-            while connections.join_next().await.is_some() {}
+            tokio::select! {
+                () = async { while connections.join_next().await.is_some() {} } => true,
+                _ = ended_early.wait_for(|over| *over) => false,
+            }
         })
         .await;
-        if drained.is_err() {
-            proxy.drain_over.send_replace(true);
-            tracing::warn!(
-                connections = connections.len(),
-                "drain time over; ending the remaining requests with 503 `shutting_down`"
-            );
+        if drained != Ok(true) {
+            if drained.is_err() {
+                proxy.drain_over.send_replace(true);
+                tracing::warn!(
+                    connections = connections.len(),
+                    "drain time over; ending the remaining requests with 503 `shutting_down`"
+                );
+            }
             let _ = tokio::time::timeout(CUT_GRACE, async {
                 while connections.join_next().await.is_some() {}
             })
@@ -337,6 +363,7 @@ pub fn serve(
     Ok(Running {
         addr,
         shutdown,
+        drain_over,
         task,
     })
 }
