@@ -157,6 +157,9 @@ fn serve_shows_a_policys_warnings_at_start_and_when_a_reload_brings_them() {
     std::fs::rename(&saved, &policy).unwrap();
     wait_for(&lines, "`unused_after_reload` is never used", &mut seen);
     wait_for(&lines, "policy reloaded", &mut seen);
+    // The line says which policy is now live, as the start line does.
+    let reloaded = seen.last().unwrap();
+    assert!(reloaded.contains("policy=noirdoc"), "{reloaded}");
     assert!(
         seen.iter().any(|line| line.contains("W0602")),
         "{}",

@@ -194,6 +194,7 @@ impl Reloader {
                     return Outcome::Unchanged;
                 }
                 let version = snapshot.version.clone();
+                let name = snapshot.name.clone();
                 // A credential the new files add (or whose variable went
                 // away) that cannot be sent is said, as at start; one
                 // already skipped before is not said again.
@@ -221,6 +222,7 @@ impl Reloader {
                     &[("result", String::from("ok"))],
                 );
                 tracing::info!(
+                    policy = %name,
                     version = %version,
                     ms = started.elapsed().as_millis() as u64,
                     "policy reloaded"
