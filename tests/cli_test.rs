@@ -552,6 +552,65 @@ fn explain_says_which_candidates_keep_lets_be_tried() {
     assert!(!shipped.contains("tried if each fails"), "{shipped}");
 }
 
+#[test]
+fn explain_says_which_balance_statement_reshuffled_the_plan() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-balance-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = dir.join("request.json");
+    std::fs::write(
+        &request,
+        r#"{"model": "deepseek/deepseek-v3.2", "messages": []}"#,
+    )
+    .unwrap();
+    let explain = |more: &[&str]| {
+        let output = Command::new(BIN)
+            .args([
+                "explain",
+                "--policy",
+                "policies/anonrouter.policy",
+                "--key",
+                "lumen-default",
+                "--seed",
+                "2",
+                "--request",
+            ])
+            .arg(&request)
+            .args(more)
+            .current_dir(PACKAGE_ROOT)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let text = explain(&[]);
+    let json: serde_json::Value = serde_json::from_str(&explain(&["--format", "json"])).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let line = json["result"]["reshuffled_by"]["line"]
+        .as_u64()
+        .expect("reshuffled");
+    let source = json["result"]["reshuffled_by"]["source"].as_str().unwrap();
+    assert!(source.starts_with("balance share by score"), "{source}");
+    assert!(
+        text.contains(&format!("reshuffled by line {line}: {source}")),
+        "{text}"
+    );
+    // The sort keys in JSON are those the text lists, from the `sort` named.
+    let sorts: Vec<&str> = json["sort_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|key| key["sort"].as_str())
+        .collect();
+    assert!(
+        !sorts.is_empty() && sorts.iter().all(|sort| *sort == "default"),
+        "{sorts:?}"
+    );
+    assert!(text.contains("(sort default)"), "{text}");
+}
+
 /// `switchyard explain --format json` for a Noirdoc request.
 fn explain_json(key: &str, model: &str) -> serde_json::Value {
     serde_json::from_slice(&explain_output(
@@ -629,6 +688,19 @@ fn explain_names_the_step_that_removed_each_candidate() {
             (serde_json::json!("scaleway"), serde_json::json!(2)),
             (serde_json::json!("together"), serde_json::json!(null)),
         ]
+    );
+    // Each candidate's `keys` are the sort keys listed, as the text names them.
+    let sort_keys = explained["sort_keys"].as_array().unwrap();
+    let keys = explained["candidates"][0]["keys"].as_array().unwrap();
+    assert!(!sort_keys.is_empty());
+    assert_eq!(sort_keys.len(), keys.len(), "{explained}");
+    for key in sort_keys {
+        assert!(key["line"].as_u64().is_some(), "{key}");
+        assert!(!key["source"].as_str().unwrap().is_empty(), "{key}");
+    }
+    assert_eq!(
+        explained["result"]["reshuffled_by"],
+        serde_json::Value::Null
     );
 
     // The organisation's own OpenAI credential: step 1 keeps it alone.

@@ -324,12 +324,7 @@ fn human(
         line(String::new());
         line(String::from("sort keys"));
         for (index, key) in trace.keys.iter().enumerate() {
-            let (number, _) = policy_line(sources, key.span.start);
-            let text = sources
-                .file_at(0)
-                .and_then(|file| file.text.get(key.span.range()))
-                .unwrap_or("")
-                .to_string();
+            let (number, text) = key_source(sources, key);
             let sort = key
                 .sort
                 .as_ref()
@@ -455,6 +450,17 @@ fn health_note(health: &crate::evaluate::health::CandidateHealth) -> String {
     }
 }
 
+/// A sort key's line in the policy and its expression as written.
+fn key_source(sources: &SourceMap, key: &crate::evaluate::KeyTrace) -> (usize, String) {
+    let (number, _) = policy_line(sources, key.span.start);
+    let text = sources
+        .file_at(0)
+        .and_then(|file| file.text.get(key.span.range()))
+        .unwrap_or("")
+        .to_string();
+    (number, text)
+}
+
 fn as_json(
     snapshot: &Snapshot,
     sources: &SourceMap,
@@ -496,6 +502,11 @@ fn as_json(
                 .filter_map(|index| plan.candidates.get(*index))
                 .map(|c| snapshot.provider(c.provider).map(|p| p.id.clone()))
                 .collect::<Vec<_>>(),
+            // The `balance` statement that reshuffled the plan, if one did.
+            "reshuffled_by": trace.balance.map(|span| {
+                let (line, source) = policy_line(sources, span.start);
+                json!({"line": line, "source": source})
+            }),
         }),
         Err(refusal) => json!({
             "error": {
@@ -520,6 +531,17 @@ fn as_json(
         "inputs": trace.inputs.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
         "merges": trace.merges.iter().map(|(n, v)| json!({"name": n, "value": v.to_json()})).collect::<Vec<_>>(),
         "steps": steps,
+        // What each candidate's `keys` are, in order.
+        "sort_keys": trace.keys.iter().map(|key| {
+            let (line, source) = key_source(sources, key);
+            json!({
+                "line": line,
+                "source": source,
+                "descending": key.descending,
+                "nulls_first": key.nulls_first,
+                "sort": key.sort,
+            })
+        }).collect::<Vec<_>>(),
         "candidates": candidates,
         "result": result,
         "plans": plans_json(snapshot, sources),
