@@ -611,6 +611,55 @@ fn explain_says_which_balance_statement_reshuffled_the_plan() {
     assert!(text.contains("(sort default)"), "{text}");
 }
 
+#[test]
+fn a_health_entry_that_names_nothing_is_shown_at_its_place() {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-health-entry-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (request, health) = (dir.join("request.json"), dir.join("health.yaml"));
+    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
+    std::fs::write(
+        &health,
+        "- provider: aki-io\n  paused_for: 30s\n- provider: nosuch\n  penalized: true\n",
+    )
+    .unwrap();
+    let output = Command::new(BIN)
+        .args(["explain", "--policy"])
+        .arg(noirdoc())
+        .args(["--key", "acme-default", "--request"])
+        .arg(&request)
+        .arg("--health")
+        .arg(&health)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:3:3: no provider has the id `nosuch`",
+            health.display()
+        )),
+        "{stderr}"
+    );
+
+    // In a case, which of its entries is meant.
+    let cases = format!(
+        "policy: {policy}\ncases:\n  - name: health\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    \
+         health: [{{provider: aki-io, penalized: true}}, {{provider: aki-io, paused_for: 30}}]\n    \
+         expect: {{attempts: 3}}\n",
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("health-entry", "health.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("health entry 2: `paused_for: 30` is not a duration"),
+        "{stdout}"
+    );
+}
+
 /// `switchyard explain --format json` for a Noirdoc request.
 fn explain_json(key: &str, model: &str) -> serde_json::Value {
     serde_json::from_slice(&explain_output(

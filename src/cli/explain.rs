@@ -3,7 +3,7 @@
 use super::common::{RequestSpec, not_a_policy_file, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
-use crate::data::yaml_error;
+use crate::data::{FileProblem, yaml_error};
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable, HealthView};
@@ -122,6 +122,7 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
         Ok(caller) => caller,
         Err(message) => return fail(message),
     };
+    let mut health_text = String::new();
     let entries: Vec<HealthEntry> = match &args.health {
         None => Vec::new(),
         Some(path) => {
@@ -136,7 +137,10 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
                 }
             };
             match serde_saphyr::from_str(&text) {
-                Ok(entries) => entries,
+                Ok(entries) => {
+                    health_text = text;
+                    entries
+                }
                 Err(error) => {
                     return fail(yaml_error(&path.display().to_string(), &text, &error));
                 }
@@ -145,7 +149,18 @@ pub fn run(args: &ExplainArgs) -> ExitCode {
     };
     let health = match HealthTable::written(&snapshot, &entries) {
         Ok(health) => health,
-        Err(message) => return fail(format_args!("`--health`: {message}")),
+        Err(problem) => {
+            let shown = args
+                .health
+                .as_ref()
+                .map_or_else(String::new, |path| path.display().to_string());
+            let place = entry_place(&health_text, problem.entry);
+            let message = match place {
+                Some(_) => problem.message,
+                None => problem.to_string(),
+            };
+            return fail(FileProblem::at(&shown, place, message));
+        }
     };
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
@@ -459,6 +474,15 @@ fn key_source(sources: &SourceMap, key: &crate::evaluate::KeyTrace) -> (usize, S
         .unwrap_or("")
         .to_string();
     (number, text)
+}
+
+/// Where the health file's entry `index` (from 0) begins.
+fn entry_place(text: &str, index: usize) -> Option<(usize, usize)> {
+    let entries: Vec<serde_saphyr::Spanned<serde::de::IgnoredAny>> =
+        serde_saphyr::from_str(text).ok()?;
+    let referenced = &entries.get(index)?.referenced;
+    let whole = |n: u64| usize::try_from(n).ok();
+    Some((whole(referenced.line())?, whole(referenced.column())?))
 }
 
 fn as_json(

@@ -579,7 +579,8 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         case.tenant.as_deref(),
         case.workspace.as_deref(),
     )?;
-    let health = HealthTable::written(snapshot, &case.health)?;
+    let health =
+        HealthTable::written(snapshot, &case.health).map_err(|problem| problem.to_string())?;
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
     // As the proxy gives it: cases pin what the proxy decides.

@@ -151,6 +151,19 @@ pub struct HealthEntry {
     pub stats: Stats,
 }
 
+/// What is wrong with a written health entry, and which entry (from 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthProblem {
+    pub entry: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for HealthProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "health entry {}: {}", self.entry + 1, self.message)
+    }
+}
+
 /// A fixed health table; candidates no entry names are healthy.
 pub struct HealthTable<'s> {
     snapshot: &'s crate::compile::Snapshot,
@@ -162,7 +175,7 @@ impl<'s> HealthTable<'s> {
     pub fn new(
         snapshot: &'s crate::compile::Snapshot,
         entries: &[HealthEntry],
-    ) -> Result<HealthTable<'s>, String> {
+    ) -> Result<HealthTable<'s>, HealthProblem> {
         let duration = |text: &Option<String>, what: &str| -> Result<Option<u64>, String> {
             match text {
                 None => Ok(None),
@@ -178,7 +191,11 @@ impl<'s> HealthTable<'s> {
         };
         let catalog = &snapshot.data.catalog;
         let mut table = Vec::new();
-        for entry in entries {
+        for (index, entry) in entries.iter().enumerate() {
+            let problem = |message: String| HealthProblem {
+                entry: index,
+                message,
+            };
             // An entry that names nothing would match no candidate, and a
             // case using it would pass without testing anything.
             let Some(provider) = catalog
@@ -186,7 +203,10 @@ impl<'s> HealthTable<'s> {
                 .iter()
                 .position(|p| p.id == entry.provider)
             else {
-                return Err(format!("no provider has the id `{}`", entry.provider));
+                return Err(problem(format!(
+                    "no provider has the id `{}`",
+                    entry.provider
+                )));
             };
             if let Some(credential) = &entry.credential
                 && catalog
@@ -194,47 +214,47 @@ impl<'s> HealthTable<'s> {
                     .get(provider)
                     .is_none_or(|p| p.credentials.iter().all(|c| &c.id != credential))
             {
-                return Err(format!(
+                return Err(problem(format!(
                     "provider `{}` has no credential `{credential}`",
                     entry.provider
-                ));
+                )));
             }
             if let Some(model) = &entry.model
                 && !catalog.models.iter().any(|m| {
                     &m.id == model && m.routes.iter().any(|route| route.provider == provider)
                 })
             {
-                return Err(format!(
+                return Err(problem(format!(
                     "provider `{}` serves no catalog model `{model}`",
                     entry.provider
-                ));
+                )));
             }
             if entry
                 .stats
                 .success_rate
                 .is_some_and(|rate| !(0.0..=1.0).contains(&rate))
             {
-                return Err(String::from(
+                return Err(problem(String::from(
                     "`stats.success_rate` is a share of the samples, from 0 to 1",
-                ));
+                )));
             }
             if entry
                 .stats
                 .throughput
                 .is_some_and(|rate| !rate.is_finite() || rate < 0.0)
             {
-                return Err(String::from(
+                return Err(problem(String::from(
                     "`stats.throughput` is tokens per second, a number 0 or more",
-                ));
+                )));
             }
             let health = CandidateHealth {
-                paused_for_ms: duration(&entry.paused_for, "paused_for")?,
+                paused_for_ms: duration(&entry.paused_for, "paused_for").map_err(problem)?,
                 penalized: entry.penalized,
                 strikes: entry.strikes,
                 stats: entry.stats.clone(),
                 full: entry.full,
                 in_flight: entry.in_flight,
-                free_in_ms: duration(&entry.free_in, "free_in")?,
+                free_in_ms: duration(&entry.free_in, "free_in").map_err(problem)?,
             };
             table.push((entry.clone(), health));
         }
@@ -254,7 +274,7 @@ impl<'s> HealthTable<'s> {
     pub fn written(
         snapshot: &'s crate::compile::Snapshot,
         entries: &[HealthEntry],
-    ) -> Result<HealthTable<'s>, String> {
+    ) -> Result<HealthTable<'s>, HealthProblem> {
         let table = HealthTable::new(snapshot, entries)?;
         let idle = table
             .entries
@@ -268,12 +288,15 @@ impl<'s> HealthTable<'s> {
                         .skip(index + 1)
                         .any(|(later, _)| later.provider == entry.provider)
             });
-        if let Some((_, (entry, _))) = idle {
-            return Err(format!(
-                "the entry for provider `{}` sets no state: give it `paused_for`, \
-                 `penalized`, `strikes`, `full`, `in_flight`, `free_in` or `stats`",
-                entry.provider
-            ));
+        if let Some((index, (entry, _))) = idle {
+            return Err(HealthProblem {
+                entry: index,
+                message: format!(
+                    "the entry for provider `{}` sets no state: give it `paused_for`, \
+                     `penalized`, `strikes`, `full`, `in_flight`, `free_in` or `stats`",
+                    entry.provider
+                ),
+            });
         }
         Ok(table)
     }
