@@ -301,14 +301,15 @@ fn write_request_line(out: &mut String, line: &RequestLine, json: bool) -> fmt::
     // Quoted, as they hold spaces: a line splits into its fields.
     fields.text("decision", &line.decision)?;
     if let Some(exchange) = &line.exchange {
-        let (input_tokens, output_tokens) = exchange.tokens();
         let mut attempts = String::with_capacity(32 * exchange.report.attempts.len());
         exchange.write_attempts(&mut attempts)?;
         fields.text("attempts", &attempts)?;
         fields.text("served_by", exchange.served_by())?;
         fields.text("served_model", exchange.served_model())?;
-        fields.number("input_tokens", input_tokens)?;
-        fields.number("output_tokens", output_tokens)?;
+        if let Some((input_tokens, output_tokens)) = exchange.tokens() {
+            fields.number("input_tokens", input_tokens)?;
+            fields.number("output_tokens", output_tokens)?;
+        }
         fields.number("waited_ms", exchange.report.waited_ms)?;
         fields.number("status", line.status.into())?;
         fields.text("outcome", line.outcome)?;
@@ -588,6 +589,9 @@ mod tests {
                 .collect();
             assert_eq!(lean.len(), 3);
             assert_eq!(lean, tracing_lines(json), "json: {json}");
+            // Usage the provider did not report is left out, not zero.
+            assert!(lean[0].contains("input_tokens"), "{}", lean[0]);
+            assert!(!lean[1].contains("input_tokens"), "{}", lean[1]);
         }
     }
 

@@ -74,9 +74,10 @@ impl ExchangeLine {
         self.report.served_model.as_deref().unwrap_or("")
     }
 
-    /// Input and output tokens, zero when the provider reported none.
-    pub fn tokens(&self) -> (u64, u64) {
-        self.report.usage.unwrap_or((0, 0))
+    /// Input and output tokens, when the provider reported them: a log
+    /// reader must tell "none reported" from zero.
+    pub fn tokens(&self) -> Option<(u64, u64)> {
+        self.report.usage
     }
 }
 
@@ -104,7 +105,7 @@ impl AccessLog for TracingAccessLog {
         };
         let mut attempts = String::with_capacity(32 * exchange.report.attempts.len());
         let _ = exchange.write_attempts(&mut attempts);
-        let (input_tokens, output_tokens) = exchange.tokens();
+        let tokens = exchange.tokens();
         tracing::info!(
             target: REQUEST_LOG_TARGET,
             request_id = &*line.request_id,
@@ -115,8 +116,8 @@ impl AccessLog for TracingAccessLog {
             attempts = attempts.as_str(),
             served_by = exchange.served_by(),
             served_model = exchange.served_model(),
-            input_tokens,
-            output_tokens,
+            input_tokens = tokens.map(|(input, _)| input),
+            output_tokens = tokens.map(|(_, output)| output),
             waited_ms = exchange.report.waited_ms,
             status = line.status,
             outcome = line.outcome,
