@@ -40,6 +40,21 @@ fn noirdoc() -> String {
 }
 
 #[test]
+fn a_case_with_an_empty_name_fails_and_is_shown_by_its_place() {
+    let cases = format!(
+        "policy: {policy}\ncases:\n  - name: \"  \"\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    expect: {{attempts: 3}}\n",
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("empty-name", "empty.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(": case 1: the case's `name` is empty"),
+        "{stdout}"
+    );
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+}
+
+#[test]
 fn each_plan_entry_is_compared_as_precisely_as_it_is_written() {
     let cases = format!(
         r#"policy: {policy}

@@ -18,6 +18,7 @@ use crate::language::ast::HealthScope;
 use crate::language::check_file;
 use crate::source::{MAX_FILE_BYTES, read_text};
 use serde_json::Value as Json;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -428,6 +429,12 @@ const BUILT_IN_ERRORS: [&str; 3] = ["invalid_request_body", "capacity_exhausted"
 /// whatever the policy does.
 fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     let expect = &case.expect;
+    // A case is shown, and its failure found, by its name.
+    if case.name.trim().is_empty() {
+        return Some(String::from(
+            "the case's `name` is empty: say what it checks",
+        ));
+    }
     // Names that can never match make a mismatch whose reason is a typo.
     if let Some(error) = &expect.error {
         let declared = snapshot.program.errors.iter().map(|e| e.name.as_str());
@@ -902,7 +909,13 @@ pub fn run(args: &TestArgs) -> ExitCode {
         };
         let mut expected_errors = BTreeSet::new();
         let mut names = BTreeSet::new();
-        for case in &tests.cases {
+        for (number, case) in tests.cases.iter().enumerate() {
+            // An empty name (refused below) is shown by the case's place.
+            let name = if case.name.trim().is_empty() {
+                Cow::Owned(format!("case {}", number + 1))
+            } else {
+                redact(&case.name)
+            };
             if let Some(error) = &case.expect.error {
                 expected_errors.insert(error.clone());
             }
@@ -920,22 +933,18 @@ pub fn run(args: &TestArgs) -> ExitCode {
                 // CI logs.
                 Ok(problems) if problems.is_empty() => {
                     passed += 1;
-                    say!("ok    {shown}: {}", redact(&case.name));
+                    say!("ok    {shown}: {name}");
                 }
                 Ok(problems) => {
                     failed += 1;
-                    say!("FAIL  {shown}: {}", redact(&case.name));
+                    say!("FAIL  {shown}: {name}");
                     for problem in problems {
                         say!("        {}", redact(&problem));
                     }
                 }
                 Err(message) => {
                     failed += 1;
-                    say!(
-                        "FAIL  {shown}: {}: {}",
-                        redact(&case.name),
-                        redact(&message)
-                    );
+                    say!("FAIL  {shown}: {name}: {}", redact(&message));
                 }
             }
         }
