@@ -100,6 +100,33 @@ fn describe(rule: Rule) -> Option<String> {
     )
 }
 
+/// Where the last token of `text` ends, before the blanks and comments
+/// that follow it: where a statement cut short is missing its rest.
+fn end_of_code(text: &str) -> usize {
+    let mut end = 0;
+    let (mut in_string, mut escaped, mut in_comment) = (false, false, false);
+    for (at, c) in text.char_indices() {
+        if in_comment {
+            in_comment = c != '\n';
+        } else if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            end = at + c.len_utf8();
+        } else if c == '#' {
+            in_comment = true;
+        } else if !c.is_whitespace() {
+            in_string = c == '"';
+            end = at + c.len_utf8();
+        }
+    }
+    end
+}
+
 const END_OF_FILE: &str = "end of file";
 const END_OF_LINE: &str = "end of line";
 
@@ -234,16 +261,17 @@ pub fn syntax_error(
     if expected.contains("an expression") {
         expected.remove("`[`");
     }
-    // A statement's or a section's text ends at its line, not the file's end.
+    // A statement's or a section's text ends at its line, not the file's
+    // end; with nothing but blanks and comments left, it stopped short.
     let at_chunk_end = text
         .get(position..)
-        .is_some_and(|rest| rest.trim().is_empty());
+        .is_some_and(|rest| end_of_code(rest) == 0);
     if !ends_the_file {
         if expected.remove(END_OF_FILE) {
             expected.insert(String::from(END_OF_LINE));
         }
         if at_chunk_end {
-            position = text.trim_end().len();
+            position = end_of_code(text);
         }
     }
     // The parser tried to read a name, matched a reserved word, and wanted

@@ -196,7 +196,9 @@ impl<'t> Recovery<'t> {
                 if kind == BlockKind::Sort {
                     self.broken_name(header, 1);
                 }
-                self.report(start, header, start + header.len(), &error);
+                // The error's position is in the header as parsed, whose
+                // `{` the file has too.
+                self.report(start, &synthetic, start + header.len(), &error);
             }
         }
 

@@ -584,3 +584,52 @@ fn bracket_problems_past_the_shown_ones_still_hold_back_their_syntax_errors() {
     assert_eq!(codes.len(), 21, "{codes:?}");
     assert!(codes.iter().all(|code| *code == "E0103"), "{codes:?}");
 }
+
+/// The message and `line:column` of each syntax error in `text`.
+fn syntax_errors(text: &str) -> Vec<(String, usize, usize)> {
+    let mut sources = SourceMap::new();
+    let id = sources.add("test.policy", text);
+    let file = sources.file(id).unwrap();
+    parse(id, text)
+        .diagnostics
+        .iter()
+        .map(|d| {
+            let (line, column) = file.line_col(d.primary.as_ref().unwrap().span.start);
+            (d.message.clone(), line, column)
+        })
+        .collect()
+}
+
+#[test]
+fn a_statement_cut_short_is_shown_where_its_code_ends() {
+    let expected = |line, column| {
+        vec![(
+            String::from(
+                "expected `[`, `if`, `{`, a name, a number or a string, found end of line",
+            ),
+            line,
+            column,
+        )]
+    };
+    // Comments after it, on its line or the next, are not part of it.
+    assert_eq!(
+        syntax_errors("let z = 3 +\n# why z\n\nlet y = 1\n"),
+        expected(1, 12)
+    );
+    assert_eq!(
+        syntax_errors("let z = 3 + # why \"z\n\nlet y = 1\n"),
+        expected(1, 12)
+    );
+    assert_eq!(
+        syntax_errors("let z = 3 +\r\n# why\r\nlet y = 1\r\n"),
+        expected(1, 12)
+    );
+}
+
+#[test]
+fn a_header_cut_short_names_the_brace_that_follows() {
+    assert_eq!(
+        syntax_errors("policy {\n  catalog \"c.yaml\"\n}\n"),
+        [(String::from("expected a name, found `{`"), 1, 8)]
+    );
+}
