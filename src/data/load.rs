@@ -208,16 +208,11 @@ fn parse_data<T: serde::de::DeserializeOwned>(
         Ok(raw) => Some(Parsed { raw, located: true }),
         Err(error) => {
             let mut read = YamlError::of(&error);
-            let tab = error
-                .location()
-                .filter(|location| location.line() > 0)
-                .and_then(|location| {
-                    let (line, column) =
-                        tab_in_indentation(&read.message, text, whole(location.line()))?;
-                    sources
-                        .file(source)
-                        .map(|file| file.offset_of(line, column))
-                });
+            let tab = tab_place(&error, text).and_then(|(line, column)| {
+                sources
+                    .file(source)
+                    .map(|file| file.offset_of(line, column))
+            });
             let span = match tab {
                 Some(at) => {
                     read.message = String::from(TAB_IN_INDENTATION);

@@ -115,26 +115,31 @@ impl fmt::Display for FileProblem {
     }
 }
 
-pub(super) fn whole(number: u64) -> usize {
+fn whole(number: u64) -> usize {
     usize::try_from(number).unwrap_or(usize::MAX)
 }
 
 /// What a tab in a line's indentation is called.
 pub const TAB_IN_INDENTATION: &str = "a tab in the indentation; YAML indents with spaces only";
 
-/// The line and column (from 1) of the tab the reader complains of, from
-/// line `from` on: it names the scalar it was reading when it met the tab,
-/// which may begin lines before. Only tabs in a line's indentation are
-/// refused (one between a key and its value is allowed).
-pub fn tab_in_indentation(message: &str, text: &str, from: usize) -> Option<(usize, usize)> {
+/// For an error about a tab, the line and column (from 1) of the tab in
+/// `text`: the reader names the scalar it was reading when it met the tab,
+/// which may begin lines before, so the tab is the first in a line's
+/// indentation from there. Blank and comment lines may hold tabs.
+pub fn tab_place(error: &serde_saphyr::Error, text: &str) -> Option<(usize, usize)> {
+    let message = error.without_snippet().to_string();
     if !(message.contains("found a tab") || message.contains("tabs disallowed")) {
         return None;
     }
+    let from = error.location().map(|location| whole(location.line()))?;
     text.lines()
         .enumerate()
         .skip(from.saturating_sub(1))
         .find_map(|(index, line)| {
             let content = line.trim_start_matches([' ', '\t']);
+            if content.is_empty() || content.starts_with('#') {
+                return None;
+            }
             let indentation = line.get(..line.len() - content.len())?;
             indentation.find('\t').map(|at| (index + 1, at + 1))
         })
@@ -167,7 +172,7 @@ pub fn yaml_error(file: &str, text: &str, error: &serde_saphyr::Error) -> FilePr
         .location()
         .filter(|location| location.line() > 0)
         .map(|location| (whole(location.line()), whole(location.column())));
-    if let Some(tab) = place.and_then(|(line, _)| tab_in_indentation(&message, text, line)) {
+    if let Some(tab) = tab_place(error, text) {
         return FileProblem::at(file, Some(tab), TAB_IN_INDENTATION);
     }
     // The library quotes what it read (a field's name, a duplicate key):
@@ -532,11 +537,17 @@ impl<'de, T: PlainNumber> serde::Deserialize<'de> for Plain<T> {
                 Self::or_fail(T::from_i64(n), n)
             }
             fn visit_f64<E: de::Error>(self, n: f64) -> Result<Plain<T>, E> {
-                Self::or_fail(T::from_f64(n), n)
+                // `{:?}` shows `4.0` as written, not `4`.
+                Self::or_fail(T::from_f64(n), format_args!("{n:?}"))
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Plain<T>, E> {
+                let advice = if text.trim().parse::<f64>().is_ok() {
+                    "; write a number without quotes"
+                } else {
+                    ""
+                };
                 Err(E::custom(format!(
-                    "expected {}, found the text \"{text}\"; write a number without quotes",
+                    "expected {}, found the text \"{text}\"{advice}",
                     T::EXPECTED
                 )))
             }
@@ -697,12 +708,58 @@ mod tests {
         let problem = yaml_error("f.yaml", text, &error);
         assert_eq!(problem.place, Some((2, 1)), "{problem}");
         assert_eq!(problem.message, TAB_IN_INDENTATION);
-        // A tab between a key and its value is allowed and not searched for.
+        // Tabs the reader allows (between a key and its value, on a blank
+        // line, before a comment) are passed over.
+        let text = "- name:\ta\n\t\n\t# note\n\tvalue: b\n";
+        let error = serde_saphyr::from_str::<Vec<Entry>>(text).unwrap_err();
+        let problem = yaml_error("f.yaml", text, &error);
+        assert_eq!(problem.place, Some((4, 1)), "{problem}");
+        assert_eq!(problem.message, TAB_IN_INDENTATION);
+        // An error about something else keeps the reader's place.
         let text = "- name:\ta\n  value: [\n";
         let error = serde_saphyr::from_str::<Vec<Entry>>(text).unwrap_err();
         assert_ne!(
             yaml_error("f.yaml", text, &error).message,
             TAB_IN_INDENTATION
+        );
+    }
+
+    #[test]
+    fn a_catalog_number_is_a_number_as_written() {
+        let read = |text: &str| {
+            serde_saphyr::from_str::<super::Plain<f64>>(text)
+                .map(|n| n.0)
+                .map_err(|error| YamlError::of(&error).message)
+        };
+        assert_eq!(read("7"), Ok(7.0));
+        assert_eq!(read("-0.5"), Ok(-0.5));
+        assert_eq!(
+            read("\"7\""),
+            Err(String::from(
+                "expected a number, found the text \"7\"; write a number without quotes"
+            ))
+        );
+        assert_eq!(
+            read("high"),
+            Err(String::from("expected a number, found the text \"high\""))
+        );
+        let whole = |text: &str| {
+            serde_saphyr::from_str::<super::Plain<u32>>(text)
+                .map(|n| n.0)
+                .map_err(|error| YamlError::of(&error).message)
+        };
+        assert_eq!(whole("4"), Ok(4));
+        assert_eq!(
+            whole("4.0"),
+            Err(String::from(
+                "expected a whole number from 0 to 4294967295, found 4.0"
+            ))
+        );
+        assert_eq!(
+            whole("-1"),
+            Err(String::from(
+                "expected a whole number from 0 to 4294967295, found -1"
+            ))
         );
     }
 
