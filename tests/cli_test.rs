@@ -612,10 +612,28 @@ fn explain_says_which_balance_statement_reshuffled_the_plan() {
         text.contains(&format!("reshuffled by line {line}: {source}")),
         "{text}"
     );
-    // The sort keys in JSON are those the text lists, from the `sort` named.
-    let sorts: Vec<&str> = json["sort_keys"]
-        .as_array()
-        .unwrap()
+    // The sort keys in JSON are those the text lists, one for each of a
+    // candidate's key values, each with its line and expression.
+    let sort_keys = json["sort_keys"].as_array().unwrap();
+    let kept = json["candidates"].as_array().unwrap().iter();
+    for candidate in kept.filter(|c| c["removed_by_step"].is_null()) {
+        assert_eq!(
+            candidate["keys"].as_array().unwrap().len(),
+            sort_keys.len(),
+            "{json}"
+        );
+    }
+    for key in sort_keys {
+        let (line, source) = (
+            key["line"].as_u64().unwrap(),
+            key["source"].as_str().unwrap(),
+        );
+        assert!(
+            text.contains(&format!("line {line:<4} {source}")),
+            "{key}\n{text}"
+        );
+    }
+    let sorts: Vec<&str> = sort_keys
         .iter()
         .filter_map(|key| key["sort"].as_str())
         .collect();

@@ -111,13 +111,18 @@ pub fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, ExitCode> {
     })
 }
 
-/// Whether the arguments hold `--log-format json` (or `--log-format=json`).
+/// Whether the arguments are those of a command that logs (`serve`,
+/// `demo`) and hold `--log-format json` (or `--log-format=json`).
 #[cfg(feature = "server")]
 fn asks_for_json_logs(args: &[std::ffi::OsString]) -> bool {
-    args.iter().any(|arg| arg == "--log-format=json")
+    let logs = args
+        .get(1)
+        .is_some_and(|command| command == "serve" || command == "demo");
+    let json = args.iter().any(|arg| arg == "--log-format=json")
         || args
             .windows(2)
-            .any(|pair| matches!(pair, [flag, value] if flag == "--log-format" && value == "json"))
+            .any(|pair| matches!(pair, [flag, value] if flag == "--log-format" && value == "json"));
+    logs && json
 }
 
 pub fn run(cli: Cli) -> ExitCode {

@@ -190,13 +190,23 @@ impl Service {
             ));
         }
         // A second signal ends the drain now, as operators expect of a
-        // second Ctrl-C.
+        // second Ctrl-C; one within a second of the first is the same
+        // signal delivered twice (a terminal's and a process manager's).
+        let first_signal = std::time::Instant::now();
         let drain_end = running.drain_end();
         let shutting_down = running.shutdown();
         tokio::pin!(shutting_down);
+        let second_signal = async {
+            loop {
+                signals.stopped().await;
+                if first_signal.elapsed() >= SAME_SIGNAL_WITHIN {
+                    break;
+                }
+            }
+        };
         tokio::select! {
             () = &mut shutting_down => {}
-            () = signals.stopped() => {
+            () = second_signal => {
                 status(format_args!(
                     "switchyard: a second signal; ending the requests in flight now"
                 ));
@@ -206,6 +216,10 @@ impl Service {
         }
     }
 }
+
+/// Signals this close after the first that stopped the proxy are taken
+/// for the same one.
+const SAME_SIGNAL_WITHIN: Duration = Duration::from_secs(1);
 
 /// Reloads on every SIGHUP.
 fn hangup_reloads(reloader: Arc<Reloader>, signals: &mut Signals) -> tokio::task::JoinHandle<()> {

@@ -1237,16 +1237,15 @@ pub const OTHER_MODEL: &str = "(other)";
 /// Longest model id a log line quotes in full.
 const LOGGED_MODEL_BYTES: usize = 256;
 
-/// A model id as the log line shows it: the caller's own key, however
-/// short, and a word that looks like an API key masked (a client may paste
+/// A model id as the log line shows it: `***` for one holding the caller's
+/// own key, a word that looks like an API key masked (a client may paste
 /// one there by mistake), and cut short (at a character boundary, marked
 /// with `…`) when a client sent a long one.
 fn logged_model(requested: &str, caller_key: Option<&str>) -> String {
-    let without_key = match caller_key {
-        Some(key) if requested.contains(key) => Cow::Owned(requested.replace(key, KEY_MASK)),
-        _ => Cow::Borrowed(requested),
-    };
-    let requested = redact(&without_key);
+    if caller_key.is_some_and(|key| holds_key(requested, key)) {
+        return String::from(KEY_MASK);
+    }
+    let requested = redact(requested);
     if requested.len() <= LOGGED_MODEL_BYTES {
         return requested.into_owned();
     }
@@ -1257,8 +1256,20 @@ fn logged_model(requested: &str, caller_key: Option<&str>) -> String {
     format!("{}…", requested.get(..end).unwrap_or_default())
 }
 
-/// What the caller's own key becomes in a logged model id.
+/// What a logged model id holding the caller's own key becomes: all of it,
+/// so that what is left of the id tells nothing of the key.
 const KEY_MASK: &str = "***";
+
+/// Shorter keys are looked for as the whole id or one of its words only: a
+/// short key may be part of a real model id, which must not be masked.
+const KEY_SEARCHED_WITHIN_BYTES: usize = 8;
+
+/// Whether model id `id` holds the caller's `key`.
+fn holds_key(id: &str, key: &str) -> bool {
+    id == key
+        || id.split_whitespace().any(|word| word == key)
+        || (key.len() >= KEY_SEARCHED_WITHIN_BYTES && id.contains(key))
+}
 
 /// The requested ids an `unknown serve` candidate of the plan would send
 /// upstream as they are, which hold the caller's key, each with its logged
@@ -1277,7 +1288,7 @@ fn ids_holding_the_key(
         .filter(|c| c.model.is_none())
         .map(|c| &c.requested.id)
     {
-        if id.contains(key) && !ids.iter().any(|(seen, _)| Arc::ptr_eq(seen, id)) {
+        if holds_key(id, key) && !ids.iter().any(|(seen, _)| Arc::ptr_eq(seen, id)) {
             ids.push((id.clone(), logged_model(id, Some(key))));
         }
     }
@@ -1440,9 +1451,13 @@ mod tests {
             logged_model(key, None),
             format!("sk-{}", "*".repeat(key.len() - 3))
         );
-        // The caller's own key, however short, wherever it stands.
+        // An id holding the caller's own key is masked whole.
         assert_eq!(logged_model("k-acme", Some("k-acme")), "***");
-        assert_eq!(logged_model("a k-acme b", Some("k-acme")), "a *** b");
+        assert_eq!(logged_model("a k-acme b", Some("k-acme")), "***");
+        // A short key only as the id or one of its words: not inside a
+        // real model's id, which masking would turn into a clue.
+        assert_eq!(logged_model("acme-chat", Some("acme")), "acme-chat");
+        assert_eq!(logged_model("x-sk-test-acme", Some("sk-test-acme")), "***");
         assert_eq!(logged_model("gpt-5", Some("k-acme")), "gpt-5");
         let long = "é".repeat(200);
         let logged = logged_model(&long, None);
