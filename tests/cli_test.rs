@@ -40,6 +40,22 @@ fn noirdoc() -> String {
 }
 
 #[test]
+fn the_example_test_file_in_docs_testing_md_passes() {
+    let doc = std::fs::read_to_string(format!("{PACKAGE_ROOT}/docs/testing.md")).unwrap();
+    let example = doc
+        .split("## A test file")
+        .nth(1)
+        .and_then(|rest| rest.split("```yaml\n").nth(1))
+        .and_then(|block| block.split("```").next())
+        .unwrap();
+    let cases = example.replace("policy: noirdoc.policy", &format!("policy: {}", noirdoc()));
+    assert_ne!(cases, example, "the example names its policy");
+    let (output, _) = run_cases("doc-example", "example.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+}
+
+#[test]
 fn a_case_with_an_empty_name_fails_and_is_shown_by_its_place() {
     let cases = format!(
         "policy: {policy}\ncases:\n  - name: \"  \"\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    expect: {{attempts: 3}}\n",

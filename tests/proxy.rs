@@ -2015,6 +2015,14 @@ async fn policy_headers_name_the_served_provider_after_failover_and_on_errors() 
     );
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "b", "a", "b"]);
+
+    // A body that is not JSON, refused with the proxy's own error, carries
+    // the policy's headers as the policy's own errors do.
+    let malformed = Reply::of(gateway.api.chat_text("{\"model\": ")).await;
+    assert_eq!(malformed.status, 400, "{}", malformed.text);
+    assert_eq!(openai_error(&malformed).0, "invalid_request_body");
+    assert_eq!(malformed.header("x-attempts"), refused.header("x-attempts"));
+    assert_eq!(malformed.header("x-attempts"), Some("0"));
     gateway.stop().await;
     Ok(())
 }

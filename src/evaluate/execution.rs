@@ -459,11 +459,14 @@ impl Plan {
         machine.progress = progress;
         match error {
             Some(error) => refusal_with(snapshot, error, &mut machine, served),
-            None => builtin_refusal(
-                503,
-                "capacity_exhausted",
-                "no provider had room for the request",
-            ),
+            None => Refusal {
+                error: builtin_error(
+                    503,
+                    "capacity_exhausted",
+                    "no provider had room for the request",
+                ),
+                headers: headers(snapshot, &mut machine, served),
+            },
         }
     }
 }
@@ -561,13 +564,6 @@ fn builtin_error(status: u16, code: &str, message: &str) -> ErrorResponse {
     }
 }
 
-pub fn builtin_refusal(status: u16, code: &str, message: &str) -> Refusal {
-    Refusal {
-        error: builtin_error(status, code, message),
-        headers: Vec::new(),
-    }
-}
-
 fn error_response(
     snapshot: &Snapshot,
     error: ErrorRef,
@@ -612,12 +608,13 @@ fn error_response(
     }
 }
 
-/// A refusal before the request's state exists (its body is not a JSON
-/// object): only what the context says is known.
-pub fn refusal(
+/// The refusal of a body that is not a JSON object, before the request's
+/// state exists: the policy's error for it, else the proxy's own, with the
+/// policy's headers either way. Only what the context says is known.
+pub fn malformed_body_refusal(
     snapshot: &Snapshot,
-    error: ErrorRef,
     context: &super::RequestContext<'_>,
+    problem: &str,
 ) -> Refusal {
     let request = super::RequestState {
         id: context.id.clone(),
@@ -632,7 +629,13 @@ pub fn refusal(
         merges: vec![Value::Null; snapshot.program.merges.len()],
     };
     let mut machine = Machine::new(snapshot, &request, &[], &[]);
-    refusal_with(snapshot, error, &mut machine, None)
+    match snapshot.program.malformed_body {
+        Some(error) => refusal_with(snapshot, error, &mut machine, None),
+        None => Refusal {
+            error: builtin_error(400, "invalid_request_body", problem),
+            headers: headers(snapshot, &mut machine, None),
+        },
+    }
 }
 
 /// A refusal evaluated with the request's state.

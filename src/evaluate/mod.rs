@@ -543,10 +543,9 @@ fn decide(
     let Some(body) = context.body.ok().and_then(Json::as_object) else {
         let problem = context.body.err().unwrap_or(NOT_AN_OBJECT);
         trace.refused = Some(problem.to_string());
-        return Err(match program.malformed_body {
-            Some(error) => execution::refusal(snapshot, error, context),
-            None => execution::builtin_refusal(400, "invalid_request_body", problem),
-        });
+        return Err(execution::malformed_body_refusal(
+            snapshot, context, problem,
+        ));
     };
     let (model, model_named) = requested_model(
         snapshot,
