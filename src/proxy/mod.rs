@@ -1143,7 +1143,14 @@ fn prepare(
         .and_then(|b| b.get("model"))
         .and_then(Json::as_str)
         .unwrap_or("");
-    let caller_key = presented_key(&arrived.parts.headers);
+    let named = snapshot.model_named(requested).is_some();
+    // An id the catalog names is no key; only another one is looked at
+    // for the caller's (finding the key again costs a header lookup).
+    let caller_key = if named {
+        None
+    } else {
+        presented_key(&arrived.parts.headers)
+    };
     let requested_model = logged_model(requested, caller_key);
     let plan = match decision.result {
         Ok(plan) => plan,
@@ -1153,7 +1160,7 @@ fn prepare(
                 request_id,
                 endpoint,
                 Some((&tenant, &requested_model)),
-                model_label(snapshot, requested, None),
+                model_label(snapshot, (requested, named), None),
                 (refusal.error.status, &refusal.error.code),
                 "refused",
             );
@@ -1194,7 +1201,7 @@ fn prepare(
     let _ = write!(decision, " (at most {})", plan.attempts);
     let log = RequestLog {
         tenant,
-        model_label: model_label(snapshot, requested, Some(&plan)).to_string(),
+        model_label: model_label(snapshot, (requested, named), Some(&plan)).to_string(),
         model: requested_model,
         ids_holding_the_key: ids_holding_the_key(&plan, caller_key),
         decision,
@@ -1213,16 +1220,17 @@ fn prepare(
     ))
 }
 
-/// The `model` label of a request's metrics for a client's requested id:
-/// the id when the catalog names it (a model or an alias), else the model
-/// of the plan's first candidate (a pin's), else [`OTHER_MODEL`]. Labels
-/// come from the catalog, so made-up ids cannot add series without end.
+/// The `model` label of a request's metrics for a client's requested id
+/// (and whether the catalog names it, as a model or an alias): the id when
+/// it does, else the model of the plan's first candidate (a pin's), else
+/// [`OTHER_MODEL`]. Labels come from the catalog, so made-up ids cannot add
+/// series without end.
 fn model_label<'a>(
     snapshot: &'a Snapshot,
-    requested: &'a str,
+    (requested, named): (&'a str, bool),
     plan: Option<&crate::evaluate::Plan>,
 ) -> &'a str {
-    if snapshot.model_named(requested).is_some() {
+    if named {
         return requested;
     }
     plan.and_then(|plan| plan.candidates.first())
