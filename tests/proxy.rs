@@ -1957,6 +1957,29 @@ async fn the_callers_own_key_sent_as_a_model_is_not_logged() -> TestResult {
         let exchange = line.exchange.as_ref().expect("an exchange ran");
         assert_eq!(exchange.served_model(), logged);
     }
+
+    // The key in another source of ids (a `models` list), with a model the
+    // catalog names in `model`: the id served is still masked.
+    let sections = format!(
+        "input models from body \"models\" : list<string> malformed error upstream_failed\norder {{\n  by requested.index desc\n}}\n{HEADERS}"
+    );
+    let mut listing = Setup::new(&sections, errors, a_then_b());
+    listing.policy = listing.policy.replace(
+        "unknown error unknown_model",
+        "from request.model, input.models\n  unknown serve where true\n  unknown error unknown_model",
+    );
+    let listing = listing.start("providers:\n  a: {}\n  b: {}\n").await;
+    let reply = listing
+        .api
+        .chat(&json!({"model": "m", "models": [KEY], "messages": []}))
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let log = listing.log.clone();
+    until("the request is logged", || log.lines().len() == 1).await;
+    let line = &log.lines()[0];
+    assert_eq!(line.model, "m");
+    let exchange = line.exchange.as_ref().expect("an exchange ran");
+    assert_eq!(exchange.served_model(), "***");
     Ok(())
 }
 

@@ -541,7 +541,7 @@ impl<'de, T: PlainNumber> serde::Deserialize<'de> for Plain<T> {
                 Self::or_fail(T::from_f64(n), format_args!("{n:?}"))
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Plain<T>, E> {
-                let advice = if text.trim().parse::<f64>().is_ok() {
+                let advice = if text.trim().parse::<f64>().is_ok_and(f64::is_finite) {
                     "; write a number without quotes"
                 } else {
                     ""

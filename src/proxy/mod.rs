@@ -1144,14 +1144,14 @@ fn prepare(
         .and_then(Json::as_str)
         .unwrap_or("");
     let named = snapshot.model_named(requested).is_some();
-    // An id the catalog names is no key; only another one is looked at
-    // for the caller's (finding the key again costs a header lookup).
-    let caller_key = if named {
-        None
-    } else {
-        presented_key(&arrived.parts.headers)
-    };
-    let requested_model = logged_model(requested, caller_key);
+    // An id the catalog names is no key: the caller's is looked for (which
+    // costs a header lookup) only in an id it does not name.
+    let requested_model = logged_model(
+        requested,
+        (!named)
+            .then(|| presented_key(&arrived.parts.headers))
+            .flatten(),
+    );
     let plan = match decision.result {
         Ok(plan) => plan,
         Err(refusal) => {
@@ -1203,7 +1203,16 @@ fn prepare(
         tenant,
         model_label: model_label(snapshot, (requested, named), Some(&plan)).to_string(),
         model: requested_model,
-        ids_holding_the_key: ids_holding_the_key(&plan, caller_key),
+        // Other sources (a `models` list) may add ids the catalog does not
+        // name, which `unknown serve` sends upstream as they are.
+        ids_holding_the_key: ids_holding_the_key(
+            &plan,
+            plan.candidates
+                .iter()
+                .any(|c| c.model.is_none())
+                .then(|| presented_key(&arrived.parts.headers))
+                .flatten(),
+        ),
         decision,
         started: arrived.started,
         _in_flight: arrived.in_flight,

@@ -266,13 +266,11 @@ pub fn syntax_error(
     let at_chunk_end = text
         .get(position..)
         .is_some_and(|rest| end_of_code(rest) == 0);
-    if !ends_the_file {
-        if expected.remove(END_OF_FILE) {
-            expected.insert(String::from(END_OF_LINE));
-        }
-        if at_chunk_end {
-            position = end_of_code(text);
-        }
+    if !ends_the_file && expected.remove(END_OF_FILE) {
+        expected.insert(String::from(END_OF_LINE));
+    }
+    if at_chunk_end {
+        position = end_of_code(text);
     }
     // The parser tried to read a name, matched a reserved word, and wanted
     // the word to go on: "expected `_`" would send the reader looking for
@@ -304,10 +302,10 @@ pub fn syntax_error(
         expected = keep;
         expected.insert(format!("{more} more"));
     }
-    let (found, length) = if at_chunk_end && !ends_the_file {
-        (String::from(END_OF_LINE), 0)
-    } else {
-        found_at(text, position)
+    let (found, length) = match (at_chunk_end, ends_the_file) {
+        (true, false) => (String::from(END_OF_LINE), 0),
+        (true, true) => (String::from(END_OF_FILE), 0),
+        (false, _) => found_at(text, position),
     };
     let span = Span::new(offset + position, offset + position + length);
     // A word where a keyword or punctuation belongs: most often a keyword

@@ -624,6 +624,17 @@ fn a_statement_cut_short_is_shown_where_its_code_ends() {
         syntax_errors("let z = 3 +\r\n# why\r\nlet y = 1\r\n"),
         expected(1, 12)
     );
+    // At the file's end too, where what it found is the end of the file.
+    assert_eq!(
+        syntax_errors("let y = 1\nlet z = 3 + # c\n# more\n"),
+        [(
+            String::from(
+                "expected `[`, `if`, `{`, a name, a number or a string, found end of file"
+            ),
+            2,
+            12
+        )]
+    );
 }
 
 #[test]
