@@ -47,6 +47,14 @@ fn assert_explained(who: &str, args: &[&str]) {
     );
 }
 
+/// Each line of `stderr` as JSON; a line that is not fails the test.
+fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
+    stderr
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect()
+}
+
 #[test]
 fn serve_on_a_busy_address_says_what_to_do() {
     assert_explained(
@@ -73,10 +81,7 @@ fn with_json_logs_the_refusal_is_a_json_line_too() {
         "json",
     ]);
     assert_eq!(code, Some(2), "{stderr}");
-    let lines: Vec<serde_json::Value> = stderr
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
-        .collect();
+    let lines = json_lines(&stderr);
     let last = lines.last().unwrap();
     assert_eq!(last["level"], "ERROR", "{stderr}");
     let message = last["fields"]["message"].as_str().unwrap();
@@ -115,10 +120,7 @@ fn with_json_logs_a_command_line_mistake_is_a_json_line_too() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{stderr}");
-        let lines: Vec<serde_json::Value> = stderr
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
-            .collect();
+        let lines = json_lines(&stderr);
         assert_eq!(lines.len(), 1, "{stderr}");
         assert_eq!(lines[0]["level"], "ERROR", "{stderr}");
         assert!(
@@ -171,10 +173,7 @@ fn with_json_logs_a_policy_that_does_not_check_is_reported_in_json() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    let lines: Vec<serde_json::Value> = stderr
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
-        .collect();
+    let lines = json_lines(&stderr);
     let messages: Vec<&str> = lines
         .iter()
         .map(|line| line["fields"]["message"].as_str().unwrap())

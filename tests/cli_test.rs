@@ -552,24 +552,7 @@ fn explain_says_which_candidates_keep_lets_be_tried() {
         "{stdout}"
     );
     // A paused candidate is passed over, as the proxy passes it over.
-    let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-paused-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (request, health) = (dir.join("request.json"), dir.join("health.yaml"));
-    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
-    std::fs::write(&health, "- {provider: aki-io, paused_for: 30s}\n").unwrap();
-    let output = Command::new(BIN)
-        .args(["explain", "--policy"])
-        .arg(noirdoc())
-        .args(["--key", "acme-default", "--request"])
-        .arg(&request)
-        .arg("--health")
-        .arg(&health)
-        .output()
-        .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    let (output, _) = explain_qwen_with_health("paused", "- {provider: aki-io, paused_for: 30s}\n");
     let paused = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{paused}");
     assert!(
@@ -662,28 +645,10 @@ fn explain_says_which_balance_statement_reshuffled_the_plan() {
 
 #[test]
 fn a_health_entry_that_names_nothing_is_shown_at_its_place() {
-    let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-health-entry-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (request, health) = (dir.join("request.json"), dir.join("health.yaml"));
-    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
-    std::fs::write(
-        &health,
+    let (output, health) = explain_qwen_with_health(
+        "health-entry",
         "- provider: aki-io\n  paused_for: 30s\n- provider: nosuch\n  penalized: true\n",
-    )
-    .unwrap();
-    let output = Command::new(BIN)
-        .args(["explain", "--policy"])
-        .arg(noirdoc())
-        .args(["--key", "acme-default", "--request"])
-        .arg(&request)
-        .arg("--health")
-        .arg(&health)
-        .output()
-        .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
@@ -707,6 +672,31 @@ fn a_health_entry_that_names_nothing_is_shown_at_its_place() {
         stdout.contains("health entry 2: `paused_for: 30` is not a duration"),
         "{stdout}"
     );
+}
+
+/// `switchyard explain` of a qwen3.8-27b request by `acme-default` under
+/// the shipped Noirdoc policy with `health` as its `--health` file; its
+/// output and where that file was (removed by then).
+fn explain_qwen_with_health(name: &str, health: &str) -> (Output, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "switchyard-cli-explain-{name}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (request, health_file) = (dir.join("request.json"), dir.join("health.yaml"));
+    std::fs::write(&request, "{\"model\": \"qwen3.8-27b\"}").unwrap();
+    std::fs::write(&health_file, health).unwrap();
+    let output = Command::new(BIN)
+        .args(["explain", "--policy"])
+        .arg(noirdoc())
+        .args(["--key", "acme-default", "--request"])
+        .arg(&request)
+        .arg("--health")
+        .arg(&health_file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (output, health_file)
 }
 
 /// `switchyard explain --format json` for a Noirdoc request.

@@ -263,9 +263,7 @@ pub fn syntax_error(
     }
     // A statement's or a section's text ends at its line, not the file's
     // end; with nothing but blanks and comments left, it stopped short.
-    let at_chunk_end = text
-        .get(position..)
-        .is_some_and(|rest| end_of_code(rest) == 0);
+    let at_chunk_end = text.get(position..).is_some_and(super::recover::is_blank);
     if !ends_the_file && expected.remove(END_OF_FILE) {
         expected.insert(String::from(END_OF_LINE));
     }
