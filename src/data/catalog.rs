@@ -193,10 +193,11 @@ fn validate_provider(
     })
 }
 
-/// A base URL must be plain http(s) with no credentials in it.
-fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>) {
-    let span = v.span(source, url);
-    let text = url.value.as_str();
+/// A base URL must be a plain http(s) URL with a host, with no credentials
+/// in it and nothing after its path.
+fn check_base_url(v: &mut Validator<'_>, source: SourceId, base_url: &Spanned<String>) {
+    let span = v.span(source, base_url);
+    let text = base_url.value.as_str();
     let Some(rest) = text
         .strip_prefix("http://")
         .or_else(|| text.strip_prefix("https://"))
@@ -248,6 +249,29 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, url: &Spanned<String>
     {
         v.diagnostics
             .push(secret_diagnostic(source, span, "base_url"));
+        return;
+    }
+    let problem = match url::Url::parse(text) {
+        Err(error) => Some(format!("`base_url` is not a URL: {error}")),
+        // `http:///v1` reads as the host `v1`.
+        Ok(_) if authority.is_empty() => Some(String::from("`base_url` names no host")),
+        Ok(url) if url.query().is_some() || url.fragment().is_some() => Some(String::from(
+            "`base_url` has a query or fragment, which the endpoint path would follow",
+        )),
+        Ok(_) => None,
+    };
+    if let Some(message) = problem {
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            message,
+            "not an API root",
+            Some(String::from(
+                "write the provider's API root, as in `https://api.example.com/v1`; \
+                 the endpoint path (`/chat/completions`, ...) is appended to it",
+            )),
+        );
     }
 }
 

@@ -244,14 +244,27 @@ fn schema_diagnostic(read: YamlError, source: SourceId, span: Span) -> Diagnosti
                 });
             (codes::DATA_UNKNOWN_FIELD, help)
         }
-        None => (
-            codes::DATA_SCHEMA,
-            String::from("see docs/data.md for the form of each data file"),
-        ),
+        None => (codes::DATA_SCHEMA, missing_list_help(&read.message)),
     };
     Diagnostic::new(code, read.message)
         .at(source, span, "here")
         .help(help)
+}
+
+/// The help for a schema error: for a data file's required list, why it is
+/// required (a file without it is most often one caught half written) and
+/// how to say there are none.
+fn missing_list_help(message: &str) -> String {
+    let list = ["providers", "models", "tenants"]
+        .into_iter()
+        .find(|list| message == format!("missing field `{list}`"));
+    match list {
+        Some(list) => format!(
+            "a data file without its `{list}` is most often one caught half written, \
+             so it is refused rather than served; write `{list}: []` for none"
+        ),
+        None => String::from("see docs/data.md for the form of each data file"),
+    }
 }
 
 /// How data files are read: budgets that fit catalogs of tens of thousands

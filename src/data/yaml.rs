@@ -449,9 +449,10 @@ pub struct RawCatalog {
     pub attributes: RawCatalogSchema,
     #[serde(default)]
     pub deployment: AttrValues,
-    #[serde(default)]
+    /// Required, as the tenants file's `tenants` are: a catalog cut off
+    /// before its models (written half, providers first) would otherwise be
+    /// served and answer every request `unknown model`.
     pub providers: Vec<Spanned<RawProvider>>,
-    #[serde(default)]
     pub models: Vec<Spanned<RawModel>>,
     #[serde(default)]
     pub aliases: SpannedMap<Spanned<RawValue>>,
