@@ -265,12 +265,25 @@ impl hyper::body::Body for AttemptBody {
     }
 }
 
+/// Secrets shorter than any real key are left alone, not to mangle
+/// ordinary words.
+const SHORTEST_KEY: usize = 12;
+
 /// A provider's error body without the credential the attempt used: some
 /// OpenAI-compatible servers echo the key they were sent, and the body may
-/// reach the client (`error passthrough`) or an error's message. Values
-/// shorter than any real key are left alone, not to mangle ordinary words.
+/// reach the client (`error passthrough`) or an error's message. The key is
+/// found as written and inside JSON strings whose escapes spell it (`\/`
+/// for `/`, `\u002d` for `-`, as some JSON encoders write them), which a
+/// client's JSON parser would read back as the key.
 pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
-    const SHORTEST_KEY: usize = 12;
+    if secret.len() < SHORTEST_KEY {
+        return body;
+    }
+    without_escaped_secret(without_verbatim_secret(body, secret), secret)
+}
+
+/// `body` with each occurrence of `secret` as written replaced.
+fn without_verbatim_secret(body: Bytes, secret: &str) -> Bytes {
     let secret = secret.as_bytes();
     // A body cut short (error bodies are read up to a limit) may end in
     // the key's first part.
@@ -279,9 +292,7 @@ pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
             .get(..*length)
             .is_some_and(|start| body.ends_with(start))
     });
-    if secret.len() < SHORTEST_KEY
-        || (memchr::memmem::find(&body, secret).is_none() && cut_in_key.is_none())
-    {
+    if memchr::memmem::find(&body, secret).is_none() && cut_in_key.is_none() {
         return body;
     }
     let mut cleaned = Vec::with_capacity(body.len());
@@ -300,6 +311,98 @@ pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
         _ => cleaned.extend_from_slice(rest),
     }
     Bytes::from(cleaned)
+}
+
+/// `body` with each JSON string that holds `secret` once its escapes are
+/// read written again with `[redacted]` in its place. A string left open at
+/// the body's end (a body read up to its limit) loses the key's first part
+/// too, as [`without_verbatim_secret`] does for text as written.
+fn without_escaped_secret(body: Bytes, secret: &str) -> Bytes {
+    if memchr::memchr(b'\\', &body).is_none() {
+        return body;
+    }
+    let mut cleaned: Option<Vec<u8>> = None;
+    let mut copied_to = 0;
+    let mut from = 0;
+    while let Some(start) =
+        memchr::memchr(b'"', body.get(from..).unwrap_or_default()).map(|at| from + at)
+    {
+        let (end, escaped) = json_string_end(&body, start);
+        let quoted = body.get(start..end).unwrap_or_default();
+        let redacted = if escaped {
+            redacted_json_string(quoted, secret, end == body.len())
+        } else {
+            None
+        };
+        if let Some(redacted) = redacted {
+            let cleaned = cleaned.get_or_insert_with(|| Vec::with_capacity(body.len()));
+            cleaned.extend_from_slice(body.get(copied_to..start).unwrap_or_default());
+            cleaned.extend_from_slice(&redacted);
+            copied_to = end;
+        }
+        from = end;
+    }
+    match cleaned {
+        Some(mut cleaned) => {
+            cleaned.extend_from_slice(body.get(copied_to..).unwrap_or_default());
+            Bytes::from(cleaned)
+        }
+        None => body,
+    }
+}
+
+/// Where the JSON string opening at `start` ends (after its closing quote,
+/// or the body's end when it is left open), and whether it holds an escape.
+fn json_string_end(body: &[u8], start: usize) -> (usize, bool) {
+    let mut at = start + 1;
+    let mut escaped = false;
+    loop {
+        match body.get(at) {
+            None => return (body.len(), escaped),
+            Some(b'"') => return (at + 1, escaped),
+            Some(b'\\') => {
+                escaped = true;
+                at += 2;
+            }
+            Some(_) => at += 1,
+        }
+    }
+}
+
+/// The JSON string `quoted` (quotes included; the closing one missing when
+/// `open`) written again without `secret`, when its text holds the secret
+/// (or, `open`, ends in the secret's first part).
+fn redacted_json_string(quoted: &[u8], secret: &str, open: bool) -> Option<Vec<u8>> {
+    let text = if open {
+        // Cut off, perhaps inside an escape: read what whole escapes remain.
+        (0..=6).find_map(|trim| {
+            let mut closed = quoted.get(..quoted.len().checked_sub(trim)?)?.to_vec();
+            closed.push(b'"');
+            serde_json::from_slice::<String>(&closed).ok()
+        })?
+    } else {
+        serde_json::from_slice::<String>(quoted).ok()?
+    };
+    let mut redacted = text.replace(secret, "[redacted]");
+    if open
+        && let Some(length) = (SHORTEST_KEY / 2..secret.len()).rev().find(|length| {
+            secret
+                .get(..*length)
+                .is_some_and(|start| redacted.ends_with(start))
+        })
+    {
+        redacted.truncate(redacted.len() - length);
+        redacted.push_str("[redacted]");
+    }
+    if redacted == text {
+        return None;
+    }
+    let mut written = serde_json::to_vec(&redacted).ok()?;
+    if open {
+        // Still open, as the provider's body was.
+        written.pop();
+    }
+    Some(written)
 }
 
 /// What a provider's non-success answer says: `Retry-After` (seconds or an
@@ -397,6 +500,43 @@ mod tests {
         // Cut off inside the key, as a body read up to its limit can be.
         let cut = Bytes::from(format!("x-api-key: {}", &secret[..10]));
         assert_eq!(without_secret(cut, secret), "x-api-key: [redacted]");
+    }
+
+    #[test]
+    fn an_echoed_credential_is_cut_however_json_escapes_it() {
+        let secret = "sk-aki/secret+KEY/0123456789abcdef";
+        // PHP's `json_encode` escapes `/`; .NET's encoder writes `+` and
+        // others as `\u` escapes.
+        let php = r#"{"error":{"message":"Incorrect API key provided: sk-aki\/secret+KEY\/0123456789abcdef","code":"invalid_api_key"}}"#;
+        assert_eq!(
+            without_secret(Bytes::from_static(php.as_bytes()), secret),
+            r#"{"error":{"message":"Incorrect API key provided: [redacted]","code":"invalid_api_key"}}"#
+        );
+        let dotnet =
+            r#"{"error":{"message":"bad key sk\u002Daki\/secret\u002BKEY/0123456789abcdef."}}"#;
+        assert_eq!(
+            without_secret(Bytes::from_static(dotnet.as_bytes()), secret),
+            r#"{"error":{"message":"bad key [redacted]."}}"#
+        );
+        // Every string holding it, keys too; other escapes are kept as
+        // the provider wrote them.
+        let both = r#"{"sk-aki\/secret+KEY\/0123456789abcdef":"x\ny","m":"a\u0020sk-aki\/secret+KEY\/0123456789abcdef"}"#;
+        assert_eq!(
+            without_secret(Bytes::from_static(both.as_bytes()), secret),
+            r#"{"[redacted]":"x\ny","m":"a [redacted]"}"#
+        );
+        // Cut off inside the key, even inside an escape.
+        let cut = r#"{"error":{"message":"bad key sk-aki\/secret+KEY\u00"#;
+        assert_eq!(
+            without_secret(Bytes::from_static(cut.as_bytes()), secret),
+            r#"{"error":{"message":"bad key [redacted]"#
+        );
+        // Nothing to do: the same bytes back.
+        let clean = r#"{"error":{"message":"a\/b \u002d quota"}}"#;
+        assert_eq!(
+            without_secret(Bytes::from_static(clean.as_bytes()), secret),
+            clean
+        );
     }
 
     #[test]
