@@ -603,8 +603,9 @@ fn method_not_allowed(
 }
 
 /// The client's `X-Request-Id` when it is a sensible one, else a new id.
-/// The id is logged and sent on to providers, so one that is the client's
-/// key, or holds a word that looks like an API key, is not taken.
+/// The id is logged and sent on to providers, so one that holds the
+/// client's key (as a logged model id would be masked for it), or a word
+/// that looks like an API key, is not taken.
 fn request_id(headers: &HeaderMap) -> Arc<str> {
     headers
         .get(header_names::REQUEST_ID)
@@ -616,7 +617,7 @@ fn request_id(headers: &HeaderMap) -> Arc<str> {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
                 && matches!(redact(id), Cow::Borrowed(_))
-                && presented_key(headers) != Some(id)
+                && !presented_key(headers).is_some_and(|key| holds_key(id, key))
         })
         .map_or_else(new_request_id, Arc::from)
 }
@@ -1451,6 +1452,12 @@ mod tests {
         let id = with(&[
             ("x-request-id", "k-acme"),
             ("authorization", "Bearer k-acme"),
+        ]);
+        assert!(id.starts_with("req_"), "{id}");
+        // Holding the client's key, which no key shape gives away.
+        let id = with(&[
+            ("x-request-id", "trace.noirdoc-acme-key"),
+            ("x-api-key", "noirdoc-acme-key"),
         ]);
         assert!(id.starts_with("req_"), "{id}");
         let id = with(&[("x-request-id", "sk-proj-ABCDEFGHIJ0123456789")]);
