@@ -2538,6 +2538,7 @@ async fn an_embeddings_request_asking_for_a_stream_is_answered_whole() -> TestRe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
+    use tokio::io::AsyncReadExt;
     let gateway = gateway_taking_1_kib().await;
     let body = chat_body(false);
     let encoded = |coding: &'static str| {
@@ -2575,6 +2576,19 @@ async fn a_compressed_body_gets_415_and_says_why() -> TestResult {
         assert_eq!(reply.status, 200, "{identity}: {}", reply.text);
     }
     assert_eq!(gateway.sim.requests().len(), 3, "only those went upstream");
+
+    // Compressed as a transfer coding, under the chunked framing.
+    let mut socket = send_raw_chat(
+        &gateway.api,
+        "Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n4\r\nabcd\r\n0\r\n\r\n",
+    )
+    .await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer)).await??;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 415 "), "{answer}");
+    assert!(answer.contains("`Transfer-Encoding: gzip`"), "{answer}");
+    assert_eq!(gateway.sim.requests().len(), 3);
     gateway.stop().await;
     Ok(())
 }

@@ -817,11 +817,11 @@ async fn complete(
             message,
         ))
     };
-    if let Some(encoding) = body_encoding(request.headers()) {
+    if let Some((header, encoding)) = body_encoding(request.headers()) {
         // A compressed body would otherwise be refused as JSON that does
         // not parse, which hides the reason.
         let message = format!(
-            "the request body is sent with `Content-Encoding: {encoding}`; this gateway accepts it uncompressed"
+            "the request body is sent with `{header}: {encoding}`; this gateway accepts it uncompressed"
         );
         drain_unread(request, proxy.limits.max_body_bytes);
         return refused_here(415, "unsupported_content_encoding", &message, "refused");
@@ -913,22 +913,35 @@ async fn complete(
     })
 }
 
-/// The coding a request body is sent in, unless none is (`identity`).
-fn body_encoding(headers: &hyper::HeaderMap) -> Option<String> {
-    // A list, over one or several lines: `gzip, identity`.
-    let text = headers
-        .get_all(hyper::header::CONTENT_ENCODING)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
-        .map(|coding| {
-            // Said back in the error: a few characters are enough.
-            let coding = String::from_utf8_lossy(coding);
-            coding.trim().chars().take(32).collect::<String>()
+/// The header and coding a request body is sent in, unless none is
+/// (`identity`, and for `Transfer-Encoding` the `chunked` framing HTTP
+/// itself undoes): `Transfer-Encoding: gzip, chunked` compresses as
+/// `Content-Encoding: gzip` does.
+fn body_encoding(headers: &hyper::HeaderMap) -> Option<(&'static str, String)> {
+    let codings = |name: hyper::header::HeaderName, undone: &[&str]| {
+        // A list, over one or several lines: `gzip, identity`.
+        let text = headers
+            .get_all(name)
+            .iter()
+            .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
+            .map(|coding| {
+                // Said back in the error: a few characters are enough.
+                let coding = String::from_utf8_lossy(coding);
+                coding.trim().chars().take(32).collect::<String>()
+            })
+            .filter(|coding| {
+                !coding.is_empty() && !undone.iter().any(|u| coding.eq_ignore_ascii_case(u))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        (!text.is_empty()).then_some(text)
+    };
+    codings(hyper::header::CONTENT_ENCODING, &["identity"])
+        .map(|text| ("Content-Encoding", text))
+        .or_else(|| {
+            codings(hyper::header::TRANSFER_ENCODING, &["identity", "chunked"])
+                .map(|text| ("Transfer-Encoding", text))
         })
-        .filter(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    (!text.is_empty()).then_some(text)
 }
 
 /// Whether reading failed because the client's connection ended (closed or
