@@ -3749,6 +3749,28 @@ async fn a_responses_stream_ending_incomplete_is_passed_on_as_its_end() -> TestR
     Ok(())
 }
 
+/// A stream cut after the commit is logged with the usage the provider
+/// reported before the cut (an Anthropic stream reports its input tokens
+/// first): those tokens were spent, and billing reads the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_commit_is_logged_with_the_usage_reported() -> TestResult {
+    let first = "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\
+                 \"delta\":{\"content\":\"par\"},\"finish_reason\":null}],\
+                 \"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1}}\n\n";
+    let gateway = scripted_then_b(&[(0, first)], Then::Cut).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "par", "{}", reply.text);
+    let log = gateway.log.clone();
+    until("the request is logged", || log.lines().len() == 1).await;
+    let line = &log.lines()[0];
+    assert_eq!(line.outcome, "error", "{line:?}");
+    assert_eq!(line.exchange.as_ref().unwrap().tokens(), Some((7, 1)));
+    assert!(gateway.sim.requests().is_empty(), "nothing fails over");
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResult {
     let gateway = scripted_then_b(&[(0, "data: [DONE]\n\n")], Then::EndAfter(Duration::ZERO)).await;

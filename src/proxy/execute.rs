@@ -1288,6 +1288,9 @@ impl Exchange {
                 Err(_) => return failed(OutcomeClass::Malformed, None),
             }
         }
+        // Committed, the usage reported so far is the request's, however
+        // the stream ends: the tokens were spent, and the log line says so.
+        self.report.usage = usage;
         if !self.commit(index, held, link).await {
             return Attempted::Cancelled;
         }
@@ -1318,6 +1321,7 @@ impl Exchange {
                     _ => {}
                 }
                 usage = wire::accumulated_usage(usage, reported);
+                self.report.usage = usage;
                 if let EventKind::Finished(those) = kind {
                     finished_choices = finished_choices.and(those);
                 }
