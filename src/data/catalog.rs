@@ -404,6 +404,7 @@ fn validate_model(
             None
         }
     };
+    one_route_per_provider(v, source, m);
     let routes = m
         .routes
         .iter()
@@ -423,6 +424,40 @@ fn validate_model(
         routes,
         at: at(v, source, &m.id),
     })
+}
+
+/// A model's routes name different providers: a pin (`provider/model`)
+/// names a route by them, and a second route to one provider would only
+/// spend an attempt on it again.
+fn one_route_per_provider(v: &mut Validator<'_>, source: SourceId, model: &RawModel) {
+    let mut seen: HashMap<&str, Span> = HashMap::default();
+    for route in &model.routes {
+        let provider = &route.value.provider;
+        let span = v.span(source, provider);
+        match seen.get(provider.value.as_str()) {
+            Some(first) => {
+                let first = *first;
+                v.diagnostics.push(
+                    Diagnostic::new(
+                        codes::DUPLICATE_ID,
+                        format!(
+                            "model `{}` has two routes to provider `{}`",
+                            model.id.value, provider.value
+                        ),
+                    )
+                    .at(source, span, "routed again here")
+                    .also(source, first, "first routed here")
+                    .help(
+                        "a model has one route per provider (pins name a route by its \
+                         provider); remove one",
+                    ),
+                );
+            }
+            None => {
+                seen.insert(&provider.value, span);
+            }
+        }
+    }
 }
 
 fn validate_route(
