@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![cfg(unix)]
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
@@ -28,14 +29,14 @@ fn serve() -> (Serving, Receiver<String>) {
 }
 
 /// The same with these variables in its environment.
-fn serve_with(variables: &[(&str, &str)]) -> (Serving, Receiver<String>) {
+fn serve_with(variables: &[(&str, &OsStr)]) -> (Serving, Receiver<String>) {
     serve_policy("policies/noirdoc.policy", variables, &["--no-watch"])
 }
 
 /// `serve` of `policy` with these variables and further arguments.
 fn serve_policy(
     policy: &str,
-    variables: &[(&str, &str)],
+    variables: &[(&str, &OsStr)],
     more: &[&str],
 ) -> (Serving, Receiver<String>) {
     let mut child = Command::new(BIN)
@@ -100,13 +101,19 @@ fn a_sighup_that_finds_nothing_changed_says_so() {
 }
 
 #[test]
-fn a_secret_is_read_without_its_trailing_line_break_and_one_with_a_break_inside_is_named() {
+fn a_secret_is_read_without_its_trailing_line_break_and_one_it_cannot_send_is_named() {
     // Mounted from a file, a secret often ends in a line break: it is sent
     // without it. One broken inside cannot be sent at all: `serve` says so
     // instead of each attempt failing as if the provider were unreachable.
+    use std::os::unix::ffi::OsStrExt as _;
     let (mut serving, lines) = serve_with(&[
-        ("NOIRDOC_IONOS_KEY", "sk-ionos-123\n"),
-        ("NOIRDOC_AKI_IO_KEY", "sk-aki\n123"),
+        ("NOIRDOC_IONOS_KEY", OsStr::new("sk-ionos-123\n")),
+        ("NOIRDOC_AKI_IO_KEY", OsStr::new("sk-aki\n123")),
+        // Not UTF-8: no text at all, though set.
+        (
+            "NOIRDOC_SCALEWAY_KEY",
+            OsStr::from_bytes(b"sk-scale\xffway"),
+        ),
     ]);
     let mut seen = Vec::new();
     wait_for(&lines, "serving policy noirdoc", &mut seen);
@@ -123,6 +130,12 @@ fn a_secret_is_read_without_its_trailing_line_break_and_one_with_a_break_inside_
         seen.join("\n")
     );
     assert!(about("ionos").is_empty(), "{}", seen.join("\n"));
+    let scaleway = about("scaleway");
+    assert!(
+        scaleway.len() == 1 && scaleway[0].contains("not UTF-8 text"),
+        "{}",
+        seen.join("\n")
+    );
     signal(&serving, "TERM");
     assert!(serving.0.wait().unwrap().success(), "{}", seen.join("\n"));
 }
@@ -197,7 +210,7 @@ fn a_reload_says_which_credentials_it_leaves_without_a_secret() {
         "ACME_OPENAI_KEY",
         "STARTER_BYOK_OPENAI_KEY",
     ]
-    .map(|name| (name, "sk-test"));
+    .map(|name| (name, OsStr::new("sk-test")));
     let policy = dir.join("noirdoc.policy");
     let (mut serving, lines) = serve_policy(policy.to_str().unwrap(), &variables, &[]);
     let mut seen = Vec::new();

@@ -57,6 +57,12 @@ impl fmt::Debug for Secret {
 /// Where the snapshot reads credential secrets from.
 pub trait SecretSource {
     fn get(&self, name: &str) -> Option<String>;
+
+    /// Whether `name` is set to something that is not UTF-8 text, which
+    /// `get` gives as none.
+    fn holds_other_than_text(&self, _name: &str) -> bool {
+        false
+    }
 }
 
 /// The process environment.
@@ -65,6 +71,10 @@ pub struct Environment;
 impl SecretSource for Environment {
     fn get(&self, name: &str) -> Option<String> {
         std::env::var(name).ok().filter(|value| !value.is_empty())
+    }
+
+    fn holds_other_than_text(&self, name: &str) -> bool {
+        matches!(std::env::var(name), Err(std::env::VarError::NotUnicode(_)))
     }
 }
 
@@ -786,6 +796,10 @@ pub fn unusable_credentials(
                 Some(_) => {
                     "the credential's variable holds a control character (a line break \
                      inside it?) that no request header can carry; its routes are skipped"
+                }
+                None if secrets.holds_other_than_text(&credential.env) => {
+                    "the credential's variable holds bytes that are not UTF-8 text; \
+                     its routes are skipped"
                 }
                 // The environment gives an empty variable as none.
                 None => "the credential's variable is not set, or empty; its routes are skipped",
