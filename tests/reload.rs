@@ -243,6 +243,56 @@ async fn garbage_keeps_the_last_good_policy_and_healthz_says_where() {
     setup.stop().await;
 }
 
+/// One bad deploy is one failed reload, however many events it raises: a
+/// ConfigMap-style swap of a mounted directory raises a reload or two more,
+/// which find the same files failing the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_seen_again_is_said_and_counted_once() {
+    let (stack, secrets) = start_stack("failing-again", HEALTHY).await;
+    let read = |file: &str| std::fs::read_to_string(stack.dir.join(file)).unwrap();
+    let (catalog, tenants) = (read("catalog.yaml"), read("tenants.yaml"));
+    let version = |policy: String, catalog: &str| {
+        [
+            ("failing-again.policy", policy),
+            ("catalog.yaml", catalog.to_string()),
+            ("tenants.yaml", tenants.clone()),
+        ]
+    };
+    let mount = stack.dir.join("mounted");
+    update_configmap(&mount, "v1", &version(policy_text("first"), &catalog));
+    let setup = serving_from(stack, secrets, mount.join("failing-again.policy"), "first").await;
+
+    let broken = catalog.replacen("kind: chat", "kind: chatty", 1);
+    let before = setup.failures();
+    update_configmap(&mount, "v2", &version(policy_text("second"), &broken));
+    setup.until_failed(before).await;
+    // The reloads the swap raised after the first have had their time.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(setup.failures(), before + 1);
+    let reloader = Reloader::new(
+        setup.proxy.clone(),
+        mount.join("failing-again.policy"),
+        &setup.sources,
+        Arc::new(FixedSecrets::default()),
+    );
+    let again = reloader.clone();
+    let outcome = tokio::task::spawn_blocking(move || again.reload())
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::StillFailing);
+    assert_eq!(setup.failures(), before + 1);
+
+    // Broken another way: a failure of its own.
+    update_configmap(
+        &mount,
+        "v3",
+        &version(policy_text("third") + "errors { half = }\n", &catalog),
+    );
+    setup.until_failed(before + 1).await;
+    assert_eq!(setup.ask().await, (200, Some(String::from("first"))));
+    setup.stop().await;
+}
+
 /// A served policy is read again at every reload. Opening a pipe waits for
 /// a writer, so a pipe put in its place once froze every later reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

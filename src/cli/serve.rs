@@ -238,12 +238,15 @@ fn hangup_reloads(reloader: Arc<Reloader>, signals: &mut Signals) -> tokio::task
                 let reloader = reloader.clone();
                 // A reload or its failure says so itself; one that finds
                 // nothing changed would otherwise leave the SIGHUP unanswered.
-                if let Ok(Outcome::Unchanged) =
-                    tokio::task::spawn_blocking(move || reloader.reload()).await
-                {
-                    tracing::info!(
+                match tokio::task::spawn_blocking(move || reloader.reload()).await {
+                    Ok(Outcome::Unchanged) => tracing::info!(
                         "SIGHUP: the policy's files are unchanged; the policy being served stays"
-                    );
+                    ),
+                    Ok(Outcome::StillFailing) => tracing::error!(
+                        "SIGHUP: the policy's files are unchanged since the reload that failed; \
+                         the previous policy keeps serving"
+                    ),
+                    _ => {}
                 }
             }
         }

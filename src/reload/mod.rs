@@ -48,6 +48,9 @@ pub struct FailedReload {
     pub file: Option<String>,
     /// The first diagnostics, as `switchyard check --format json` prints them.
     pub diagnostics: Json,
+    /// A digest of the files read and of every diagnostic: a reload that
+    /// fails with the same is the same failure again.
+    pub digest: u64,
 }
 
 impl ReloadStatus {
@@ -68,6 +71,23 @@ impl ReloadStatus {
     }
 }
 
+/// What a failed check read and said, as a digest: the files' names and
+/// texts, those it could not read, and every diagnostic.
+fn failure_digest(report: &crate::language::CheckReport) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for file in (0..).map_while(|index| report.sources.file_at(index)) {
+        for part in [file.name.as_bytes(), b"\0", file.text.as_bytes(), b"\0"] {
+            hasher.update(part);
+        }
+    }
+    for path in &report.unread {
+        hasher.update(path.as_os_str().as_encoded_bytes());
+        hasher.update(b"\0");
+    }
+    hasher.update(render::json(report.diagnostics.iter(), &report.sources).as_bytes());
+    hasher.digest()
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -83,6 +103,10 @@ pub enum Outcome {
     Unchanged,
     /// The policy did not check; the previous version still serves.
     Failed,
+    /// The files fail again as they did in the failed reload that stands:
+    /// said and counted once (one swap of a mounted directory can raise a
+    /// reload or two more).
+    StillFailing,
 }
 
 /// Reloads one proxy's policy.
@@ -231,6 +255,15 @@ impl Reloader {
             }
             Err(report) => {
                 self.remember_files(files, false);
+                let digest = failure_digest(&report);
+                if self
+                    .status()
+                    .last_failure
+                    .as_ref()
+                    .is_some_and(|failure| failure.digest == digest)
+                {
+                    return Outcome::StillFailing;
+                }
                 let first_error = report
                     .diagnostics
                     .iter()
@@ -267,6 +300,7 @@ impl Reloader {
                     at_unix_ms: unix_ms(),
                     file: failed_file,
                     diagnostics,
+                    digest,
                 });
                 drop(status);
                 Outcome::Failed
