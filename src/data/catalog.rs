@@ -11,7 +11,7 @@ use foldhash::HashMap;
 use serde_saphyr::Spanned;
 
 pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) -> Catalog {
-    refuse_secrets(v, source, raw);
+    check_names(v, source, raw);
     unique(
         v,
         source,
@@ -62,9 +62,10 @@ pub(super) fn validate(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog
 }
 
 /// Ids, names, aliases and upstream names end up in logs, metrics and
-/// model listings: one that looks like an API key was pasted by mistake,
-/// and is refused as an attribute holding one is.
-fn refuse_secrets(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) {
+/// model listings: an empty one or one with a control character names
+/// nothing a client can send, and one that looks like an API key was pasted
+/// by mistake, refused as an attribute holding one is.
+fn check_names(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) {
     let mut named: Vec<(&str, &Spanned<String>)> = Vec::new();
     for provider in &raw.providers {
         let provider = &provider.value;
@@ -87,7 +88,7 @@ fn refuse_secrets(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) {
     }
     for (field, text) in named {
         let span = v.span(source, text);
-        v.check_name_not_secret(source, span, field, &text.value);
+        v.check_name(source, span, field, &text.value);
     }
 }
 

@@ -741,14 +741,32 @@ impl<'a> Validator<'a> {
 
     /// Refuses a name (an id, alias or upstream model) that looks like a
     /// credential: no secret belongs there, by reference or otherwise.
-    pub(super) fn check_name_not_secret(
-        &mut self,
-        source: SourceId,
-        span: Span,
-        field: &str,
-        text: &str,
-    ) {
-        if crate::diagnostics::redact::looks_like_generated_key(text) {
+    /// An id or name ends up in requests, headers, logs and metrics: it is
+    /// some text, without a control character, and holds no secret.
+    pub(super) fn check_name(&mut self, source: SourceId, span: Span, field: &str, text: &str) {
+        if text.is_empty() {
+            self.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!("`{field}` is empty"),
+                "no name",
+                Some(String::from(
+                    "ids and names are what requests, logs and metrics call things by; write one",
+                )),
+            );
+        } else if text.chars().any(char::is_control) {
+            self.report(
+                codes::DATA_SCHEMA,
+                source,
+                span,
+                format!("`{field}` holds a control character"),
+                "not plain text",
+                Some(String::from(
+                    "ids and names travel in headers and log lines, which cannot carry one; remove it",
+                )),
+            );
+        } else if crate::diagnostics::redact::looks_like_generated_key(text) {
             let mut diagnostic = secret_diagnostic(source, span, field);
             diagnostic.help = Some(String::from(
                 "a name does not hold a secret: write what it names here, and rotate the exposed key",

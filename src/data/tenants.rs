@@ -20,8 +20,9 @@ pub(super) fn validate(
     catalog: &RawCatalog,
     catalog_source: SourceId,
 ) -> Tenants {
-    // Ids end up in logs and metrics: one that looks like an API key was
-    // pasted by mistake (a key's id in place of its digest, most likely).
+    // Ids end up in logs and metrics: an empty one names nothing, and one
+    // that looks like an API key was pasted by mistake (a key's id in place
+    // of its digest, most likely).
     for tenant in &raw.tenants {
         let tenant = &tenant.value;
         let ids = std::iter::once(&tenant.id)
@@ -29,7 +30,7 @@ pub(super) fn validate(
             .chain(tenant.keys.iter().map(|k| &k.value.id));
         for id in ids {
             let span = v.span(source, id);
-            v.check_name_not_secret(source, span, "id", &id.value);
+            v.check_name(source, span, "id", &id.value);
         }
     }
     unique(v, source, "tenant", raw.tenants.iter().map(|t| &t.value.id));
