@@ -3837,6 +3837,60 @@ async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline()
     Ok(())
 }
 
+/// A client that stops reading a stream does not hold its attempt past the
+/// attempt's time: the exchange runs only as the client takes events, so
+/// its connection is closed (a second later), the request ends as
+/// cancelled and the provider's stream is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_stream_loses_it_when_the_attempt_time_is_up() -> TestResult {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Far more than the sockets between provider, proxy and client hold.
+    let event = choice_chunk(0, Some(&"x".repeat(16 << 10)));
+    let pieces: Vec<(u64, &str)> = (0..2_000).map(|_| (0, event.as_str())).collect();
+    let sections = PATIENT_STREAMS.replace("timeouts {\n", "timeouts {\n  attempt 1500ms\n");
+    let gateway = scripted_then_b_under(
+        &sections,
+        STREAM_ERRORS,
+        &pieces,
+        Then::EndAfter(Duration::ZERO),
+    )
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.set_recv_buffer_size(4096)?;
+    let mut stream = socket
+        .connect(gateway.api.url.trim_start_matches("http://").parse()?)
+        .await?;
+    let body = serde_json::to_string(&chat_body(true))?;
+    stream
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n\
+                 Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await?;
+    let mut first = [0; 100];
+    let read = stream.read(&mut first).await?;
+    assert!(first[..read].starts_with(b"HTTP/1.1 200"));
+    // Reads no more, and keeps the connection open meanwhile.
+    let started = Instant::now();
+    let log = gateway.log.clone();
+    until("the request ends", || log.lines().len() == 1).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    let line = &log.lines()[0];
+    assert_eq!((line.outcome, line.status), ("cancelled", 499), "{line:?}");
+    drop(stream);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_in_place_of_a_streams_first_event_is_read_as_the_providers_error() -> TestResult {
     // `a` answers 200, then an Anthropic-style error event instead of the

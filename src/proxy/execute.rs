@@ -176,6 +176,28 @@ pub struct Exchange {
     /// end: the candidate, when its attempt began, its first byte and
     /// usage. Cut then, it still ends as an answer, not an error.
     finished_stream: Option<FinishedStream>,
+    /// The connection the request came on, told when a stream being sent
+    /// must have ended (see [`ConnectionCut`]).
+    connection: Option<Arc<ConnectionCut>>,
+}
+
+/// While a committed stream is sent: its deadline, known to its connection,
+/// which closes if the stream outlives it (a client that stopped reading).
+struct StreamDeadline(Arc<ConnectionCut>);
+
+impl StreamDeadline {
+    fn set(connection: Option<&Arc<ConnectionCut>>, in_ms: Option<u64>) -> Option<StreamDeadline> {
+        let (connection, in_ms) = (connection?, in_ms?);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(in_ms);
+        connection.stream_ends_by(Some(deadline));
+        Some(StreamDeadline(connection.clone()))
+    }
+}
+
+impl Drop for StreamDeadline {
+    fn drop(&mut self) {
+        self.0.stream_ends_by(None);
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -230,6 +252,7 @@ impl Exchange {
             committed: None,
             waiting_for_capacity: false,
             finished_stream: None,
+            connection: None,
         }
     }
 
@@ -350,13 +373,18 @@ impl Exchange {
             // An exchange that starts after the drain ran out (its body was
             // still arriving) is cut before its first step, even when its
             // connection's task has not yet been told of the cut.
-            let was_cut = self.proxy.drain_over() || {
+            let proxy = self.proxy.clone();
+            self.connection = Some(cut.clone());
+            let was_cut = proxy.drain_over() || {
                 let mut executing = std::pin::pin!(self.execute(&mut link));
                 // The cut first: a request whose exchange starts after it
                 // (its body still arriving when the drain ran out) must not
-                // take a step, which could already call a provider.
+                // take a step, which could already call a provider. The
+                // drain's end is looked at too: a request woken by room
+                // that a cut request freed may run before its own
+                // connection's task has cut it.
                 std::future::poll_fn(|cx| {
-                    if cut.poll_cut(cx).is_ready() {
+                    if cut.poll_cut(cx).is_ready() || proxy.drain_over() {
                         return Poll::Ready(true);
                     }
                     executing.as_mut().poll(cx).map(|()| false)
@@ -1291,6 +1319,10 @@ impl Exchange {
         // Committed, the usage reported so far is the request's, however
         // the stream ends: the tokens were spent, and the log line says so.
         self.report.usage = usage;
+        let _deadline = StreamDeadline::set(
+            self.connection.as_ref(),
+            attempt_deadline.map(|limit| limit.saturating_sub(clock.now_ms())),
+        );
         if !self.commit(index, held, link).await {
             return Attempted::Cancelled;
         }

@@ -113,13 +113,50 @@ pub struct Proxy {
 /// Tells the request a connection is serving that the drain time ran out,
 /// so that it ends with an error its client can read rather than a closed
 /// connection. One per connection: HTTP/1.1 serves one request at a time.
+///
+/// It also closes a connection whose client stopped reading a stream: the
+/// exchange runs as hyper takes the stream's events, so while they wait to
+/// be written it cannot end the attempt itself when its time runs out.
 #[derive(Default)]
 pub struct ConnectionCut {
     over: AtomicBool,
     waker: futures_util::task::AtomicWaker,
+    /// When the stream being sent must have ended: its attempt's time or
+    /// the request's budget, if either is set.
+    stream_deadline: Mutex<Option<tokio::time::Instant>>,
+    deadline_changed: tokio::sync::Notify,
 }
 
 impl ConnectionCut {
+    /// Sets (or, `None`, clears) when the stream being sent must have ended.
+    pub fn stream_ends_by(&self, deadline: Option<tokio::time::Instant>) {
+        *lock(&self.stream_deadline) = deadline;
+        self.deadline_changed.notify_one();
+    }
+
+    /// Ready once a stream outlived its deadline by [`CUT_GRACE`]: time
+    /// for an exchange still being polled to end it itself (its error
+    /// event written), so one that is not has a client that stopped
+    /// reading.
+    async fn stream_stalled(&self) {
+        loop {
+            let deadline = *lock(&self.stream_deadline);
+            match deadline {
+                None => self.deadline_changed.notified().await,
+                Some(deadline) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(deadline + CUT_GRACE) => {
+                            if *lock(&self.stream_deadline) == Some(deadline) {
+                                return;
+                            }
+                        }
+                        () = self.deadline_changed.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+
     fn cut(&self) {
         self.over.store(true, Ordering::SeqCst);
         self.waker.wake();
@@ -317,6 +354,10 @@ pub fn serve(
                         tokio::pin!(connection);
                         tokio::select! {
                             _ = connection.as_mut() => {}
+                            // Dropped with the connection: the exchange
+                            // ends as cancelled, its capacity freed and
+                            // its provider's stream closed.
+                            () = cut.stream_stalled() => {}
                             _ = stop.changed() => {
                                 connection.as_mut().graceful_shutdown();
                                 tokio::select! {
