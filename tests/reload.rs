@@ -596,6 +596,64 @@ async fn a_data_file_change_reloads_too() {
     setup.stop().await;
 }
 
+/// A reload that changes a provider's capacity applies to the requests
+/// already waiting for its room, not only to those that come after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_capacity_applies_to_requests_already_waiting() {
+    let setup = Setup::start(
+        "capacity",
+        "providers:\n  alpha: {latency: 4s}\n  beta: {}\n",
+    )
+    .await;
+    let policy =
+        |generation: &str| policy_text(generation) + "\ncapacity {\n  wait 30s\n  error busy\n}\n";
+    let catalog = |concurrent: u32| {
+        CATALOG
+            .replace("{sim}", &setup.sim.addr().to_string())
+            .replacen(
+                "/alpha/v1\n",
+                &format!("/alpha/v1\n    capacity: {{concurrent: {concurrent}}}\n"),
+                1,
+            )
+            .replace("      - provider: beta\n", "")
+    };
+    std::fs::write(setup.dir.join("catalog.yaml"), catalog(1)).unwrap();
+    rename_over(&setup.policy, &policy("one"));
+    setup.until_serving("one").await;
+
+    let reloads = || setup.proxy.reload_status.lock().unwrap().reloads;
+    setup.sim.clear();
+    let started = Instant::now();
+    let client = setup.client.clone();
+    let url = setup.url("/v1/chat/completions");
+    let (first, second) = (client.clone(), url.clone());
+    let holding = tokio::spawn(async move { ask(&first, &second).await });
+    until("the first request is at alpha", || {
+        setup.sim.requests().len() == 1
+    })
+    .await;
+    let waiting = tokio::spawn(async move { ask(&client, &url).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(setup.sim.requests().len(), 1, "the second waits for room");
+
+    let before = reloads();
+    std::fs::write(setup.dir.join("catalog.yaml"), catalog(2)).unwrap();
+    until("the new limit is live", || reloads() > before).await;
+    until("the waiting request is at alpha", || {
+        setup.sim.requests().len() == 2
+    })
+    .await;
+    // Long before the first answer (4 s) would have freed its room.
+    assert!(
+        started.elapsed() < Duration::from_millis(3_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(holding.await.unwrap().0, 200);
+    assert_eq!(waiting.await.unwrap().0, 200);
+    setup.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_directory_replaced_with_a_gap_takes_effect() {
     // The policy stays; its data files live in `data/`, which a deploy

@@ -295,9 +295,22 @@ impl Exchange {
         Some(CandidateKeys::of(&self.snapshot, candidate))
     }
 
+    /// The candidate's provider's capacity limits as the live policy has
+    /// them: a reload that changes them applies to requests already
+    /// waiting for room as well as to new ones.
     fn limits(&self, candidate: usize) -> Option<crate::data::CapacityLimits> {
         let candidate = self.plan.candidates.get(candidate)?;
-        self.snapshot.provider(candidate.provider)?.capacity
+        let provider = self.snapshot.provider(candidate.provider)?;
+        let live = self.proxy.live.load();
+        if std::ptr::eq(&**live, &*self.snapshot) {
+            return provider.capacity;
+        }
+        live.data
+            .catalog
+            .providers
+            .iter()
+            .find(|reloaded| reloaded.id == provider.id)
+            .map_or(provider.capacity, |reloaded| reloaded.capacity)
     }
 
     fn provider_id(&self, candidate: usize) -> String {
