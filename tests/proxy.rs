@@ -1105,6 +1105,37 @@ failover {
     Ok(())
 }
 
+/// A policy without a `capacity` section answers a request whose every
+/// candidate is paused with the built-in error, which says so and when a
+/// candidate is expected back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_candidate_paused_without_a_capacity_section_says_when_one_is_back() -> TestResult {
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 1
+  on 429 => stop, pause provider for 60s, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#,
+        r#"  upstream_failed = 502, "every provider failed""#,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n")
+    .await;
+    let refused = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(refused.status, 502, "{}", refused.text);
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    let (code, _, message) = openai_error(&reply);
+    assert_eq!(code, "capacity_exhausted");
+    assert!(message.contains("paused"), "{message}");
+    let retry_after: u64 = reply.header("retry-after").unwrap_or_default().parse()?;
+    assert!((55..=60).contains(&retry_after), "{retry_after}");
+    gateway.stop().await;
+    Ok(())
+}
+
 /// Which provider answers each of `count` requests when `a` answers as
 /// `a_steps` says and `b` answers 200, the order preferring routes whose
 /// success rate (unmeasured: 1) is perfect, `a` first on a tie.

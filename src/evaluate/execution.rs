@@ -459,12 +459,20 @@ impl Plan {
         machine.progress = progress;
         match error {
             Some(error) => refusal_with(snapshot, error, &mut machine, served),
+            // A policy without a `capacity` section: every candidate was
+            // paused (or, with a budget, the wait would outlast it).
             None => Refusal {
-                error: builtin_error(
-                    503,
-                    "capacity_exhausted",
-                    "no provider had room for the request",
-                ),
+                error: ErrorResponse {
+                    // When a candidate is expected free, as a declared
+                    // error's `free_in` would say.
+                    retry_after_secs: free_in_ms.map(|ms| ms.div_ceil(1000).max(1)),
+                    ..builtin_error(
+                        503,
+                        "capacity_exhausted",
+                        "no provider is available for the request now: every candidate is \
+                         paused or has no room",
+                    )
+                },
                 headers: headers(snapshot, &mut machine, served),
             },
         }
