@@ -302,15 +302,22 @@ fn validate_capacity(
     let window = match (&c.requests, &c.window) {
         (Some(requests), Some(window)) => match super::schema::parse_duration(&window.value) {
             Some(ms) if ms > 0 && requests.value.0 > 0 => Some((requests.value.0, ms)),
-            _ => {
+            parsed => {
+                let message = match parsed {
+                    None => format!(
+                        "`window: {}` {}",
+                        window.value,
+                        super::schema::why_not_a_duration(&window.value)
+                    ),
+                    Some(0) => String::from("a request window is longer than zero"),
+                    Some(_) => String::from("a request window allows at least one request"),
+                };
                 let span = v.span(source, window);
                 v.report(
                     codes::DATA_SCHEMA,
                     source,
                     span,
-                    String::from(
-                        "a request window needs at least one request and a duration above zero",
-                    ),
+                    message,
                     "this window",
                     Some(String::from(
                         "write it as `requests: 600` with `window: 60s`",
