@@ -232,6 +232,13 @@ fn for_writers(message: &str) -> String {
         }
         "cannot deserialize null into string" => "expected a string, found nothing",
         "expected string scalar" => "expected a single value, found a list or a mapping",
+        // The budget's depth, or the reader's own limit before it.
+        message
+            if message == "recursion limit exceeded"
+                || message.starts_with("budget breached: Depth") =>
+        {
+            "the file nests mappings and lists deeper than a data file may (64 levels)"
+        }
         message if message.starts_with("budget breached") => {
             "the file's aliases expand to more than a data file may hold; write the repeated values out"
         }
@@ -815,6 +822,14 @@ mod tests {
             (
                 "budget breached: RecordedAnchorEvents { recorded_anchor_events: 1000001 }",
                 "the file's aliases expand to more than a data file may hold; write the repeated values out",
+            ),
+            (
+                "recursion limit exceeded",
+                "the file nests mappings and lists deeper than a data file may (64 levels)",
+            ),
+            (
+                "budget breached: Depth { depth: 65 }",
+                "the file nests mappings and lists deeper than a data file may (64 levels)",
             ),
         ] {
             assert_eq!(for_writers(library), writer);
