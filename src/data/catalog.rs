@@ -1,7 +1,7 @@
 //! Validation of the catalog file: providers, credentials, models, routes and
 //! aliases.
 
-use super::load::{Validator, env_reference, secret_diagnostic, unique};
+use super::load::{UNKNOWN_MODEL_HELP, Validator, env_reference, secret_diagnostic, unique};
 use super::model::*;
 use super::schema::Subject;
 use super::yaml::*;
@@ -626,7 +626,9 @@ fn validate_aliases(
                     name.value
                 ),
                 "not a model id",
-                None,
+                Some(String::from(
+                    "write `ALIAS: model-id`, or `ALIAS: [model-id, ...]` for several in order",
+                )),
             );
             continue;
         }
@@ -636,7 +638,8 @@ fn validate_aliases(
                 Some(index) => targets.push(index),
                 None => {
                     let help = suggest(&id, models.iter().map(|m| m.id.as_str()))
-                        .map(|close| format!("did you mean {close}?"));
+                        .map(|close| format!("did you mean {close}?"))
+                        .or_else(|| Some(String::from(UNKNOWN_MODEL_HELP)));
                     v.report(
                         codes::UNKNOWN_REFERENCE,
                         source,

@@ -352,7 +352,9 @@ impl<'a> Validator<'a> {
                             member.value, name.value
                         ),
                         "again here",
-                        None,
+                        Some(String::from(
+                            "an enumeration lists each member once; remove one",
+                        )),
                     );
                 }
                 list.push(member.value.clone());
@@ -541,7 +543,9 @@ impl<'a> Validator<'a> {
                     None => {
                         let names: Vec<&str> =
                             self.provider_names.values().map(String::as_str).collect();
-                        let help = suggest(s, names).map(|close| format!("did you mean {close}?"));
+                        let help = suggest(s, names)
+                            .map(|close| format!("did you mean {close}?"))
+                            .or_else(|| Some(String::from(UNKNOWN_PROVIDER_HELP)));
                         self.report(
                             codes::UNKNOWN_REFERENCE,
                             source,
@@ -559,7 +563,8 @@ impl<'a> Validator<'a> {
                     Some(Value::String(Arc::from(s.as_str())))
                 } else {
                     let help = suggest(s, self.model_ids.iter().map(String::as_str))
-                        .map(|close| format!("did you mean {close}?"));
+                        .map(|close| format!("did you mean {close}?"))
+                        .or_else(|| Some(String::from(UNKNOWN_MODEL_HELP)));
                     self.report(
                         codes::UNKNOWN_REFERENCE,
                         source,
@@ -708,7 +713,8 @@ impl<'a> Validator<'a> {
             if !self.model_ids.iter().any(|id| id == &model.value) {
                 let span = self.span(source, model);
                 let help = suggest(&model.value, self.model_ids.iter().map(String::as_str))
-                    .map(|close| format!("did you mean {close}?"));
+                    .map(|close| format!("did you mean {close}?"))
+                    .or_else(|| Some(String::from(UNKNOWN_MODEL_HELP)));
                 self.report(
                     codes::UNKNOWN_REFERENCE,
                     source,
@@ -849,6 +855,13 @@ const ROUTE_BUILTINS: &[&str] = &["provider", "upstream_model", "price", "capabi
 const MODEL_BUILTINS: &[&str] = &["id", "kind", "aliases", "routes"];
 const CREDENTIAL_BUILTINS: &[&str] = &["id", "owned", "tenant", "key"];
 const TENANT_BUILTINS: &[&str] = &["id"];
+
+/// The help for a model id the catalog does not have, when no id is close.
+pub(super) const UNKNOWN_MODEL_HELP: &str =
+    "a model is named by its `id` in the catalog's `models` list";
+
+/// The help for a provider name the catalog does not have, when none is close.
+const UNKNOWN_PROVIDER_HELP: &str = "a provider is named by its `id`, its `name` or one of its `aliases` in the catalog's `providers` list";
 
 /// The environment variable named by a `${NAME}` reference.
 pub(super) fn env_reference(text: &str) -> Option<&str> {
