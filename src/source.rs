@@ -24,8 +24,24 @@ pub fn read_text(path: &Path, limit: usize) -> std::io::Result<String> {
             format!("it is larger than {} MiB", limit >> 20),
         ));
     }
-    let mut text = String::from_utf8(bytes)
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+    let mut text = String::from_utf8(bytes).map_err(|error| {
+        // Where, as an editor counts: lines, and bytes within the line.
+        let valid = error
+            .as_bytes()
+            .get(..error.utf8_error().valid_up_to())
+            .unwrap_or_default();
+        let line = valid.iter().filter(|byte| **byte == b'\n').count() + 1;
+        let column = valid.len()
+            - valid
+                .iter()
+                .rposition(|byte| *byte == b'\n')
+                .map_or(0, |at| at + 1)
+            + 1;
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is not UTF-8 text (line {line}, byte {column} of the line, is not)"),
+        )
+    })?;
     if text.starts_with('\u{feff}') {
         text.drain(..'\u{feff}'.len_utf8());
     }
@@ -232,6 +248,10 @@ mod tests {
         std::fs::write(&file, b"\xff\xfe").unwrap();
         let error = read_text(&file, 100).unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        assert!(error.to_string().contains("line 1, byte 1 "), "{error}");
+        std::fs::write(&file, b"a: 1\nname: caf\xe9\n").unwrap();
+        let error = read_text(&file, 100).unwrap_err();
+        assert!(error.to_string().contains("line 2, byte 10 "), "{error}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -187,6 +187,8 @@ pub fn io_reason(error: &std::io::Error) -> String {
     match error.kind() {
         std::io::ErrorKind::NotFound => String::from("no such file"),
         std::io::ErrorKind::PermissionDenied => String::from("permission denied"),
+        // `read_text` says where.
+        std::io::ErrorKind::InvalidData if error.get_ref().is_some() => error.to_string(),
         std::io::ErrorKind::InvalidData => String::from("it is not UTF-8 text"),
         std::io::ErrorKind::IsADirectory => String::from("it is a directory"),
         // The kind that names it is not stable yet; its name is.
