@@ -81,6 +81,83 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// A data file's quoted `text` with the value of every `key` field masked
+/// (its length kept) unless it is a `${NAME}` reference: a credential's key
+/// written out where the reference belongs is a secret whatever its shape,
+/// and a broken line quotes it before the refusal of literal keys could
+/// see it. Also masks words that look like API keys ([`redact`]).
+pub fn redact_data_line(text: &str) -> Cow<'_, str> {
+    let masked_keys = mask_key_values(text);
+    match redact(&masked_keys) {
+        Cow::Borrowed(_) => masked_keys,
+        Cow::Owned(owned) => Cow::Owned(owned),
+    }
+}
+
+fn mask_key_values(text: &str) -> Cow<'_, str> {
+    let bytes = text.as_bytes();
+    let mut masked: Option<Vec<u8>> = None;
+    let mut from = 0;
+    while let Some(found) = text.get(from..).and_then(|rest| rest.find("key")) {
+        let at = from + found;
+        from = at + 3;
+        // `key` as a field's whole name: `key:`, `"key":`, `{key: `, not
+        // `api_key:` or `keys:`.
+        let before = at.checked_sub(1).and_then(|i| bytes.get(i)).copied();
+        if before.is_some_and(|byte| !b" \t{,\"'".contains(&byte)) {
+            continue;
+        }
+        let mut value = from;
+        if matches!(bytes.get(value), Some(b'"' | b'\'')) {
+            value += 1;
+        }
+        while bytes.get(value) == Some(&b' ') {
+            value += 1;
+        }
+        if bytes.get(value) != Some(&b':') {
+            continue;
+        }
+        value += 1;
+        while matches!(bytes.get(value), Some(b' ' | b'\t')) {
+            value += 1;
+        }
+        let quoted = matches!(bytes.get(value), Some(b'"' | b'\''));
+        if quoted {
+            value += 1;
+        }
+        if text.get(value..).is_some_and(|rest| rest.starts_with("${")) {
+            continue;
+        }
+        let end = (value..bytes.len())
+            .find(|&i| match bytes.get(i) {
+                Some(b'"' | b'\'') => quoted,
+                Some(b',' | b'}' | b'\r' | b'\n') => !quoted,
+                Some(b'#') => !quoted && i > 0 && bytes.get(i - 1) == Some(&b' '),
+                _ => false,
+            })
+            .unwrap_or(bytes.len());
+        let end = if quoted {
+            end
+        } else {
+            value + text.get(value..end).map_or(0, |v| v.trim_end().len())
+        };
+        if end > value {
+            let copy = masked.get_or_insert_with(|| bytes.to_vec());
+            // Every byte, so that a masked character of several bytes
+            // leaves no half behind; the caret columns stay where they were
+            // for ASCII, which keys are.
+            if let Some(secret) = copy.get_mut(value..end) {
+                secret.fill(b'*');
+            }
+        }
+        from = end.max(from);
+    }
+    match masked {
+        Some(copy) => Cow::Owned(String::from_utf8(copy).unwrap_or_default()),
+        None => Cow::Borrowed(text),
+    }
+}
+
 fn is_word_byte(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_'
 }
@@ -122,6 +199,38 @@ mod tests {
             redact("id: \"AKIAIOSFODNN7EXAMPLE\""),
             "id: \"AKIA****************\""
         );
+    }
+
+    #[test]
+    fn masks_a_literal_key_field_in_a_data_line_whatever_its_shape() {
+        let secret = "Zq8mPpL2vX9rT4wNbK7sY3cD6fH1jG5a";
+        let stars = "*".repeat(secret.len());
+        for (line, masked) in [
+            (
+                format!("      - {{id: alpha-key, key: {secret}}}}}"),
+                format!("      - {{id: alpha-key, key: {stars}}}}}"),
+            ),
+            (
+                format!("        key: \"{secret}\"  # pasted"),
+                format!("        key: \"{stars}\"  # pasted"),
+            ),
+            (
+                format!("{{\"id\": \"k\", \"key\": \"{secret}\"}}"),
+                format!("{{\"id\": \"k\", \"key\": \"{stars}\"}}"),
+            ),
+        ] {
+            assert_eq!(redact_data_line(&line), masked);
+        }
+        // References, and fields that only end or begin in `key`, stay.
+        for line in [
+            "      - {id: a, key: \"${ALPHA_KEY}\"}",
+            "    key: ${ALPHA_KEY}",
+            "    api_key: visible",
+            "    keys: [a, b]",
+            "    monkey: business",
+        ] {
+            assert!(matches!(redact_data_line(line), Cow::Borrowed(_)), "{line}");
+        }
     }
 
     #[test]

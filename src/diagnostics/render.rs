@@ -1,6 +1,6 @@
 //! Renders diagnostics as rustc-style text or as JSON for CI.
 
-use super::redact::redact;
+use super::redact::{redact, redact_data_line};
 use super::{Diagnostic, Label, Severity};
 use crate::source::{SourceFile, SourceMap};
 use annotate_snippets::{AnnotationKind, Element, Group, Level, Origin, Renderer, Snippet};
@@ -83,9 +83,16 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
                     )
                 })
                 .collect();
+            // Policies have no `key` fields; data files, test cases and
+            // the like have, for credentials and callers' keys.
+            let text = if file.name.ends_with(".policy") {
+                redact(text)
+            } else {
+                redact_data_line(text)
+            };
             Some(Place::Quoted {
                 path: file.name.as_str(),
-                text: without_carriage_returns(redact(text)),
+                text: without_carriage_returns(text),
                 first_line,
                 annotations,
             })
