@@ -188,8 +188,7 @@ struct StreamDeadline(Arc<ConnectionCut>);
 impl StreamDeadline {
     fn set(connection: Option<&Arc<ConnectionCut>>, in_ms: Option<u64>) -> Option<StreamDeadline> {
         let (connection, in_ms) = (connection?, in_ms?);
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(in_ms);
-        connection.stream_ends_by(Some(deadline));
+        connection.stream_ends_by(Some(in_ms));
         Some(StreamDeadline(connection.clone()))
     }
 }
@@ -301,11 +300,13 @@ impl Exchange {
     fn limits(&self, candidate: usize) -> Option<crate::data::CapacityLimits> {
         let candidate = self.plan.candidates.get(candidate)?;
         let provider = self.snapshot.provider(candidate.provider)?;
-        let live = self.proxy.live.load();
-        if std::ptr::eq(&**live, &*self.snapshot) {
+        if self.proxy.is_live(&self.snapshot) {
             return provider.capacity;
         }
-        live.data
+        self.proxy
+            .live
+            .load()
+            .data
             .catalog
             .providers
             .iter()

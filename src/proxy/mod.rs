@@ -44,7 +44,7 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use subtle::ConstantTimeEq;
@@ -95,6 +95,9 @@ pub const REQUEST_LOG_TARGET: &str = "switchyard::request";
 /// upstream connection pools.
 pub struct Proxy {
     live: ArcSwap<Snapshot>,
+    /// Where the live snapshot is: a request asks whether its own is still
+    /// live with one load, not a load of the snapshot itself.
+    live_address: AtomicUsize,
     pub state: Arc<InProcess>,
     pub metrics: Metrics,
     clients: upstream::Clients,
@@ -117,44 +120,74 @@ pub struct Proxy {
 /// It also closes a connection whose client stopped reading a stream: the
 /// exchange runs as hyper takes the stream's events, so while they wait to
 /// be written it cannot end the attempt itself when its time runs out.
-#[derive(Default)]
 pub struct ConnectionCut {
     over: AtomicBool,
     waker: futures_util::task::AtomicWaker,
-    /// When the stream being sent must have ended: its attempt's time or
-    /// the request's budget, if either is set.
-    stream_deadline: Mutex<Option<tokio::time::Instant>>,
-    deadline_changed: tokio::sync::Notify,
+    /// When the connection began: the origin of `stream_deadline_ms`.
+    began: tokio::time::Instant,
+    /// When the stream being sent must have ended, in ms from `began`: its
+    /// attempt's time or the request's budget. [`NO_STREAM_DEADLINE`] when
+    /// there is none.
+    stream_deadline_ms: AtomicU64,
+    deadline_waker: futures_util::task::AtomicWaker,
+}
+
+const NO_STREAM_DEADLINE: u64 = u64::MAX;
+
+impl Default for ConnectionCut {
+    fn default() -> ConnectionCut {
+        ConnectionCut {
+            over: AtomicBool::new(false),
+            waker: futures_util::task::AtomicWaker::new(),
+            began: tokio::time::Instant::now(),
+            stream_deadline_ms: AtomicU64::new(NO_STREAM_DEADLINE),
+            deadline_waker: futures_util::task::AtomicWaker::new(),
+        }
+    }
 }
 
 impl ConnectionCut {
-    /// Sets (or, `None`, clears) when the stream being sent must have ended.
-    pub fn stream_ends_by(&self, deadline: Option<tokio::time::Instant>) {
-        *lock(&self.stream_deadline) = deadline;
-        self.deadline_changed.notify_one();
+    /// Sets (or, `None`, clears) when the stream being sent must have
+    /// ended, `in_ms` from now.
+    pub fn stream_ends_by(&self, in_ms: Option<u64>) {
+        let deadline = in_ms.map_or(NO_STREAM_DEADLINE, |in_ms| {
+            let since_began = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+            since_began
+                .saturating_add(in_ms)
+                .min(NO_STREAM_DEADLINE - 1)
+        });
+        self.stream_deadline_ms.store(deadline, Ordering::SeqCst);
+        self.deadline_waker.wake();
     }
 
     /// Ready once a stream outlived its deadline by [`CUT_GRACE`]: time
     /// for an exchange still being polled to end it itself (its error
     /// event written), so one that is not has a client that stopped
-    /// reading.
+    /// reading. Polled at each wake-up of its connection's task, so it
+    /// costs an atomic load and a waker registration when no stream is
+    /// being sent.
     async fn stream_stalled(&self) {
-        loop {
-            let deadline = *lock(&self.stream_deadline);
-            match deadline {
-                None => self.deadline_changed.notified().await,
-                Some(deadline) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline + CUT_GRACE) => {
-                            if *lock(&self.stream_deadline) == Some(deadline) {
-                                return;
-                            }
-                        }
-                        () = self.deadline_changed.notified() => {}
-                    }
-                }
+        let mut timer: Option<(u64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
+        std::future::poll_fn(|cx| {
+            self.deadline_waker.register(cx.waker());
+            let deadline = self.stream_deadline_ms.load(Ordering::SeqCst);
+            if deadline == NO_STREAM_DEADLINE {
+                timer = None;
+                return std::task::Poll::Pending;
             }
-        }
+            if timer
+                .as_ref()
+                .is_none_or(|(set_for, _)| *set_for != deadline)
+            {
+                let wake = self.began + Duration::from_millis(deadline) + CUT_GRACE;
+                timer = Some((deadline, Box::pin(tokio::time::sleep_until(wake))));
+            }
+            match timer.as_mut() {
+                Some((_, sleep)) => sleep.as_mut().poll(cx),
+                None => std::task::Poll::Pending,
+            }
+        })
+        .await;
     }
 
     fn cut(&self) {
@@ -197,6 +230,7 @@ impl Proxy {
     ) -> Arc<Proxy> {
         install_tls_provider();
         Arc::new(Proxy {
+            live_address: AtomicUsize::new(Arc::as_ptr(&snapshot) as usize),
             live: ArcSwap::new(snapshot),
             state,
             metrics: Metrics::new(),
@@ -222,7 +256,15 @@ impl Proxy {
 
     /// Makes `snapshot` the live one; requests already running keep theirs.
     pub fn replace(&self, snapshot: Arc<Snapshot>) {
+        self.live_address
+            .store(Arc::as_ptr(&snapshot) as usize, Ordering::SeqCst);
         self.live.store(snapshot);
+    }
+
+    /// Whether `snapshot` is the live one (a request holding it keeps its
+    /// address from being reused).
+    pub fn is_live(&self, snapshot: &Arc<Snapshot>) -> bool {
+        self.live_address.load(Ordering::Relaxed) == Arc::as_ptr(snapshot) as usize
     }
 }
 
@@ -858,7 +900,11 @@ async fn complete(
             message,
         ))
     };
-    if let Some((header, encoding)) = body_encoding(request.headers()) {
+    // Only a body without a declared length has a transfer coding.
+    let length_declared = hyper::body::Body::size_hint(request.body())
+        .exact()
+        .is_some();
+    if let Some((header, encoding)) = body_encoding(request.headers(), length_declared) {
         // A compressed body would otherwise be refused as JSON that does
         // not parse, which hides the reason.
         let message = format!(
@@ -958,7 +1004,10 @@ async fn complete(
 /// (`identity`, and for `Transfer-Encoding` the `chunked` framing HTTP
 /// itself undoes): `Transfer-Encoding: gzip, chunked` compresses as
 /// `Content-Encoding: gzip` does.
-fn body_encoding(headers: &hyper::HeaderMap) -> Option<(&'static str, String)> {
+fn body_encoding(
+    headers: &hyper::HeaderMap,
+    length_declared: bool,
+) -> Option<(&'static str, String)> {
     let codings = |name: hyper::header::HeaderName, undone: &[&str]| {
         // A list, over one or several lines: `gzip, identity`.
         let text = headers
@@ -980,6 +1029,9 @@ fn body_encoding(headers: &hyper::HeaderMap) -> Option<(&'static str, String)> {
     codings(hyper::header::CONTENT_ENCODING, &["identity"])
         .map(|text| ("Content-Encoding", text))
         .or_else(|| {
+            if length_declared {
+                return None;
+            }
             codings(hyper::header::TRANSFER_ENCODING, &["identity", "chunked"])
                 .map(|text| ("Transfer-Encoding", text))
         })

@@ -309,6 +309,11 @@ impl Reloader {
     }
 
     fn install(&self, snapshot: Snapshot) {
+        let snapshot = Arc::new(snapshot);
+        self.proxy.metrics.set("switchyard_reload_failed", &[], 0.0);
+        self.proxy.replace(snapshot.clone());
+        // After the replacement: the requests waiting for room, woken
+        // here, look again under the new policy's limits.
         let providers: HashSet<&str> = snapshot
             .data
             .catalog
@@ -317,8 +322,6 @@ impl Reloader {
             .map(|p| p.id.as_str())
             .collect();
         self.proxy.state.retain_providers(&providers);
-        self.proxy.metrics.set("switchyard_reload_failed", &[], 0.0);
-        self.proxy.replace(Arc::new(snapshot));
     }
 
     /// Watches the policy's files and reloads on every change (and on
