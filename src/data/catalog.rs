@@ -86,6 +86,7 @@ fn check_names(v: &mut Validator<'_>, source: SourceId, raw: &RawCatalog) {
             named.extend(route.capabilities.iter().map(|c| ("capabilities", c)));
         }
     }
+    named.extend(raw.aliases.0.iter().map(|(alias, _)| ("aliases", alias)));
     for (field, text) in named {
         let span = v.span(source, text);
         v.check_name(source, span, field, &text.value);
@@ -253,6 +254,10 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, base_url: &Spanned<St
         return;
     }
     let problem = match url::Url::parse(text) {
+        // The URL parser passes over them; the endpoint path would not.
+        _ if text.trim() != text || text.chars().any(char::is_control) => Some(String::from(
+            "`base_url` holds a space or a control character",
+        )),
         Err(error) => Some(format!("`base_url` is not a URL: {error}")),
         // `http:///v1` reads as the host `v1`.
         Ok(_) if authority.is_empty() => Some(String::from("`base_url` names no host")),
@@ -303,22 +308,33 @@ fn validate_capacity(
         (Some(requests), Some(window)) => match super::schema::parse_duration(&window.value) {
             Some(ms) if ms > 0 && requests.value.0 > 0 => Some((requests.value.0, ms)),
             parsed => {
-                let message = match parsed {
-                    None => format!(
-                        "`window: {}` {}",
-                        window.value,
-                        super::schema::why_not_a_duration(&window.value)
+                let (message, span, label) = match parsed {
+                    None => (
+                        format!(
+                            "`window: {}` {}",
+                            window.value,
+                            super::schema::why_not_a_duration(&window.value)
+                        ),
+                        v.span(source, window),
+                        "this window",
                     ),
-                    Some(0) => String::from("a request window is longer than zero"),
-                    Some(_) => String::from("a request window allows at least one request"),
+                    Some(0) => (
+                        String::from("a request window must be longer than zero"),
+                        v.span(source, window),
+                        "this window",
+                    ),
+                    Some(_) => (
+                        String::from("a request window must allow at least one request"),
+                        v.span(source, requests),
+                        "no request",
+                    ),
                 };
-                let span = v.span(source, window);
                 v.report(
                     codes::DATA_SCHEMA,
                     source,
                     span,
                     message,
-                    "this window",
+                    label,
                     Some(String::from(
                         "write it as `requests: 600` with `window: 60s`",
                     )),

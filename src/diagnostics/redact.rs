@@ -131,7 +131,10 @@ fn mask_key_values(text: &str) -> Cow<'_, str> {
         let end = (value..bytes.len())
             .find(|&i| match bytes.get(i) {
                 Some(b'"' | b'\'') => quoted,
-                Some(b',' | b'}' | b'\r' | b'\n') => !quoted,
+                // A quoted value left open ends with its line, as the
+                // excerpt may hold several.
+                Some(b'\r' | b'\n') => true,
+                Some(b',' | b'}') => !quoted,
                 Some(b'#') => !quoted && i > 0 && bytes.get(i - 1) == Some(&b' '),
                 _ => false,
             })
@@ -221,6 +224,11 @@ mod tests {
         ] {
             assert_eq!(redact_data_line(&line), masked);
         }
+        // A quoted value left open is masked to its line's end only.
+        assert_eq!(
+            redact_data_line(&format!("  key: \"{secret}\n  id: \"a\"")),
+            format!("  key: \"{stars}\n  id: \"a\"")
+        );
         // References, and fields that only end or begin in `key`, stay.
         for line in [
             "      - {id: a, key: \"${ALPHA_KEY}\"}",

@@ -226,6 +226,7 @@ impl Exchange {
             let view = StateView {
                 state: &proxy.state,
                 snapshot: &snapshot,
+                live_limits: None,
             };
             plan.timeouts(&snapshot, &view, 0)
                 .hold_headers_ms
@@ -294,24 +295,9 @@ impl Exchange {
         Some(CandidateKeys::of(&self.snapshot, candidate))
     }
 
-    /// The candidate's provider's capacity limits as the live policy has
-    /// them: a reload that changes them applies to requests already
-    /// waiting for room as well as to new ones.
     fn limits(&self, candidate: usize) -> Option<crate::data::CapacityLimits> {
         let candidate = self.plan.candidates.get(candidate)?;
-        let provider = self.snapshot.provider(candidate.provider)?;
-        if self.proxy.is_live(&self.snapshot) {
-            return provider.capacity;
-        }
-        self.proxy
-            .live
-            .load()
-            .data
-            .catalog
-            .providers
-            .iter()
-            .find(|reloaded| reloaded.id == provider.id)
-            .map_or(provider.capacity, |reloaded| reloaded.capacity)
+        crate::state::LiveLimits::limits(&*self.proxy, &self.snapshot, candidate.provider)
     }
 
     fn provider_id(&self, candidate: usize) -> String {
@@ -358,6 +344,7 @@ impl Exchange {
         StateView {
             state: &self.proxy.state,
             snapshot: &self.snapshot,
+            live_limits: Some(&*self.proxy),
         }
     }
 
@@ -1376,6 +1363,9 @@ impl Exchange {
                 }
                 if !link.send(event.raw).await {
                     return Attempted::Cancelled;
+                }
+                if let Some(connection) = &self.connection {
+                    connection.event_taken();
                 }
                 if kind == EventKind::Sentinel {
                     return Attempted::Served { usage, first_byte };

@@ -110,7 +110,36 @@ pub struct Proxy {
     access_log: Arc<dyn AccessLog>,
     /// Set when a shutdown's drain time ran out: requests cut from then on
     /// were cut by the proxy, not by their clients.
-    drain_over: watch::Sender<bool>,
+    drain_over: Arc<DrainFlag>,
+}
+
+/// Whether a shutdown's drain time ran out, for requests to look at as they
+/// run (one load) and for connections to wait on.
+pub struct DrainFlag {
+    over: AtomicBool,
+    changed: watch::Sender<bool>,
+}
+
+impl DrainFlag {
+    fn new() -> DrainFlag {
+        DrainFlag {
+            over: AtomicBool::new(false),
+            changed: watch::Sender::new(false),
+        }
+    }
+
+    fn end(&self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.changed.send_replace(true);
+    }
+
+    fn is_over(&self) -> bool {
+        self.over.load(Ordering::SeqCst)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<bool> {
+        self.changed.subscribe()
+    }
 }
 
 /// Tells the request a connection is serving that the drain time ran out,
@@ -130,6 +159,15 @@ pub struct ConnectionCut {
     /// there is none.
     stream_deadline_ms: AtomicU64,
     deadline_waker: futures_util::task::AtomicWaker,
+    /// Events of the stream being sent that its client has made room for.
+    events_taken: AtomicU64,
+}
+
+/// Where the watchdog of a stream's deadline is: waiting for the deadline,
+/// or, past it, for a grace period that must see the client take an event.
+enum StallWatch {
+    ToDeadline,
+    Grace { events_taken: u64 },
 }
 
 const NO_STREAM_DEADLINE: u64 = u64::MAX;
@@ -142,6 +180,7 @@ impl Default for ConnectionCut {
             began: tokio::time::Instant::now(),
             stream_deadline_ms: AtomicU64::new(NO_STREAM_DEADLINE),
             deadline_waker: futures_util::task::AtomicWaker::new(),
+            events_taken: AtomicU64::new(0),
         }
     }
 }
@@ -160,14 +199,21 @@ impl ConnectionCut {
         self.deadline_waker.wake();
     }
 
-    /// Ready once a stream outlived its deadline by [`CUT_GRACE`]: time
-    /// for an exchange still being polled to end it itself (its error
-    /// event written), so one that is not has a client that stopped
-    /// reading. Polled at each wake-up of its connection's task, so it
-    /// costs an atomic load and a waker registration when no stream is
-    /// being sent.
+    /// The stream's client made room for one more event.
+    pub fn event_taken(&self) {
+        self.events_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Ready once a stream outlived its deadline and then a whole
+    /// [`CUT_GRACE`] passed without its client taking an event: an exchange
+    /// still being polled ends the stream itself at its deadline (its error
+    /// event written), and one whose client reads slowly goes on, so one
+    /// that does neither has a client that stopped reading. Polled at each
+    /// wake-up of its connection's task: when no stream is being sent, it
+    /// costs a waker registration and an atomic load.
     async fn stream_stalled(&self) {
-        let mut timer: Option<(u64, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
+        type Timer = (u64, StallWatch, std::pin::Pin<Box<tokio::time::Sleep>>);
+        let mut timer: Option<Timer> = None;
         std::future::poll_fn(|cx| {
             self.deadline_waker.register(cx.waker());
             let deadline = self.stream_deadline_ms.load(Ordering::SeqCst);
@@ -177,14 +223,31 @@ impl ConnectionCut {
             }
             if timer
                 .as_ref()
-                .is_none_or(|(set_for, _)| *set_for != deadline)
+                .is_none_or(|(set_for, ..)| *set_for != deadline)
             {
-                let wake = self.began + Duration::from_millis(deadline) + CUT_GRACE;
-                timer = Some((deadline, Box::pin(tokio::time::sleep_until(wake))));
+                let at = self.began + Duration::from_millis(deadline);
+                let sleep = Box::pin(tokio::time::sleep_until(at));
+                timer = Some((deadline, StallWatch::ToDeadline, sleep));
             }
-            match timer.as_mut() {
-                Some((_, sleep)) => sleep.as_mut().poll(cx),
-                None => std::task::Poll::Pending,
+            loop {
+                let Some((_, watch, sleep)) = timer.as_mut() else {
+                    return std::task::Poll::Pending;
+                };
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return std::task::Poll::Pending;
+                }
+                let events_taken = self.events_taken.load(Ordering::Relaxed);
+                if let StallWatch::Grace {
+                    events_taken: before,
+                } = watch
+                    && *before == events_taken
+                {
+                    return std::task::Poll::Ready(());
+                }
+                *watch = StallWatch::Grace { events_taken };
+                sleep
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + CUT_GRACE);
             }
         })
         .await;
@@ -240,13 +303,13 @@ impl Proxy {
             reload_status: Mutex::new(ReloadStatus::default()),
             requests_in_flight: AtomicU64::new(0),
             access_log,
-            drain_over: watch::Sender::new(false),
+            drain_over: Arc::new(DrainFlag::new()),
         })
     }
 
     /// Whether a shutdown's drain time ran out.
     pub fn drain_over(&self) -> bool {
-        *self.drain_over.borrow()
+        self.drain_over.is_over()
     }
 
     /// The snapshot requests starting now use.
@@ -263,8 +326,29 @@ impl Proxy {
 
     /// Whether `snapshot` is the live one (a request holding it keeps its
     /// address from being reused).
-    pub fn is_live(&self, snapshot: &Arc<Snapshot>) -> bool {
-        self.live_address.load(Ordering::Relaxed) == Arc::as_ptr(snapshot) as usize
+    fn is_live(&self, snapshot: &Snapshot) -> bool {
+        self.live_address.load(Ordering::Relaxed) == std::ptr::from_ref(snapshot) as usize
+    }
+}
+
+impl crate::state::LiveLimits for Proxy {
+    /// A reload that changes a provider's limits applies to the requests
+    /// already waiting for its room as well as to new ones: the provider
+    /// is found in the live policy by its id (one that left keeps the
+    /// limits it had).
+    fn limits(&self, snapshot: &Snapshot, provider: usize) -> Option<crate::data::CapacityLimits> {
+        let own = snapshot.provider(provider)?;
+        if self.is_live(snapshot) {
+            return own.capacity;
+        }
+        self.live
+            .load()
+            .data
+            .catalog
+            .providers
+            .iter()
+            .find(|reloaded| reloaded.id == own.id)
+            .map_or(own.capacity, |reloaded| reloaded.capacity)
     }
 }
 
@@ -292,18 +376,18 @@ pub fn random_unit() -> f64 {
 pub struct Running {
     addr: SocketAddr,
     shutdown: watch::Sender<bool>,
-    drain_over: watch::Sender<bool>,
+    drain_over: Arc<DrainFlag>,
     task: tokio::task::JoinHandle<()>,
 }
 
 /// Ends a server's drain before its time: the requests still in flight end
 /// as they do when the drain time runs out.
 #[derive(Clone)]
-pub struct DrainEnd(watch::Sender<bool>);
+pub struct DrainEnd(Arc<DrainFlag>);
 
 impl DrainEnd {
     pub fn now(&self) {
-        self.0.send_replace(true);
+        self.0.end();
     }
 }
 
@@ -404,6 +488,7 @@ pub fn serve(
                                 connection.as_mut().graceful_shutdown();
                                 tokio::select! {
                                     _ = connection.as_mut() => {}
+                                    () = cut.stream_stalled() => {}
                                     () = async {
                                         let _ = drain_over.wait_for(|over| *over).await;
                                     } => {
@@ -431,7 +516,7 @@ pub fn serve(
         .await;
         if drained != Ok(true) {
             if drained.is_err() {
-                proxy.drain_over.send_replace(true);
+                proxy.drain_over.end();
                 tracing::warn!(
                     connections = connections.len(),
                     "drain time over; ending the remaining requests with 503 `shutting_down`"
@@ -545,6 +630,7 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
                     let health = StateView {
                         state: &proxy.state,
                         snapshot: &snapshot,
+                        live_limits: None,
                     };
                     model_listing(&snapshot, caller, wire, &health, &request_id, path)
                 }
@@ -1240,6 +1326,7 @@ fn prepare(
     let view = StateView {
         state: &proxy.state,
         snapshot,
+        live_limits: None,
     };
     let decision = evaluate(snapshot, &context, &view);
     proxy.metrics.decision(deciding.elapsed().as_secs_f64());

@@ -298,19 +298,32 @@ impl InProcess {
     }
 }
 
+/// Capacity limits as the live policy has them, for a request whose own
+/// snapshot a reload may have replaced since it began.
+pub trait LiveLimits: Send + Sync {
+    /// The limits of `snapshot`'s provider `provider`, as live now.
+    fn limits(&self, snapshot: &Snapshot, provider: usize) -> Option<CapacityLimits>;
+}
+
 /// The state at one moment, as the evaluator's health input.
 pub struct StateView<'a> {
     pub state: &'a InProcess,
     pub snapshot: &'a Snapshot,
+    /// Where limits are read live; `None` reads `snapshot`'s (a request
+    /// being decided, whose snapshot is the live one).
+    pub live_limits: Option<&'a dyn LiveLimits>,
 }
 
 impl HealthView for StateView<'_> {
     fn health(&self, candidate: &Candidate) -> CandidateHealth {
         let keys = CandidateKeys::of(self.snapshot, candidate);
-        let limits = self
-            .snapshot
-            .provider(candidate.provider)
-            .and_then(|p| p.capacity);
+        let limits = match self.live_limits {
+            Some(live) => live.limits(self.snapshot, candidate.provider),
+            None => self
+                .snapshot
+                .provider(candidate.provider)
+                .and_then(|p| p.capacity),
+        };
         self.state
             .candidate_health(&keys, limits, self.snapshot.health.stats_window_ms)
     }
