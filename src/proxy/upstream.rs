@@ -279,7 +279,10 @@ pub fn without_secret(body: Bytes, secret: &str) -> Bytes {
     if secret.len() < SHORTEST_KEY {
         return body;
     }
-    without_escaped_secret(without_verbatim_secret(body, secret), secret)
+    if memchr::memchr(b'\\', &body).is_none() {
+        return without_verbatim_secret(body, secret);
+    }
+    without_escaped_secret(body, secret)
 }
 
 /// `body` with each occurrence of `secret` as written replaced.
@@ -313,96 +316,151 @@ fn without_verbatim_secret(body: Bytes, secret: &str) -> Bytes {
     Bytes::from(cleaned)
 }
 
-/// `body` with each JSON string that holds `secret` once its escapes are
-/// read written again with `[redacted]` in its place. A string left open at
-/// the body's end (a body read up to its limit) loses the key's first part
-/// too, as [`without_verbatim_secret`] does for text as written.
+/// A unit of a body read with JSON's escapes undone: a byte, or the
+/// character an escape stands for, with the bytes it was written as.
+#[derive(Clone, Copy)]
+struct Unit {
+    value: u32,
+    start: u32,
+    end: u32,
+}
+
+/// `body` with every run of bytes that reads as `secret` once JSON's
+/// escapes are undone (once, or twice for an error object a gateway sent on
+/// as a JSON string) replaced by `[redacted]`, as is a run at the body's end
+/// that reads as the secret's first part (a body read up to its limit).
+/// Escapes are undone wherever they are, inside strings or not, and one
+/// that is not JSON's is kept as written: the body may be JSON a client
+/// reads, or text that holds some.
 fn without_escaped_secret(body: Bytes, secret: &str) -> Bytes {
-    if memchr::memchr(b'\\', &body).is_none() {
+    let Ok(length) = u32::try_from(body.len()) else {
+        return body;
+    };
+    let secret: Vec<u32> = secret.bytes().map(u32::from).collect();
+    let raw: Vec<Unit> = body
+        .iter()
+        .zip(0..length)
+        .map(|(byte, at)| Unit {
+            value: u32::from(*byte),
+            start: at,
+            end: at + 1,
+        })
+        .collect();
+    let once = unescaped(&raw);
+    let mut found = secret_runs(&once, &secret, length);
+    if once.iter().any(|unit| unit.value == u32::from(b'\\')) {
+        found.extend(secret_runs(&unescaped(&once), &secret, length));
+    }
+    if found.is_empty() {
         return body;
     }
-    let mut cleaned: Option<Vec<u8>> = None;
+    found.sort_unstable();
+    let mut cleaned = Vec::with_capacity(body.len());
     let mut copied_to = 0;
-    let mut from = 0;
-    while let Some(start) =
-        memchr::memchr(b'"', body.get(from..).unwrap_or_default()).map(|at| from + at)
-    {
-        let (end, escaped) = json_string_end(&body, start);
-        let quoted = body.get(start..end).unwrap_or_default();
-        let redacted = if escaped {
-            redacted_json_string(quoted, secret, end == body.len())
+    for (start, end) in found {
+        let (start, end) = (start as usize, end as usize);
+        if end <= copied_to {
+            continue;
+        }
+        if start >= copied_to {
+            cleaned.extend_from_slice(body.get(copied_to..start).unwrap_or_default());
+            cleaned.extend_from_slice(b"[redacted]");
+        }
+        copied_to = end;
+    }
+    cleaned.extend_from_slice(body.get(copied_to..).unwrap_or_default());
+    Bytes::from(cleaned)
+}
+
+/// `units` with JSON's escapes undone once: `\/` is `/`, `\u002d` is `-`.
+/// A backslash that begins no escape JSON has is kept as it is.
+fn unescaped(units: &[Unit]) -> Vec<Unit> {
+    let value = |unit: Option<&Unit>| unit.and_then(|unit| char::from_u32(unit.value));
+    let mut out = Vec::with_capacity(units.len());
+    let mut at = 0;
+    while let Some(unit) = units.get(at) {
+        let escaped = if value(Some(unit)) == Some('\\') {
+            match value(units.get(at + 1)) {
+                Some(c @ ('"' | '\\' | '/')) => Some((u32::from(c), 2)),
+                Some('b') => Some((8, 2)),
+                Some('f') => Some((12, 2)),
+                Some('n') => Some((10, 2)),
+                Some('r') => Some((13, 2)),
+                Some('t') => Some((9, 2)),
+                Some('u') => units
+                    .get(at + 2..at + 6)
+                    .and_then(|hex| {
+                        hex.iter().try_fold(0, |code, digit| {
+                            Some(code * 16 + value(Some(digit))?.to_digit(16)?)
+                        })
+                    })
+                    .map(|code| (code, 6)),
+                _ => None,
+            }
         } else {
             None
         };
-        if let Some(redacted) = redacted {
-            let cleaned = cleaned.get_or_insert_with(|| Vec::with_capacity(body.len()));
-            cleaned.extend_from_slice(body.get(copied_to..start).unwrap_or_default());
-            cleaned.extend_from_slice(&redacted);
-            copied_to = end;
-        }
-        from = end;
-    }
-    match cleaned {
-        Some(mut cleaned) => {
-            cleaned.extend_from_slice(body.get(copied_to..).unwrap_or_default());
-            Bytes::from(cleaned)
-        }
-        None => body,
-    }
-}
-
-/// Where the JSON string opening at `start` ends (after its closing quote,
-/// or the body's end when it is left open), and whether it holds an escape.
-fn json_string_end(body: &[u8], start: usize) -> (usize, bool) {
-    let mut at = start + 1;
-    let mut escaped = false;
-    loop {
-        match body.get(at) {
-            None => return (body.len(), escaped),
-            Some(b'"') => return (at + 1, escaped),
-            Some(b'\\') => {
-                escaped = true;
-                at += 2;
+        match escaped {
+            Some((code, width)) => {
+                let last = units.get(at + width - 1).map_or(unit.end, |last| last.end);
+                out.push(Unit {
+                    value: code,
+                    start: unit.start,
+                    end: last,
+                });
+                at += width;
             }
-            Some(_) => at += 1,
+            None => {
+                out.push(*unit);
+                at += 1;
+            }
         }
     }
+    out
 }
 
-/// The JSON string `quoted` (quotes included; the closing one missing when
-/// `open`) written again without `secret`, when its text holds the secret
-/// (or, `open`, ends in the secret's first part).
-fn redacted_json_string(quoted: &[u8], secret: &str, open: bool) -> Option<Vec<u8>> {
-    let text = if open {
-        // Cut off, perhaps inside an escape: read what whole escapes remain.
-        (0..=6).find_map(|trim| {
-            let mut closed = quoted.get(..quoted.len().checked_sub(trim)?)?.to_vec();
-            closed.push(b'"');
-            serde_json::from_slice::<String>(&closed).ok()
-        })?
-    } else {
-        serde_json::from_slice::<String>(quoted).ok()?
-    };
-    let mut redacted = text.replace(secret, "[redacted]");
-    if open
-        && let Some(length) = (SHORTEST_KEY / 2..secret.len()).rev().find(|length| {
-            secret
-                .get(..*length)
-                .is_some_and(|start| redacted.ends_with(start))
+/// Where `units` read as `secret`, as byte ranges of the body, and a run at
+/// the end that reads as its first part (before an escape cut short there).
+fn secret_runs(units: &[Unit], secret: &[u32], body_length: u32) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = units
+        .windows(secret.len())
+        .filter(|window| {
+            window
+                .iter()
+                .map(|unit| unit.value)
+                .eq(secret.iter().copied())
         })
+        .filter_map(|window| Some((window.first()?.start, window.last()?.end)))
+        .collect();
+    // An escape cut short by the body's end: `\`, `\u`, up to `\uXXX`.
+    let cut_escape = (1..=5.min(units.len()))
+        .find(|&length| {
+            let tail = units.get(units.len() - length..).unwrap_or_default();
+            tail.first()
+                .is_some_and(|unit| unit.value == u32::from(b'\\'))
+                && (length == 1
+                    || tail
+                        .get(1)
+                        .is_some_and(|unit| unit.value == u32::from(b'u')))
+        })
+        .unwrap_or(0);
+    let before_cut = units.get(..units.len() - cut_escape).unwrap_or_default();
+    let cut_in_key = (SHORTEST_KEY / 2..secret.len()).rev().find(|&length| {
+        before_cut.len() >= length
+            && before_cut
+                .get(before_cut.len() - length..)
+                .is_some_and(|tail| {
+                    tail.iter()
+                        .map(|unit| unit.value)
+                        .eq(secret.iter().take(length).copied())
+                })
+    });
+    if let Some(length) = cut_in_key
+        && let Some(first) = before_cut.get(before_cut.len() - length)
     {
-        redacted.truncate(redacted.len() - length);
-        redacted.push_str("[redacted]");
+        runs.push((first.start, body_length));
     }
-    if redacted == text {
-        return None;
-    }
-    let mut written = serde_json::to_vec(&redacted).ok()?;
-    if open {
-        // Still open, as the provider's body was.
-        written.pop();
-    }
-    Some(written)
+    runs
 }
 
 /// What a provider's non-success answer says: `Retry-After` (seconds or an
@@ -518,13 +576,46 @@ mod tests {
             without_secret(Bytes::from_static(dotnet.as_bytes()), secret),
             r#"{"error":{"message":"bad key [redacted]."}}"#
         );
-        // Every string holding it, keys too; other escapes are kept as
-        // the provider wrote them.
+        // Every string holding it, keys too; everything else is kept as
+        // the provider wrote it, escapes included.
         let both = r#"{"sk-aki\/secret+KEY\/0123456789abcdef":"x\ny","m":"a\u0020sk-aki\/secret+KEY\/0123456789abcdef"}"#;
         assert_eq!(
             without_secret(Bytes::from_static(both.as_bytes()), secret),
-            r#"{"[redacted]":"x\ny","m":"a [redacted]"}"#
+            r#"{"[redacted]":"x\ny","m":"a\u0020[redacted]"}"#
         );
+        // Strings a strict JSON reader refuses (an escape JSON does not
+        // have, a raw tab, a lone surrogate), a stray quote before them in
+        // text that is not JSON, a body that is one string.
+        for (written, cleaned) in [
+            (
+                r#"{"m":"it\'s sk-aki\/secret+KEY\/0123456789abcdef"}"#,
+                r#"{"m":"it\'s [redacted]"}"#,
+            ),
+            (
+                "{\"m\":\"a\tsk-aki\\/secret+KEY\\/0123456789abcdef \\ud83d\"}",
+                "{\"m\":\"a\t[redacted] \\ud83d\"}",
+            ),
+            (
+                r#"5" screen {"error":"bad key sk-aki\/secret+KEY\/0123456789abcdef"}"#,
+                r#"5" screen {"error":"bad key [redacted]"}"#,
+            ),
+            (
+                r#""bad key sk-aki\/secret+KEY\/0123456789abcdef""#,
+                r#""bad key [redacted]""#,
+            ),
+            // A provider's error object sent on as a JSON string, which a
+            // client may read twice.
+            (
+                r#"{"detail":"{\"error\":\"bad key sk-aki\\\/secret+KEY\\\/0123456789abcdef\"}"}"#,
+                r#"{"detail":"{\"error\":\"bad key [redacted]\"}"}"#,
+            ),
+        ] {
+            assert_eq!(
+                without_secret(Bytes::from(written.to_string()), secret),
+                cleaned,
+                "{written}"
+            );
+        }
         // Cut off inside the key, even inside an escape.
         let cut = r#"{"error":{"message":"bad key sk-aki\/secret+KEY\u00"#;
         assert_eq!(
