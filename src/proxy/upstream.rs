@@ -347,7 +347,10 @@ fn without_escaped_secret(body: Bytes, secret: &str) -> Bytes {
         })
         .collect();
     let once = unescaped(&raw);
-    let mut found = secret_runs(&once, &secret, length);
+    // As written too: an escape may take the key's first characters as its
+    // own (`\u0123` before a key `0123…`).
+    let mut found = secret_runs(&raw, &secret, length);
+    found.extend(secret_runs(&once, &secret, length));
     if once.iter().any(|unit| unit.value == u32::from(b'\\')) {
         found.extend(secret_runs(&unescaped(&once), &secret, length));
     }
@@ -621,6 +624,15 @@ mod tests {
         assert_eq!(
             without_secret(Bytes::from_static(cut.as_bytes()), secret),
             r#"{"error":{"message":"bad key [redacted]"#
+        );
+        // Written out right after an escape that reads its first characters.
+        let hex_key = "0123456789abcdef";
+        assert_eq!(
+            without_secret(
+                Bytes::from_static(br#"{"m":"\u0123456789abcdef"}"#),
+                hex_key
+            ),
+            r#"{"m":"\u[redacted]"}"#
         );
         // Nothing to do: the same bytes back.
         let clean = r#"{"error":{"message":"a\/b \u002d quota"}}"#;
