@@ -7,7 +7,7 @@ policies="$here/../policies"
 seeds="$here/seeds"
 
 rm -rf "$seeds/policy" "$seeds/data" "$seeds/request" "$seeds/scenario"
-mkdir -p "$seeds/policy" "$seeds/data" "$seeds/expression" "$seeds/request" "$seeds/sse" "$seeds/scenario"
+mkdir -p "$seeds/policy" "$seeds/data" "$seeds/expression" "$seeds/request" "$seeds/sse" "$seeds/provider_error" "$seeds/scenario"
 
 # policy: every reference policy, as is.
 for policy in "$policies"/*.policy; do
@@ -227,6 +227,36 @@ for name, content in seeds.items():
             f.write(content)
 EOF
 
+# provider_error: a secret, a status and an error body echoing the secret
+# as JSON encoders write it (PHP's `\/`, .NET's `\u` escapes, an error
+# object sent on as a string, a body cut inside the key). Byte 0 is the
+# secret's length less 12, then its characters as indexes into the target's
+# KEY_CHARACTERS, then the status less 400.
+python3 - "$seeds/provider_error" <<'EOF'
+import os, sys
+out = sys.argv[1]
+KEY = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_/+."
+secret = b"sk-aki/secret+KEY/0123456789abcdef"
+head = bytes([len(secret) - 12]) + bytes(KEY.index(c) for c in secret)
+def escaped(text, table):
+    return b"".join(table.get(bytes([c]), bytes([c])) for c in text)
+php = escaped(secret, {b"/": b"\\/"})
+dotnet = escaped(secret, {b"-": b"\\u002D", b"+": b"\\u002B"})
+seeds = {
+    "verbatim": (1, b'{"error":{"message":"Incorrect API key provided: ' + secret + b'","code":"invalid_api_key"}}'),
+    "php": (1, b'{"error":{"message":"Incorrect API key provided: ' + php + b'","code":"invalid_api_key"}}'),
+    "dotnet": (3, b'{"type":"error","error":{"type":"permission_error","message":"bad key ' + dotnet + b'"}}'),
+    "double": (102, b'{"detail":"{\\"error\\":\\"bad key ' + escaped(secret, {b"/": b"\\\\\\/"}) + b'\\"}"}'),
+    "cut": (29, b'{"error":{"message":"rate limited for ' + php[:20] + b'\\u00'),
+    "text": (100, b'upstream said 5" screen: key ' + php + b' rejected'),
+}
+for name, (status, body) in seeds.items():
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        with open(path, "wb") as f:
+            f.write(head + bytes([status]) + body)
+EOF
+
 # scenario: the shipped scenarios, the example of docs/sim.md, and the step
 # examples of docs/sim.md, one per line (the target also parses each line as
 # a step on its own).
@@ -259,4 +289,4 @@ providers:
   b:
 EOF
 
-echo "seeds: $(ls "$seeds/policy" | wc -l) policy, $(ls "$seeds/data" | wc -l) data, $(ls "$seeds/expression" | wc -l) expression, $(ls "$seeds/request" | wc -l) request, $(ls "$seeds/sse" | wc -l) sse, $(ls "$seeds/scenario" | wc -l) scenario"
+echo "seeds: $(ls "$seeds/policy" | wc -l) policy, $(ls "$seeds/data" | wc -l) data, $(ls "$seeds/expression" | wc -l) expression, $(ls "$seeds/request" | wc -l) request, $(ls "$seeds/sse" | wc -l) sse, $(ls "$seeds/provider_error" | wc -l) provider_error, $(ls "$seeds/scenario" | wc -l) scenario"

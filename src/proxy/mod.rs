@@ -53,6 +53,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use execute::{AttemptRecord, Report};
+/// For the `provider_error` fuzz target: what the proxy makes of a
+/// provider's error body.
+pub use upstream::{outcome_facts, without_secret};
 
 /// Limits on what a client may send.
 #[derive(Debug, Clone, Copy)]
