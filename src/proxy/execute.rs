@@ -183,6 +183,9 @@ pub struct Exchange {
 
 /// While a committed stream is sent: its deadline, known to its connection,
 /// which closes if the stream outlives it (a client that stopped reading).
+/// The time left is counted on the proxy's clock and watched on the
+/// runtime's: under a test's manual clock, only a stream that takes no
+/// event for a real second past its deadline's real time is cut.
 struct StreamDeadline(Arc<ConnectionCut>);
 
 impl StreamDeadline {
