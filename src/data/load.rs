@@ -218,6 +218,13 @@ fn parse_data<T: serde::de::DeserializeOwned>(
                     read.message = String::from(TAB_IN_INDENTATION);
                     Span::new(at, at + 1)
                 }
+                // A required list is missed at the file's end, where it was
+                // cut off, not at the mapping's start where the reader
+                // places it.
+                None if missing_list(&read.message).is_some() => {
+                    let end = text.trim_end().len();
+                    Span::new(end, end)
+                }
                 None => error.location().map_or_else(Span::default, |location| {
                     span_at(sources, source, &location)
                 }),
@@ -244,27 +251,37 @@ fn schema_diagnostic(read: YamlError, source: SourceId, span: Span) -> Diagnosti
                 });
             (codes::DATA_UNKNOWN_FIELD, help)
         }
-        None => (codes::DATA_SCHEMA, missing_list_help(&read.message)),
+        None => match missing_list(&read.message) {
+            // Why it is required (a file without it is most often one
+            // caught half written) and how to say there are none.
+            Some(list) => (
+                codes::DATA_SCHEMA,
+                format!(
+                    "a data file without its `{list}` is most often one caught half written, \
+                     so it is refused rather than served; write `{list}: []` for none"
+                ),
+            ),
+            None => (
+                codes::DATA_SCHEMA,
+                String::from("see docs/data.md for the form of each data file"),
+            ),
+        },
+    };
+    let label = if missing_list(&read.message).is_some() {
+        "the file ends without it"
+    } else {
+        "here"
     };
     Diagnostic::new(code, read.message)
-        .at(source, span, "here")
+        .at(source, span, label)
         .help(help)
 }
 
-/// The help for a schema error: for a data file's required list, why it is
-/// required (a file without it is most often one caught half written) and
-/// how to say there are none.
-fn missing_list_help(message: &str) -> String {
-    let list = ["providers", "models", "tenants"]
+/// The data file's required list a schema error says is missing, if any.
+fn missing_list(message: &str) -> Option<&'static str> {
+    ["providers", "models", "tenants"]
         .into_iter()
-        .find(|list| message == format!("missing field `{list}`"));
-    match list {
-        Some(list) => format!(
-            "a data file without its `{list}` is most often one caught half written, \
-             so it is refused rather than served; write `{list}: []` for none"
-        ),
-        None => String::from("see docs/data.md for the form of each data file"),
-    }
+        .find(|list| message == format!("missing field `{list}`"))
 }
 
 /// How data files are read: budgets that fit catalogs of tens of thousands
