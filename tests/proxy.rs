@@ -2698,6 +2698,47 @@ async fn a_client_that_leaves_before_its_body_ends_is_counted_as_cancelled() -> 
     Ok(())
 }
 
+/// A client that closes its sending side right after its request (a
+/// half-close, taken for leaving) gets a log line and a count all the same,
+/// however soon hyper lets the request go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_half_closes_at_once_is_still_logged() -> TestResult {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gateway = simple_gateway_with("providers:\n  a: {latency: 200ms}\n").await;
+    let body = serde_json::to_string(&chat_body(true))?;
+    let count = 20;
+    let mut sockets = Vec::new();
+    for n in 0..count {
+        let mut socket = send_raw_chat(
+            &gateway.api,
+            &format!(
+                "X-Request-Id: half-{n}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+        .await?;
+        socket.shutdown().await?;
+        sockets.push(socket);
+    }
+    for mut socket in sockets {
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest)).await;
+    }
+    let log = gateway.log.clone();
+    until("every request is logged", || log.lines().len() == count).await;
+    let mut ids: Vec<String> = log
+        .lines()
+        .iter()
+        .map(|line| line.request_id.to_string())
+        .collect();
+    ids.sort();
+    let mut expected: Vec<String> = (0..count).map(|n| format!("half-{n}")).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_length_over_the_limit_is_refused_before_the_body_is_sent() -> TestResult {
     use tokio::io::AsyncReadExt;

@@ -463,7 +463,9 @@ pub fn serve(
                             // then, apart, while it waits for its answer
                             // (0.6 KB). A thousand streams waiting for their
                             // providers hold only the second.
-                            let handling = Box::pin(handle(proxy, request, request_cut.clone()));
+                            let unlogged = Unlogged::of(&proxy, &request);
+                            let handling =
+                                Box::pin(handle(proxy, request, request_cut.clone(), unlogged));
                             async move {
                                 let response = match handling.await {
                                     Handled::Answered(response) => response,
@@ -583,8 +585,13 @@ impl Answering {
     }
 }
 
-async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<ConnectionCut>) -> Handled {
-    let request_id = request_id(request.headers());
+async fn handle(
+    proxy: Arc<Proxy>,
+    request: Request<Incoming>,
+    cut: Arc<ConnectionCut>,
+    unlogged: Unlogged,
+) -> Handled {
+    let request_id = unlogged.request_id.clone();
     let path = request.uri().path().to_string();
     let method = request.method().clone();
     // An endpoint's answers are in its own wire format; the others in the
@@ -642,7 +649,10 @@ async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>, cut: Arc<Connecti
         }
         (method, path) => match endpoint {
             Some(endpoint) if method == Method::POST => {
-                return complete(proxy, snapshot, request, endpoint, request_id, cut).await;
+                let handled = complete(proxy, snapshot, request, endpoint, request_id, cut).await;
+                // Logged by now: as refused, or by the exchange.
+                unlogged.logged();
+                return handled;
             }
             Some(_) => method_not_allowed(wire, &request_id, "POST"),
             None if matches!(path, "/healthz" | "/metrics" | "/v1/models")
@@ -1534,6 +1544,49 @@ fn record_refusal(
         error: Some(code.to_string()),
         exchange: None,
     });
+}
+
+/// A request to a policy endpoint whose log line is not written yet, which
+/// writes it (`cancelled`, 499) if dropped so: hyper drops a request's
+/// future, before its first poll or part way, when its client closes the
+/// connection (a half-close included) right after sending it.
+struct Unlogged {
+    proxy: Arc<Proxy>,
+    request_id: Arc<str>,
+    /// The endpoint a `POST` is to; `None` once logged, and for any other
+    /// request (which has no log line).
+    endpoint: Option<Endpoint>,
+}
+
+impl Unlogged {
+    fn of(proxy: &Arc<Proxy>, request: &Request<Incoming>) -> Unlogged {
+        Unlogged {
+            proxy: proxy.clone(),
+            request_id: request_id(request.headers()),
+            endpoint: Endpoint::from_path(request.uri().path())
+                .filter(|_| request.method() == Method::POST),
+        }
+    }
+
+    fn logged(mut self) {
+        self.endpoint = None;
+    }
+}
+
+impl Drop for Unlogged {
+    fn drop(&mut self) {
+        if let Some(endpoint) = self.endpoint {
+            record_refusal(
+                &self.proxy,
+                &self.request_id,
+                endpoint,
+                None,
+                "",
+                (499, "client_closed_request"),
+                "cancelled",
+            );
+        }
+    }
 }
 
 /// What a request's log line says beyond the exchange's report; counts the
