@@ -255,12 +255,15 @@ fn check_base_url(v: &mut Validator<'_>, source: SourceId, base_url: &Spanned<St
     }
     let problem = match url::Url::parse(text) {
         // The URL parser passes over them; the endpoint path would not.
-        _ if text.trim() != text || text.chars().any(char::is_control) => Some(String::from(
+        _ if text.chars().any(|c| c.is_whitespace() || c.is_control()) => Some(String::from(
             "`base_url` holds a space or a control character",
         )),
         Err(error) => Some(format!("`base_url` is not a URL: {error}")),
         // `http:///v1` reads as the host `v1`.
         Ok(_) if authority.is_empty() => Some(String::from("`base_url` names no host")),
+        Ok(url) if url.port() == Some(0) => Some(String::from(
+            "`base_url` names port 0, which no connection can reach",
+        )),
         Ok(url) if url.query().is_some() || url.fragment().is_some() => Some(String::from(
             "`base_url` has a query or fragment, which the endpoint path would follow",
         )),
@@ -357,10 +360,12 @@ fn validate_capacity(
             return None;
         }
     };
-    Some(CapacityLimits {
-        concurrent: c.concurrent.as_ref().map(|concurrent| concurrent.value.0),
-        window,
-    })
+    let concurrent = c.concurrent.as_ref().map(|concurrent| concurrent.value.0);
+    // `capacity: {}` declares no limit.
+    if concurrent.is_none() && window.is_none() {
+        return None;
+    }
+    Some(CapacityLimits { concurrent, window })
 }
 
 fn validate_credential(

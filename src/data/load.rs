@@ -1109,6 +1109,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_capacity_declares_no_limit() {
+        let catalog = "providers:\n  - id: a\n    format: openai\n    \
+                       base_url: http://127.0.0.1:1/v1\n    capacity: {}\n\
+                       models: []\n";
+        let (data, diagnostics) = load_both(catalog, "tenants: []\n", Reading::WithPositions);
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        let data = data.expect("the data loads");
+        assert_eq!(data.catalog.providers[0].capacity, None);
+    }
+
+    #[test]
     fn json_data_reads_fast_into_the_same_data_as_yaml() {
         let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
         let mut compared = 0;

@@ -81,6 +81,32 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// `text` as a terminal may show it: [`redact`]ed, and with each control
+/// character but a line break or tab written as an escape (`\u{1b}`), so
+/// that a name quoted from a file cannot move the cursor or recolour the
+/// screen.
+pub fn for_terminal(text: &str) -> Cow<'_, str> {
+    let redacted = redact(text);
+    if !redacted
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return redacted;
+    }
+    Cow::Owned(
+        redacted
+            .chars()
+            .map(|c| {
+                if c.is_control() && c != '\n' && c != '\t' {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A data file's quoted `text` with the value of every `key` field masked
 /// (its length kept) unless it is a `${NAME}` reference: a credential's key
 /// written out where the reference belongs is a secret whatever its shape,
@@ -125,7 +151,7 @@ fn mask_key_values(text: &str) -> Cow<'_, str> {
         if quoted {
             value += 1;
         }
-        if text.get(value..).is_some_and(|rest| rest.starts_with("${")) {
+        if is_whole_reference(text.get(value..).unwrap_or_default(), quoted) {
             continue;
         }
         let end = (value..bytes.len())
@@ -159,6 +185,28 @@ fn mask_key_values(text: &str) -> Cow<'_, str> {
         Some(copy) => Cow::Owned(String::from_utf8(copy).unwrap_or_default()),
         None => Cow::Borrowed(text),
     }
+}
+
+/// Whether a value (from its start to the line's end) is a whole `${NAME}`
+/// reference, which holds no secret; `${` with a secret after it does.
+fn is_whole_reference(value: &str, quoted: bool) -> bool {
+    let Some((name, after)) = value
+        .strip_prefix("${")
+        .and_then(|rest| rest.split_once('}'))
+    else {
+        return false;
+    };
+    let name_is_plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_');
+    let ends_there = match after.bytes().next() {
+        None => true,
+        Some(b'"' | b'\'') => quoted,
+        Some(b',' | b'}' | b' ' | b'\t' | b'\r' | b'\n') => !quoted,
+        Some(_) => false,
+    };
+    name_is_plain && ends_there
 }
 
 fn is_word_byte(byte: u8) -> bool {
@@ -229,6 +277,14 @@ mod tests {
             redact_data_line(&format!("  key: \"{secret}\n  id: \"a\"")),
             format!("  key: \"{stars}\n  id: \"a\"")
         );
+        // A reference that is not one, whole, hides nothing.
+        for line in [
+            "  - {id: a, key: \"${hunter2hunter2\", bogus: 1}",
+            "  key: \"${A}hunter2hunter2\"",
+            "  key: \"${hunter2 hunter2}\"",
+        ] {
+            assert!(redact_data_line(line).contains("*****"), "{line}");
+        }
         // References, and fields that only end or begin in `key`, stay.
         for line in [
             "      - {id: a, key: \"${ALPHA_KEY}\"}",
@@ -239,6 +295,15 @@ mod tests {
         ] {
             assert!(matches!(redact_data_line(line), Cow::Borrowed(_)), "{line}");
         }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_for_a_terminal() {
+        assert_eq!(
+            for_terminal("did you mean alpha\u{1b}[31m?"),
+            "did you mean alpha\\u{1b}[31m?"
+        );
+        assert!(matches!(for_terminal("plain\ttext\n"), Cow::Borrowed(_)));
     }
 
     #[test]

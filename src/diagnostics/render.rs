@@ -1,6 +1,6 @@
 //! Renders diagnostics as rustc-style text or as JSON for CI.
 
-use super::redact::{redact, redact_data_line};
+use super::redact::{for_terminal, redact, redact_data_line};
 use super::{Diagnostic, Label, Severity};
 use crate::source::{SourceFile, SourceMap};
 use annotate_snippets::{AnnotationKind, Element, Group, Level, Origin, Renderer, Snippet};
@@ -29,7 +29,7 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
     labels.extend(diagnostic.secondary.iter().map(|label| (label, false)));
     let label_messages: Vec<Cow<'_, str>> = labels
         .iter()
-        .map(|(label, _)| redact(&label.message))
+        .map(|(label, _)| for_terminal(&label.message))
         .collect();
 
     // One place per file, primary file first, so labels in a data file and
@@ -99,7 +99,7 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
         })
         .collect();
 
-    let message = redact(&diagnostic.message);
+    let message = for_terminal(&diagnostic.message);
     let mut group = Group::with_title(level.primary_title(&*message).id(diagnostic.code.id));
     for place in &places {
         let element: Element<'_> = match place {
@@ -131,7 +131,7 @@ pub fn human(diagnostic: &Diagnostic, sources: &SourceMap, style: Style) -> Stri
     {
         group = group.element(Origin::path(file.as_str()));
     }
-    let help = diagnostic.help.as_deref().map(redact);
+    let help = diagnostic.help.as_deref().map(for_terminal);
     if let Some(help) = &help {
         group = group.element(Level::HELP.message(&**help));
     }
@@ -287,7 +287,7 @@ fn json_label<'a>(label: &'a Label, sources: &'a SourceMap) -> Option<JsonLabel<
         column,
         end_line,
         end_column,
-        message: redact(&label.message),
+        message: for_terminal(&label.message),
     })
 }
 
@@ -311,7 +311,7 @@ pub fn one_line(diagnostic: &Diagnostic, sources: &SourceMap) -> String {
         line.push_str(&format!(" {file}"));
     }
     line.push_str(": ");
-    line.push_str(&redact(&diagnostic.message));
+    line.push_str(&for_terminal(&diagnostic.message));
     if let Some(help) = &diagnostic.help {
         line.push_str(&format!(" (help: {})", redact(help)));
     }
