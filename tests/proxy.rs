@@ -1077,22 +1077,7 @@ failover {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_model_list_reads_health_as_it_is_now() -> TestResult {
-    let gateway = Setup::new(
-        r#"
-listing {
-  "paused" = health.paused
-}
-failover {
-  attempts 1
-  on 429 => stop, pause provider for 60s, error upstream_failed
-  on any => stop, error upstream_failed
-}
-"#,
-        r#"  upstream_failed = 502, "every provider failed""#,
-        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
-    )
-    .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n")
-    .await;
+    let gateway = pausing_a_on_its_first_429("listing {\n  \"paused\" = health.paused\n}\n").await;
     let paused = |reply: &Reply| reply.json.pointer("/data/0/paused").cloned();
     let before = gateway.api.get("/v1/models").await;
     assert_eq!(paused(&before), Some(json!(false)), "{}", before.text);
@@ -1105,24 +1090,33 @@ failover {
     Ok(())
 }
 
-/// A policy without a `capacity` section answers a request whose every
-/// candidate is paused with the built-in error, which says so and when a
-/// candidate is expected back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_candidate_paused_without_a_capacity_section_says_when_one_is_back() -> TestResult {
-    let gateway = Setup::new(
-        r#"
+/// A gateway whose only provider, `a`, answers its first request 429, which
+/// pauses it for 60 s; `sections` go before the policy's `failover`.
+async fn pausing_a_on_its_first_429(sections: &str) -> Gateway {
+    Setup::new(
+        &format!(
+            "{sections}{}",
+            r#"
 failover {
   attempts 1
   on 429 => stop, pause provider for 60s, error upstream_failed
   on any => stop, error upstream_failed
 }
-"#,
+"#
+        ),
         r#"  upstream_failed = 502, "every provider failed""#,
         catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
     )
     .start("providers:\n  a: {sequence: [\"429\", \"200\"]}\n")
-    .await;
+    .await
+}
+
+/// A policy without a `capacity` section answers a request whose every
+/// candidate is paused with the built-in error, which says so and when a
+/// candidate is expected back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_candidate_paused_without_a_capacity_section_says_when_one_is_back() -> TestResult {
+    let gateway = pausing_a_on_its_first_429("").await;
     let refused = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(refused.status, 502, "{}", refused.text);
     let reply = gateway.api.chat(&chat_body(false)).await;
