@@ -377,18 +377,14 @@ impl Exchange {
             // An exchange that starts after the drain ran out (its body was
             // still arriving) is cut before its first step, even when its
             // connection's task has not yet been told of the cut.
-            let proxy = self.proxy.clone();
             self.connection = Some(cut.clone());
-            let was_cut = proxy.drain_over() || {
+            let was_cut = self.proxy.drain_over() || {
                 let mut executing = std::pin::pin!(self.execute(&mut link));
                 // The cut first: a request whose exchange starts after it
                 // (its body still arriving when the drain ran out) must not
-                // take a step, which could already call a provider. The
-                // drain's end is looked at too: a request woken by room
-                // that a cut request freed may run before its own
-                // connection's task has cut it.
+                // take a step, which could already call a provider.
                 std::future::poll_fn(|cx| {
-                    if cut.poll_cut(cx).is_ready() || proxy.drain_over() {
+                    if cut.poll_cut(cx).is_ready() {
                         return Poll::Ready(true);
                     }
                     executing.as_mut().poll(cx).map(|()| false)

@@ -154,6 +154,9 @@ impl DrainFlag {
 /// be written it cannot end the attempt itself when its time runs out.
 pub struct ConnectionCut {
     over: AtomicBool,
+    /// The proxy's: a request woken by room that a cut request freed may
+    /// run before this connection's task has cut it.
+    drain: Arc<DrainFlag>,
     waker: futures_util::task::AtomicWaker,
     /// When the connection began: the origin of `stream_deadline_ms`.
     began: tokio::time::Instant,
@@ -175,10 +178,11 @@ enum StallWatch {
 
 const NO_STREAM_DEADLINE: u64 = u64::MAX;
 
-impl Default for ConnectionCut {
-    fn default() -> ConnectionCut {
+impl ConnectionCut {
+    fn new(drain: Arc<DrainFlag>) -> ConnectionCut {
         ConnectionCut {
             over: AtomicBool::new(false),
+            drain,
             waker: futures_util::task::AtomicWaker::new(),
             began: tokio::time::Instant::now(),
             stream_deadline_ms: AtomicU64::new(NO_STREAM_DEADLINE),
@@ -264,7 +268,7 @@ impl ConnectionCut {
     /// Ready once the connection is cut; pending until then, with the
     /// caller woken when it is.
     pub fn poll_cut(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.over.load(Ordering::SeqCst) {
+        if self.over.load(Ordering::SeqCst) || self.drain.is_over() {
             return std::task::Poll::Ready(());
         }
         self.waker.register(cx.waker());
@@ -448,7 +452,7 @@ pub fn serve(
                     send_without_delay(&stream);
                     let proxy = proxy.clone();
                     let mut stop = stop.clone();
-                    let cut = Arc::new(ConnectionCut::default());
+                    let cut = Arc::new(ConnectionCut::new(proxy.drain_over.clone()));
                     // hyper's smallest read buffer is 8 KiB.
                     let header_bytes = proxy.limits.max_header_bytes.max(8192);
                     connections.spawn(async move {
