@@ -2290,11 +2290,19 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
             "provider_error",
             "api_error",
         ),
+        // A 401 or 402 is about AnonRouter's account with the provider,
+        // "never about your request or your key": not passed on as such.
         (
             "401 message=\"venice quota\"",
-            401,
+            502,
             "provider_error",
-            "authentication_error",
+            "api_error",
+        ),
+        (
+            "402 code=insufficient_quota message=\"venice quota\"",
+            502,
+            "provider_error",
+            "api_error",
         ),
         (
             "404 message=\"venice quota\"",
@@ -2417,7 +2425,9 @@ async fn a71_a73_anonymous_leads_only_when_every_private_route_is_outweighed() {
     let (reply, _) = chat(&stack, LUMEN, body(DEEPSEEK)).await;
     assert_served(&reply, "deepinfra");
     assert_eq!(reply.header(PRIVACY), Some("anonymous"));
-    // Boundaries, disabled providers and ceilings come first.
+    // Boundaries, disabled providers and ceilings come first: without
+    // deepinfra, every route left has failed, so none counts as failing and
+    // they go in their normal order [A83], TEE first.
     for (key, provider) in [
         (LEGAL, Value::Null),
         (LUMEN, json!({"ignore": ["deepinfra"]})),
@@ -2428,7 +2438,7 @@ async fn a71_a73_anonymous_leads_only_when_every_private_route_is_outweighed() {
             routed(DEEPSEEK, provider)
         };
         let (reply, _) = chat(&stack, key, request).await;
-        assert_served(&reply, "venice");
+        assert_served(&reply, "tinfoil");
     }
     forget_failures(&clock);
     assert_eq!(default_choice(&stack, Value::Null).await, "tinfoil");
@@ -2825,6 +2835,12 @@ async fn a83_failed_routes_are_never_excluded() {
     // All three penalized: the normal order again.
     let (_, tried) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
     assert_eq!(tried, names(&["tinfoil", "near-ai-us", "venice"]));
+    // Under the Default sort too, the Anonymous route failed as well: the
+    // healthy fleet's order, not the Anonymous route first.
+    fail_pinned(&stack, DEEPSEEK, "deepinfra", "500").await;
+    replay(&stack, &all("500"));
+    let (_, tried) = chat(&stack, LUMEN, body(DEEPSEEK)).await;
+    assert_eq!(tried, names(&["tinfoil", "near-ai-us"]));
     replay(&stack, &scenario(HEALTHY));
     let (reply, _) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
     assert_served(&reply, "tinfoil");
