@@ -632,6 +632,33 @@ async fn failover_on_a_malformed_answer_tries_the_next_provider() -> TestResult 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_http_does_not_define_is_malformed_and_fails_over() -> TestResult {
+    // hyper reads any three digits as a status; no `on` rule names 600.
+    let a = answering_provider(
+        "HTTP/1.1 600 Beyond\r\ncontent-type: application/json\r\n\
+         content-length: 2\r\nconnection: close\r\n\r\n{}",
+        &[],
+        Then::Cut,
+    )
+    .await;
+    let gateway = Setup::new(
+        &only_fails_over_on("malformed"),
+        OUTCOME_ERRORS,
+        catalog(
+            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
+            &[model("m", &["a", "b"])],
+        ),
+    )
+    .start("providers:\n  b: {}\n")
+    .await;
+    // Another outcome would meet `on any` and its 500.
+    let reply = gateway.api.chat(&json!({"model": "m"})).await;
+    assert_b_answered(&reply, false);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_on_a_malformed_first_stream_event_tries_the_next_provider() -> TestResult {
     let (_, requests) = outcome_case("malformed", "malformed_chunk=1", true, |c| c).await;
     assert_eq!(providers_seen(&requests), ["a", "b"]);
@@ -3434,10 +3461,25 @@ enum Then {
     Cut,
 }
 
+/// The head of a hand-written provider's `200` stream.
+const STREAM_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                           transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+
 /// A provider written by hand, for streams the sim does not send: every
 /// request gets a `200` stream of `pieces`, each written as one chunk
 /// after waiting its milliseconds, then what `then` says. Its base URL.
 async fn scripted_provider(pieces: &[(u64, &str)], then: Then) -> String {
+    answering_provider(STREAM_HEAD, pieces, then).await
+}
+
+/// A provider written by hand that answers every request with `head`
+/// (the status line and headers, and a body the sim cannot send), then
+/// `pieces` as chunks and what `then` says. Its base URL.
+async fn answering_provider(
+    answer_head: &'static str,
+    pieces: &[(u64, &str)],
+    then: Then,
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let pieces: Vec<(u64, String)> = pieces
         .iter()
@@ -3475,12 +3517,7 @@ async fn scripted_provider(pieces: &[(u64, &str)], then: Then) -> String {
                     }
                     request.extend_from_slice(&buffer[..read]);
                 }
-                socket
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                          transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
-                    )
-                    .await?;
+                socket.write_all(answer_head.as_bytes()).await?;
                 for (wait, text) in pieces {
                     tokio::time::sleep(Duration::from_millis(wait)).await;
                     let chunk = format!("{:x}\r\n{text}\r\n", text.len());

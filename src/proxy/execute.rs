@@ -983,6 +983,11 @@ impl Exchange {
             Some(Ok(response)) => response,
         };
         let status = response.status().as_u16();
+        if !(200..600).contains(&status) {
+            // HTTP's final statuses are 200 to 599 (the client takes 1xx as
+            // interim): any other is no answer the policy's status rules name.
+            return failed(OutcomeClass::Malformed);
+        }
         if !response.status().is_success() {
             let headers = response.headers().clone();
             let limits = BodyLimits {
