@@ -1192,7 +1192,12 @@ impl Lowerer {
         let span = self.span(&pair);
         let rule = pair.as_rule();
         let kind = match rule {
-            Rule::expr => return self.expr(pair),
+            Rule::paren => {
+                let inner = pair.into_inner().next()?;
+                let mut bracketed = self.expr(inner)?;
+                bracketed.span = span;
+                return Some(bracketed);
+            }
             Rule::path => ExprKind::Path(pair.into_inner().map(|p| self.ident(p)).collect()),
             Rule::if_expr => {
                 let mut iter = parts(pair).into_iter();

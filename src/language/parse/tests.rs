@@ -513,6 +513,30 @@ fn spans_point_at_source_text() {
 }
 
 #[test]
+fn a_bracketed_expression_spans_its_brackets() {
+    // (text, the side of the product that is bracketed)
+    for (text, left) in [
+        ("let w = (1 + provider.priority) * 3", true),
+        ("let w = 3 * (1 + provider.priority)", false),
+    ] {
+        let Item::Let(decl) = only_item(text) else {
+            panic!("{text}")
+        };
+        assert_eq!(&text[decl.value.span.range()], &text["let w = ".len()..]);
+        let ExprKind::Binary(_, lhs, rhs) = &decl.value.kind else {
+            panic!("{text}")
+        };
+        let side = if left { lhs } else { rhs };
+        assert_eq!(&text[side.span.range()], "(1 + provider.priority)");
+    }
+    let text = "let w = ((a))";
+    let Item::Let(decl) = only_item(text) else {
+        panic!()
+    };
+    assert_eq!(&text[decl.value.span.range()], "((a))");
+}
+
+#[test]
 fn differently_formatted_policies_compare_equal() {
     let a = parse_clean("order { by a desc by b }");
     let b = parse_clean("order {\n    by a   desc # comment\n    by b\n}\n");
