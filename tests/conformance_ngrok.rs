@@ -21,8 +21,8 @@
 mod common;
 
 use common::{
-    Reply, Stack, chat_body, closed_port, data_file, finished, finished_attempts, messages_body,
-    model_list, recompile, replay, settle, sha256_hex, spawn_open_chat, streamed,
+    Reply, Stack, advance_until, chat_body, closed_port, data_file, finished, finished_attempts,
+    messages_body, model_list, recompile, replay, settle, sha256_hex, spawn_open_chat, streamed,
 };
 use serde_json::{Value, json};
 use std::future::Future;
@@ -2012,11 +2012,11 @@ async fn streams_commit_at_the_first_byte() {
     );
 }
 
-/// [G20] after the first byte the per-request timeout (8 s) does not fail
-/// over either: a stream still open then ends with an ERR_NGROK_3811 error
-/// event
+/// [G20] after the first byte, silence as long as the per-request timeout
+/// (8 s) does not fail over either: the stream ends with an ERR_NGROK_3811
+/// error event
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_per_request_timeout_bounds_a_committed_stream() {
+async fn silence_for_the_per_request_timeout_ends_a_committed_stream() {
     let clock = Arc::new(ManualClock::default());
     let stack = Stack::shipped(
         "ngrok",
@@ -2045,5 +2045,35 @@ async fn the_per_request_timeout_bounds_a_committed_stream() {
         &reply.text,
     );
     assert!(!reply.text.contains("[DONE]"));
+    assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"]);
+}
+
+/// [G20] "Streams work differently after the first byte": a committed
+/// stream that keeps sending outlasts the per-request timeout (8 s) and the
+/// total timeout (20 s) alike, and ends as the provider ends it
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_stream_that_keeps_sending_outlasts_both_timeouts() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped_on_one_clock(
+        "ngrok",
+        &fleet(&[("openai", "{chunks: 30, chunk_interval: 1s}")]),
+        clock.clone(),
+    )
+    .await;
+    let reply = advance_until(
+        &clock,
+        1_000,
+        60_000,
+        stack.chat(TUNNELCO, streamed(chat_body("gpt-4o"))),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(!reply.text.contains("\"error\""), "{}", reply.text);
+    assert_eq!(
+        reply.events().last().map(|(_, data)| data.as_str()),
+        Some("[DONE]"),
+        "{}",
+        reply.text
+    );
     assert_eq!(upstream(&stack), ["openai/openai-primary@gpt-4o"]);
 }

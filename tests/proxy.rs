@@ -1724,6 +1724,49 @@ failover {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_commit_limits_a_committed_stream_in_place_of_the_attempt_timeout() -> TestResult {
+    // 20 chunks 100 ms apart: about 2 s.
+    for (attempt, after_commit, whole) in [
+        ("500ms", "10s", true),
+        ("500ms", "null", true),
+        ("10s", "300ms", false),
+    ] {
+        let gateway = Setup::new(
+            &format!(
+                r#"
+timeouts {{
+  attempt {attempt}
+}}
+stream {{
+  after_commit {after_commit}
+}}
+failover {{
+  attempts 1
+  on stream_broken, timeout => stop, error broken_stream
+  on any => stop, error upstream_failed
+}}
+"#
+            ),
+            STREAM_ERRORS,
+            catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+        )
+        .start("providers:\n  a: {chunks: 20, chunk_interval: 100ms}\n")
+        .await;
+
+        let reply = gateway.api.chat(&chat_body(true)).await;
+        if whole {
+            assert_eq!(reply.streamed_text(), "hello from a", "{}", reply.text);
+            assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+        } else {
+            assert_ends_with_broken_stream_error(&reply);
+            assert_ne!(reply.streamed_text(), "hello from a", "{}", reply.text);
+        }
+        gateway.stop().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_without_done_is_finished_promptly_with_done() -> TestResult {
     let gateway = Setup::new(
         r#"

@@ -110,6 +110,19 @@ pub struct Timeouts {
     /// How long a stream's response headers may wait for its first event;
     /// `None`: until the first event (or the final error).
     pub hold_headers_ms: Option<u64>,
+    pub after_commit: AfterCommit,
+}
+
+/// What limits a stream once it committed (its first event reached the
+/// client), besides `idle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCommit {
+    /// What is left of the `attempt` timeout and the `budget`.
+    AttemptAndBudget,
+    /// This long from the commit.
+    Within(u64),
+    /// Nothing but `idle`.
+    Unlimited,
 }
 
 /// Which candidate to try next.
@@ -369,6 +382,13 @@ impl Plan {
             .hold_headers
             .as_ref()
             .and_then(|term| machine.eval(term, focus).as_duration());
+        let after_commit = match &snapshot.program.after_commit {
+            None => AfterCommit::AttemptAndBudget,
+            Some(term) => match machine.eval(term, focus).as_duration() {
+                Some(ms) => AfterCommit::Within(ms),
+                None => AfterCommit::Unlimited,
+            },
+        };
         Timeouts {
             connect_ms,
             headers_ms,
@@ -376,6 +396,7 @@ impl Plan {
             idle_ms,
             attempt_ms,
             hold_headers_ms,
+            after_commit,
         }
     }
 

@@ -22,7 +22,8 @@ pub(crate) mod order;
 mod shape;
 
 pub use execution::{
-    Action, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts, default_type,
+    Action, AfterCommit, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts,
+    default_type,
 };
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;

@@ -581,6 +581,7 @@ pub struct StreamBlock {
 pub enum StreamStmt {
     HoldHeaders { keyword: Span, limit: Expr },
     LateComment { keyword: Span, text: Expr },
+    AfterCommit { keyword: Span, limit: Expr },
 }
 
 // ------------------------------------------------------------------ errors, headers, listing

@@ -516,6 +516,9 @@ pub struct Program {
     pub timeouts: Vec<(TimeoutKind, Term)>,
     pub hold_headers: Option<Term>,
     pub late_comment: Option<Term>,
+    /// `stream.after_commit`: the limit of a committed stream, in place of
+    /// the attempt's and the budget's; `None` when the policy leaves those.
+    pub after_commit: Option<Term>,
     pub errors: Vec<ErrorSpec>,
     pub headers: Vec<FieldSpec>,
     pub listing: Vec<FieldSpec>,

@@ -12,8 +12,8 @@ use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::{Secret, Snapshot};
 use crate::data::WireFormat;
 use crate::evaluate::{
-    Action, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate, OutcomeClass,
-    OutcomeFacts, Plan, Progress, Timeouts,
+    Action, AfterCommit, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate,
+    OutcomeClass, OutcomeFacts, Plan, Progress, Timeouts,
 };
 use crate::language::ast::HealthScope;
 use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket, Timer};
@@ -1324,6 +1324,12 @@ impl Exchange {
         // Committed, the usage reported so far is the request's, however
         // the stream ends: the tokens were spent, and the log line says so.
         self.report.usage = usage;
+        let attempt_deadline = match timeouts.after_commit {
+            AfterCommit::AttemptAndBudget => attempt_deadline,
+            AfterCommit::Within(ms) => Some(clock.now_ms().saturating_add(ms)),
+            AfterCommit::Unlimited => None,
+        };
+        let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         let _deadline = StreamDeadline::set(
             self.connection.as_ref(),
             attempt_deadline.map(|limit| limit.saturating_sub(clock.now_ms())),

@@ -2080,6 +2080,9 @@ fn type_hint(actual: &Ty, expected: &Ty) -> Option<String> {
         (Ty::Number, Ty::Duration) => Some(String::from(
             "write durations with a unit, such as `10s` or `500ms`",
         )),
+        (Ty::String, Ty::Duration) => Some(String::from(
+            "a duration is written with a unit and without quotes, such as `10s` or `500ms`",
+        )),
         (Ty::Duration, Ty::Number) => {
             Some(String::from("`seconds(d)` turns a duration into a number"))
         }

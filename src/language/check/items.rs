@@ -248,6 +248,7 @@ impl<'a> Checker<'a> {
                 // A second statement would silently replace the first.
                 let mut hold_headers_seen = None;
                 let mut late_comment_seen = None;
+                let mut after_commit_seen = None;
                 for statement in &block.statements {
                     match statement {
                         StreamStmt::HoldHeaders { keyword, limit } => {
@@ -267,6 +268,17 @@ impl<'a> Checker<'a> {
                             let (_, term) =
                                 self.expect(text, &Ty::String.optional(), &place, &scope);
                             self.program.late_comment = Some(term);
+                        }
+                        StreamStmt::AfterCommit { keyword, limit } => {
+                            self.once(&mut after_commit_seen, *keyword, "after_commit");
+                            // Absent is meaningful: no limit but `idle`.
+                            let (_, term) = self.expect(
+                                limit,
+                                &Ty::Duration.optional(),
+                                &Place::candidate("`after_commit`"),
+                                &scope,
+                            );
+                            self.program.after_commit = Some(term);
                         }
                     }
                 }

@@ -1043,6 +1043,10 @@ impl Lowerer {
                 keyword,
                 limit: value,
             },
+            Rule::after_commit_stmt => StreamStmt::AfterCommit {
+                keyword,
+                limit: value,
+            },
             _ => StreamStmt::LateComment {
                 keyword,
                 text: value,
@@ -1511,7 +1515,7 @@ impl BlockKind {
             BlockKind::Health => &["penalty", "window"],
             BlockKind::Capacity => &["wait", "error"],
             BlockKind::Timeouts => &["connect", "headers", "first_token", "idle", "attempt"],
-            BlockKind::Stream => &["hold_headers", "late_comment"],
+            BlockKind::Stream => &["hold_headers", "late_comment", "after_commit"],
             BlockKind::Merge | BlockKind::Errors | BlockKind::Headers | BlockKind::Listing => {
                 return None;
             }

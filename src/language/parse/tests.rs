@@ -317,6 +317,7 @@ fn health_capacity_timeouts_stream() {
         stream {
           hold_headers 15s
           late_comment ": provider=" + served.provider.name
+          after_commit null
         }"#,
     );
     assert_eq!(file.items.len(), 4);
@@ -324,6 +325,13 @@ fn health_capacity_timeouts_stream() {
         panic!()
     };
     assert_eq!(timeouts.timeouts[1].kind, TimeoutKind::Idle);
+    let Item::Stream(stream) = &file.items[3] else {
+        panic!()
+    };
+    assert!(matches!(
+        stream.statements[2],
+        StreamStmt::AfterCommit { .. }
+    ));
 }
 
 #[test]
