@@ -3550,7 +3550,7 @@ async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
             .post("/v1/messages", Some(key), &with_version, &anthropic)
             .await;
         assert_eq!(reply.anthropic_error(status, name), message, "{request}");
-        assert!(reply.json["error"].get("code").is_none());
+        assert_eq!(reply.json["error"]["code"], name);
     }
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;

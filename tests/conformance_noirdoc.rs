@@ -262,6 +262,8 @@ async fn n3_an_unknown_model_is_404_model_not_available() {
 
     let (reply, tried) = messages(&stack, ACME, messages_body("claude-unknown")).await;
     assert_eq!(reply.anthropic_error(404, "not_found_error"), NOT_AVAILABLE);
+    // The seed's code, on /v1/messages too.
+    assert_eq!(reply.json["error"]["code"], "model_not_available");
     assert!(tried.is_empty());
     stack.stop().await;
 }
@@ -476,6 +478,10 @@ async fn n7_a_secrecy_bound_organisation_uses_only_approved_providers() {
     assert_eq!(
         reply.anthropic_error(403, "permission_error"),
         NOT_ALLOWED_FOR_TENANT
+    );
+    assert_eq!(
+        reply.json["error"]["code"],
+        "provider_not_allowed_for_tenant"
     );
 
     // The embedding model: scaleway (not approved) drops, ionos serves.
@@ -1536,7 +1542,7 @@ async fn n34_n38_the_last_error_comes_in_the_callers_wire_format() {
         reply.json,
         json!({
             "type": "error",
-            "error": {"type": "api_error", "message": PROVIDER_ERROR},
+            "error": {"type": "api_error", "message": PROVIDER_ERROR, "code": "provider_error"},
             "request_id": request_id,
         })
     );
@@ -1764,7 +1770,7 @@ async fn n31_n38_a_stream_broken_after_its_first_event_never_switches() {
     let error: Value = serde_json::from_str(data).unwrap();
     assert_eq!(
         error,
-        json!({"type": "error", "error": {"type": "api_error", "message": PROVIDER_ERROR}})
+        json!({"type": "error", "error": {"type": "api_error", "message": PROVIDER_ERROR, "code": "provider_error"}})
     );
     assert!(!reply.text.contains("message_stop"));
     assert_eq!(asked_since(&stack, before), names(&["anthropic"]));

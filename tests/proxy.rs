@@ -1845,7 +1845,7 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
     assert_eq!(
         event_json(last),
         Some(
-            json!({"type": "error", "error": {"type": "api_error", "message": "the provider's stream broke"}})
+            json!({"type": "error", "error": {"type": "api_error", "message": "the provider's stream broke", "code": "broken_stream"}})
         )
     );
     assert!(!reply.text.contains("message_stop"), "{}", reply.text);

@@ -20,11 +20,15 @@ pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
                 "param": null,
             }
         }),
+        // Anthropic's object has no `code`; the error's name goes with it
+        // all the same, so that a policy's codes can be told apart on every
+        // endpoint (clients read what they know and pass over the rest).
         WireFormat::Anthropic => json!({
             "type": "error",
             "error": {
                 "type": error.error_type,
                 "message": error.message,
+                "code": error.code,
             }
         }),
     }
