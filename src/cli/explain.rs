@@ -415,10 +415,14 @@ fn human(
                     .iter()
                     .filter_map(|index| names.get(*index).map(String::as_str))
                     .collect();
-                line(format!(
-                    "       tried if each fails: {}",
-                    tried.join(" -> ")
-                ));
+                line(if tried.is_empty() {
+                    String::from(
+                        "       tried if each fails: none now: every candidate it may try first \
+                         is paused, so the proxy waits for one, then answers the capacity error",
+                    )
+                } else {
+                    format!("       tried if each fails: {}", tried.join(" -> "))
+                });
             }
             if let Some(span) = trace.balance {
                 let (number, text) = policy_line(sources, span.start);
