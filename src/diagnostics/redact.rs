@@ -46,8 +46,22 @@ fn secret_prefix(text: &str) -> Option<&'static str> {
         .find(|prefix| text.starts_with(prefix))
 }
 
+/// Where a key begins in `word`, and its prefix: at the word's start, or
+/// right after a `-` or `_` inside it.
+fn key_in_word(word: &str) -> Option<(usize, &'static str)> {
+    let after_separators = word
+        .bytes()
+        .enumerate()
+        .filter(|(_, byte)| matches!(byte, b'-' | b'_'))
+        .map(|(at, _)| at + 1);
+    std::iter::once(0)
+        .chain(after_separators)
+        .find_map(|at| Some((at, secret_prefix(word.get(at..)?)?)))
+}
+
 /// `text` with every word that looks like an API key masked after its
-/// prefix (`sk-proj-AbC…` becomes `sk-*****…`). A word is a run of ASCII
+/// prefix (`sk-proj-AbC…` becomes `sk-*****…`), and every word that holds
+/// one after a `-` or `_` (`trace-sk-proj-AbC…`). A word is a run of ASCII
 /// letters, digits, `-` and `_`; masking keeps its length, so carets under a
 /// quoted line still point where they did.
 pub fn redact(text: &str) -> Cow<'_, str> {
@@ -64,9 +78,9 @@ pub fn redact(text: &str) -> Cow<'_, str> {
             (false, Some(start)) => {
                 word_start = None;
                 let word = text.get(start..index).unwrap_or("");
-                if let Some(prefix) = secret_prefix(word) {
+                if let Some((at, prefix)) = key_in_word(word) {
                     let copy = masked.get_or_insert_with(|| text.as_bytes().to_vec());
-                    if let Some(rest) = copy.get_mut(start + prefix.len()..index) {
+                    if let Some(rest) = copy.get_mut(start + at + prefix.len()..index) {
                         rest.fill(b'*');
                     }
                 }
@@ -250,6 +264,21 @@ mod tests {
             redact("id: \"AKIAIOSFODNN7EXAMPLE\""),
             "id: \"AKIA****************\""
         );
+    }
+
+    #[test]
+    fn masks_a_key_held_inside_a_word_after_a_separator() {
+        assert_eq!(
+            redact("foo-sk-proj-AbCdEf0123456789xyzABC"),
+            format!("foo-sk-{}", "*".repeat(27))
+        );
+        assert_eq!(
+            redact("trace_gsk_AbCdEf0123456789xyz"),
+            format!("trace_gsk_{}", "*".repeat(19))
+        );
+        // A prefix inside a word, not after a separator, is a word.
+        assert_eq!(redact("task0123456789abcdef"), "task0123456789abcdef");
+        assert_eq!(redact("desk-lamp"), "desk-lamp");
     }
 
     #[test]

@@ -1718,6 +1718,8 @@ mod tests {
         // Anywhere in the id, not only at its start.
         let id = with(&[("x-request-id", "trace:sk-proj-ABCDEFGHIJ0123456789")]);
         assert!(id.starts_with("req_"), "{id}");
+        let id = with(&[("x-request-id", "foo-sk-proj-AbCdEf0123456789xyzABC")]);
+        assert!(id.starts_with("req_"), "{id}");
     }
 
     #[test]
