@@ -337,7 +337,7 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         )
     };
     let cases = format!(
-        "policy: {policy}\ncases:\n{}{}{}{}{}{}",
+        "policy: {policy}\ncases:\n{}{}{}{}{}{}{}",
         case(
             "credential",
             "{provider: aki-io, credential: nope, full: true}"
@@ -348,6 +348,7 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
             "{provider: aki-io, stats: {samples: 40, success_rate: 9}}"
         ),
         case("no state", "{provider: aki-io, penalized: false}"),
+        case("no time", "{provider: aki-io, paused_for: 0s}"),
         // Before a later entry for its provider, an entry that sets nothing
         // keeps what it names healthy: here the route the request takes.
         case(
@@ -380,10 +381,14 @@ fn a_health_entry_that_names_nothing_fails_its_case() {
         "{stdout}"
     );
     assert!(
+        stdout.contains("`paused_for: 0s` is a pause that has already ended"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("ok    ") && stdout.contains(": carve-out"),
         "{stdout}"
     );
-    assert!(stdout.contains("2 passed, 4 failed"), "{stdout}");
+    assert!(stdout.contains("2 passed, 5 failed"), "{stdout}");
 }
 
 /// One run names every case with a field mistake, each at its place, not

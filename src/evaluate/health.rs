@@ -247,8 +247,17 @@ impl<'s> HealthTable<'s> {
                     "`stats.throughput` is tokens per second, a number 0 or more",
                 )));
             }
+            let paused_for_ms = duration(&entry.paused_for, "paused_for").map_err(problem)?;
+            if paused_for_ms == Some(0) {
+                // A pause that lasts no time has passed: read as a pause,
+                // the entry would test what the proxy never does.
+                return Err(problem(String::from(
+                    "`paused_for: 0s` is a pause that has already ended; \
+                     leave `paused_for` out for a provider that is not paused",
+                )));
+            }
             let health = CandidateHealth {
-                paused_for_ms: duration(&entry.paused_for, "paused_for").map_err(problem)?,
+                paused_for_ms,
                 penalized: entry.penalized,
                 strikes: entry.strikes,
                 stats: entry.stats.clone(),
