@@ -996,7 +996,8 @@ fn message_body_with(provider: Value) -> Value {
 }
 
 /// [A27] [A45] [A28] an unknown key or an out-of-range value (`max_attempts`
-/// 4 or 0, `"sort": "default"`, a tier that is none) is 400
+/// 4 or 0, `"sort": "default"`, a tier that is none, a price ceiling below
+/// zero) is 400
 /// invalid_request; a `provider` value of the wrong shape is "malformed",
 /// 400 invalid_provider_policy
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1013,6 +1014,8 @@ async fn a27_a45_unknown_keys_and_out_of_range_values_are_invalid_request() {
         json!({"sort": "cheapest"}),
         json!({"minimum_privacy": "standard"}),
         json!({"max_price": {"input": 1, "total": 2}}),
+        json!({"max_price": {"input": -1}}),
+        json!({"max_price": {"output": -0.5}}),
     ] {
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, invalid.clone())).await;
         let message = reply.openai_error(400, "invalid_request", "invalid_request_error");
