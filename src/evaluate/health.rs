@@ -247,15 +247,10 @@ impl<'s> HealthTable<'s> {
                     "`stats.throughput` is tokens per second, a number 0 or more",
                 )));
             }
-            let paused_for_ms = duration(&entry.paused_for, "paused_for").map_err(problem)?;
-            if paused_for_ms == Some(0) {
-                // A pause that lasts no time has passed: read as a pause,
-                // the entry would test what the proxy never does.
-                return Err(problem(String::from(
-                    "`paused_for: 0s` is a pause that has already ended; \
-                     leave `paused_for` out for a provider that is not paused",
-                )));
-            }
+            // A pause that lasts no time has passed, as the proxy sees it.
+            let paused_for_ms = duration(&entry.paused_for, "paused_for")
+                .map_err(problem)?
+                .filter(|ms| *ms > 0);
             let health = CandidateHealth {
                 paused_for_ms,
                 penalized: entry.penalized,
@@ -285,6 +280,24 @@ impl<'s> HealthTable<'s> {
         entries: &[HealthEntry],
     ) -> Result<HealthTable<'s>, HealthProblem> {
         let table = HealthTable::new(snapshot, entries)?;
+        // Written down, `paused_for: 0s` means a pause the proxy never
+        // holds: a case using it would test nothing.
+        let no_time = entries.iter().position(|entry| {
+            entry
+                .paused_for
+                .as_deref()
+                .and_then(crate::data::schema::parse_duration)
+                == Some(0)
+        });
+        if let Some(entry) = no_time {
+            return Err(HealthProblem {
+                entry,
+                message: String::from(
+                    "`paused_for: 0s` is a pause that has already ended; \
+                     leave `paused_for` out for a provider that is not paused",
+                ),
+            });
+        }
         let idle = table
             .entries
             .iter()
