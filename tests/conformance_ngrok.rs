@@ -675,7 +675,8 @@ async fn an_account_without_credits_is_err_ngrok_3807() {
 
 /// [G34] every response carries Ngrok-AIG-Request-Id, the id the proxy
 /// logs and forwards: answers, streams, errors after failover and every
-/// kind of refusal
+/// kind of refusal, the proxy's own before the policy decides included
+/// (no key, an unknown key, a wrong method or path, the model list)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_response_carries_the_request_id() {
     let clock = Arc::new(ManualClock::default());
@@ -715,6 +716,44 @@ async fn every_response_carries_the_request_id() {
         (
             "a body that is not JSON",
             at_once(post_text(&stack, Wire::Anthropic, TUNNELCO, "{")).await,
+        ),
+        (
+            "no key",
+            at_once(stack.post("/v1/chat/completions", None, &[], &chat_body("gpt-4o"))).await,
+        ),
+        (
+            "an unknown key",
+            at_once(stack.chat("sk-nobody", chat_body("gpt-4o"))).await,
+        ),
+        (
+            "a wrong method",
+            at_once(Reply::of(
+                stack
+                    .client
+                    .get(stack.url("/v1/chat/completions"))
+                    .bearer_auth(TUNNELCO),
+            ))
+            .await,
+        ),
+        (
+            "an unknown path",
+            at_once(Reply::of(
+                stack
+                    .client
+                    .post(stack.url("/v1/nothing"))
+                    .bearer_auth(TUNNELCO),
+            ))
+            .await,
+        ),
+        (
+            "the model list",
+            at_once(Reply::of(
+                stack
+                    .client
+                    .get(stack.url("/v1/models"))
+                    .bearer_auth(TUNNELCO),
+            ))
+            .await,
         ),
     ];
     let wrong: Vec<String> = replies

@@ -679,6 +679,27 @@ pub fn malformed_body_refusal(
     }
 }
 
+/// The policy's headers on an answer the proxy gives before the policy
+/// decides anything (no key or an unknown one, an unknown path or method, a
+/// body it will not read, a model listing): only the request's id and its
+/// endpoint are known, and everything else reads as absent.
+pub fn headers_before_decision(
+    snapshot: &Snapshot,
+    id: std::sync::Arc<str>,
+    endpoint: super::Endpoint,
+) -> Vec<(String, String)> {
+    let request = super::RequestState {
+        id,
+        endpoint,
+        inputs: vec![Value::Null; snapshot.program.inputs.len()],
+        settings: vec![Value::Null; snapshot.data.schema.settings.entries.len()],
+        merges: vec![Value::Null; snapshot.program.merges.len()],
+        ..super::RequestState::placeholder()
+    };
+    let mut machine = Machine::new(snapshot, &request, &[], &[]);
+    headers(snapshot, &mut machine, None)
+}
+
 /// A refusal evaluated with the request's state.
 pub fn refusal_with(
     snapshot: &Snapshot,

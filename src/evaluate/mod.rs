@@ -23,7 +23,7 @@ mod shape;
 
 pub use execution::{
     Action, AfterCommit, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts,
-    default_type,
+    default_type, headers_before_decision,
 };
 pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;

@@ -19,7 +19,8 @@ use crate::compile::Snapshot;
 use crate::data::WireFormat;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::{
-    Caller, Endpoint, RequestContext, Turns, evaluate, reads_body_member, round_robin_model,
+    Caller, Endpoint, RequestContext, Turns, evaluate, headers_before_decision, reads_body_member,
+    round_robin_model,
 };
 use crate::language::ir::InputSourceKind;
 use crate::reload::ReloadStatus;
@@ -639,7 +640,7 @@ async fn handle(
             ProxyBody::full(proxy.metrics.render()),
         ),
         (_, path) if reads && (path == "/v1/models" || path.starts_with(MODEL_PATH)) => {
-            match authenticate(&snapshot, request.headers()) {
+            let listed = match authenticate(&snapshot, request.headers()) {
                 Ok(caller) => {
                     let health = StateView {
                         state: &proxy.state,
@@ -649,27 +650,53 @@ async fn handle(
                     model_listing(&snapshot, caller, wire, &health, &request_id, path)
                 }
                 Err(refusal) => unauthorized(wire, &request_id, refusal),
-            }
+            };
+            before_decision(&snapshot, &request_id, endpoint, wire, listed)
         }
-        (method, path) => match endpoint {
-            Some(endpoint) if method == Method::POST => {
-                let handled = complete(proxy, snapshot, request, endpoint, request_id, cut).await;
-                // Logged by now: as refused, or by the exchange.
-                unlogged.logged();
-                return handled;
-            }
-            Some(_) => method_not_allowed(wire, &request_id, "POST"),
-            None if matches!(path, "/healthz" | "/metrics" | "/v1/models")
-                || path.starts_with(MODEL_PATH) =>
-            {
-                method_not_allowed(wire, &request_id, "GET, HEAD")
-            }
-            None => not_found(wire, &request_id, path),
-        },
+        (method, path) => before_decision(
+            &snapshot,
+            &request_id,
+            endpoint,
+            wire,
+            match endpoint {
+                Some(endpoint) if method == Method::POST => {
+                    let handled =
+                        complete(proxy, snapshot, request, endpoint, request_id, cut).await;
+                    // Logged by now: as refused, or by the exchange.
+                    unlogged.logged();
+                    return handled;
+                }
+                Some(_) => method_not_allowed(wire, &request_id, "POST"),
+                None if matches!(path, "/healthz" | "/metrics" | "/v1/models")
+                    || path.starts_with(MODEL_PATH) =>
+                {
+                    method_not_allowed(wire, &request_id, "GET, HEAD")
+                }
+                None => not_found(wire, &request_id, path),
+            },
+        ),
     };
     drain_unread(request, proxy.limits.max_body_bytes);
     let version = policy_version(&proxy, &snapshot);
     Handled::Answered(finish(response, version.as_ref(), wire))
+}
+
+/// An answer given before the policy decides anything, with the policy's
+/// headers as far as they can be known then: its own refusals carry them,
+/// and so do these (docs/language.md, `headers`).
+fn before_decision(
+    snapshot: &Snapshot,
+    request_id: &Arc<str>,
+    endpoint: Option<Endpoint>,
+    wire: WireFormat,
+    response: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let endpoint = endpoint.unwrap_or(match wire {
+        WireFormat::Anthropic => Endpoint::Messages,
+        WireFormat::OpenAi => Endpoint::ChatCompletions,
+    });
+    let headers = headers_before_decision(snapshot, request_id.clone(), endpoint);
+    respond::with_headers(response, &headers)
 }
 
 /// `GET /v1/models`, or one model of it at `/v1/models/{id}`.
@@ -980,7 +1007,13 @@ async fn complete(
             );
             let response = unauthorized(wire, &request_id, why);
             drain_unread(request, proxy.limits.max_body_bytes);
-            return answered(response);
+            return answered(before_decision(
+                &snapshot,
+                &request_id,
+                Some(endpoint),
+                wire,
+                response,
+            ));
         }
     };
     // The gateway's own refusal of a known caller's request, before its
@@ -995,12 +1028,12 @@ async fn complete(
             (status, code),
             outcome,
         );
-        answered(respond::builtin_error(
-            wire,
+        answered(before_decision(
+            &snapshot,
             &request_id,
-            status,
-            code,
-            message,
+            Some(endpoint),
+            wire,
+            respond::builtin_error(wire, &request_id, status, code, message),
         ))
     };
     // Only a body without a declared length has a transfer coding.
