@@ -571,31 +571,19 @@ fn explain_says_which_candidates_keep_lets_be_tried() {
     assert!(!shipped.contains("tried if each fails"), "{shipped}");
 }
 
-#[test]
-fn explain_says_which_balance_statement_reshuffled_the_plan() {
+/// `explain` of `body` under a shipped policy, as text and as JSON.
+fn explain_both(label: &str, policy: &str, key: &str, body: &str) -> (String, serde_json::Value) {
     let dir = std::env::temp_dir().join(format!(
-        "switchyard-cli-explain-balance-{}",
+        "switchyard-cli-explain-{label}-{}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let request = dir.join("request.json");
-    std::fs::write(
-        &request,
-        r#"{"model": "deepseek/deepseek-v3.2", "messages": []}"#,
-    )
-    .unwrap();
+    std::fs::write(&request, body).unwrap();
     let explain = |more: &[&str]| {
         let output = Command::new(BIN)
-            .args([
-                "explain",
-                "--policy",
-                "policies/anonrouter.policy",
-                "--key",
-                "lumen-default",
-                "--seed",
-                "2",
-                "--request",
-            ])
+            .args(["explain", "--policy", policy, "--key", key, "--seed", "2"])
+            .arg("--request")
             .arg(&request)
             .args(more)
             .current_dir(PACKAGE_ROOT)
@@ -605,8 +593,53 @@ fn explain_says_which_balance_statement_reshuffled_the_plan() {
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
     let text = explain(&[]);
-    let json: serde_json::Value = serde_json::from_str(&explain(&["--format", "json"])).unwrap();
+    let json = serde_json::from_str(&explain(&["--format", "json"])).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+    (text, json)
+}
+
+#[test]
+fn explain_says_when_reorder_moved_the_candidates_after_the_first() {
+    // gpt-oss-120b: together is cheapest, then failover by priority first.
+    let (text, json) = explain_both(
+        "reorder",
+        "policies/noirdoc.policy",
+        "acme-default",
+        r#"{"model": "gpt-oss-120b", "messages": []}"#,
+    );
+    let line = json["result"]["reordered_by"]["line"]
+        .as_u64()
+        .expect("reordered");
+    let source = json["result"]["reordered_by"]["source"].as_str().unwrap();
+    assert!(
+        source.starts_with("reorder by provider.priority"),
+        "{source}"
+    );
+    assert!(
+        text.contains(&format!(
+            "after the first, reordered by line {line}: {source}"
+        )),
+        "{text}"
+    );
+    // qwen3.8-27b: the sort's order is already the reorder's.
+    let (text, json) = explain_both(
+        "no-reorder",
+        "policies/noirdoc.policy",
+        "acme-default",
+        r#"{"model": "qwen3.8-27b", "messages": []}"#,
+    );
+    assert!(json["result"]["reordered_by"].is_null(), "{json}");
+    assert!(!text.contains("reordered by"), "{text}");
+}
+
+#[test]
+fn explain_says_which_balance_statement_reshuffled_the_plan() {
+    let (text, json) = explain_both(
+        "balance",
+        "policies/anonrouter.policy",
+        "lumen-default",
+        r#"{"model": "deepseek/deepseek-v3.2", "messages": []}"#,
+    );
     let line = json["result"]["reshuffled_by"]["line"]
         .as_u64()
         .expect("reshuffled");

@@ -428,6 +428,12 @@ fn human(
                 let (number, text) = policy_line(sources, span.start);
                 line(format!("       reshuffled by line {number}: {text}"));
             }
+            if let Some(span) = trace.reordered_by {
+                let (number, text) = policy_line(sources, span.start);
+                line(format!(
+                    "       after the first, reordered by line {number}: {text}"
+                ));
+            }
         }
         Err(refusal) => {
             let error = &refusal.error;
@@ -532,6 +538,12 @@ fn as_json(
                 .collect::<Vec<_>>(),
             // The `balance` statement that reshuffled the plan, if one did.
             "reshuffled_by": trace.balance.map(|span| {
+                let (line, source) = policy_line(sources, span.start);
+                json!({"line": line, "source": source})
+            }),
+            // The `reorder` that put the candidates after the first in
+            // another order than the sort's, if it did.
+            "reordered_by": trace.reordered_by.map(|span| {
                 let (line, source) = policy_line(sources, span.start);
                 json!({"line": line, "source": source})
             }),

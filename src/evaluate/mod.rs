@@ -411,6 +411,7 @@ static NOTHING_RECORDED: Trace = Trace {
     steps: Vec::new(),
     keys: Vec::new(),
     balance: None,
+    reordered_by: None,
     refused: None,
     refused_by: None,
 };
@@ -440,6 +441,9 @@ pub struct Trace {
     /// The sort keys applied, in order.
     pub keys: Vec<KeyTrace>,
     pub balance: Option<Span>,
+    /// The `reorder` statement (its first key), when it put the candidates
+    /// after the first in another order than the sort's.
+    pub reordered_by: Option<Span>,
     /// What ended the request, when it was refused.
     pub refused: Option<String>,
     /// Where the rule that refused it is written, when one rule did.
@@ -863,12 +867,16 @@ fn decide(
 
     // The plan: the first, then the rest as `reorder` says.
     if let Some(rest) = ordered.get_mut(1..) {
+        let sorted = tracing.then(|| rest.to_vec());
         match compiled {
             Some(code) => {
                 let keys = code.reorder.for_candidates(in_catalog);
                 order::sort_by_keys(&mut machine, rest, keys);
             }
             None => order::sort_by_keys(&mut machine, rest, &program.failover.reorder),
+        }
+        if sorted.is_some_and(|sorted| sorted != rest) {
+            trace.reordered_by = program.failover.reorder.first().map(|key| key.term.span);
         }
     }
     let attempts = machine
