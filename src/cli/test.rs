@@ -243,9 +243,10 @@ pub struct Expect {
     pub error: Option<String>,
     #[serde(default)]
     pub status: Option<u16>,
-    /// Response headers of a refusal that must be present with these values.
+    /// Response headers of a refusal that must be present with these
+    /// values, or, written `null`, absent.
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, Option<String>>,
     /// For an outcome: `next`, `stop` or `retry`.
     #[serde(default)]
     pub action: Option<ExpectedAction>,
@@ -398,13 +399,17 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                     .headers
                     .iter()
                     .find(|(n, _)| n.eq_ignore_ascii_case(name));
-                match actual {
-                    Some((_, actual)) if actual == value => {}
-                    Some((_, actual)) => {
+                match (value, actual) {
+                    (Some(value), Some((_, actual))) if actual == value => {}
+                    (None, None) => {}
+                    (Some(value), Some((_, actual))) => {
                         problems.push(format!("expected header {name}: {value}, got {actual}"))
                     }
-                    None => {
+                    (Some(value), None) => {
                         problems.push(format!("expected header {name}: {value}, it is missing"))
+                    }
+                    (None, Some((_, actual))) => {
+                        problems.push(format!("expected no header {name}, got {actual}"))
                     }
                 }
             }
