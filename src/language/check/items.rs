@@ -527,7 +527,13 @@ impl<'a> Checker<'a> {
                         "`unknown serve`",
                         Roots::of(&[Root::Request, Root::Provider, Root::Deployment, Root::Input]),
                     );
-                    let (_, condition) = self.condition(condition, &place, &scope);
+                    // `where true` is how a tier says "any provider": the
+                    // syntax asks for a condition. Only `false` is a mistake.
+                    let (_, condition) = if constant_bool(condition) == Some(true) {
+                        self.expect(condition, &Ty::Bool, &place, &scope)
+                    } else {
+                        self.condition(condition, &place, &scope)
+                    };
                     let keys = self.sort_keys(keys, &place);
                     spec.unknown_serve
                         .push(ir::UnknownServe { condition, keys });
