@@ -27,6 +27,7 @@ fn describe(rule: Rule) -> Option<String> {
             Rule::sort_key | Rule::sort_keys => "a sort key",
             Rule::direction => "`asc` or `desc`",
             Rule::nulls_clause => "`nulls first` or `nulls last`",
+            Rule::nulls_position => "`first` or `last`",
             Rule::status_pattern | Rule::outcome_class => {
                 "an outcome such as `429`, `5xx` or `timeout`"
             }
