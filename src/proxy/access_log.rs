@@ -51,17 +51,25 @@ pub struct ExchangeLine {
 }
 
 impl ExchangeLine {
-    /// Each attempt as `provider:outcome:12ms`, separated by spaces.
+    /// Each attempt as `provider:outcome:12ms`, separated by spaces; as
+    /// `provider/credential:outcome:12ms` when the request tried two
+    /// credentials of one provider, so that the line says which key failed.
     pub fn write_attempts(&self, out: &mut (impl fmt::Write + ?Sized)) -> fmt::Result {
-        for (n, attempt) in self.report.attempts.iter().enumerate() {
+        let attempts = &self.report.attempts;
+        let two_keys_of_one = attempts.iter().enumerate().any(|(n, attempt)| {
+            attempts.iter().skip(n + 1).any(|later| {
+                later.provider == attempt.provider && later.credential != attempt.credential
+            })
+        });
+        for (n, attempt) in attempts.iter().enumerate() {
             if n > 0 {
                 out.write_char(' ')?;
             }
-            write!(
-                out,
-                "{}:{}:{}ms",
-                attempt.provider, attempt.outcome, attempt.millis
-            )?;
+            out.write_str(&attempt.provider)?;
+            if two_keys_of_one {
+                write!(out, "/{}", attempt.credential)?;
+            }
+            write!(out, ":{}:{}ms", attempt.outcome, attempt.millis)?;
         }
         Ok(())
     }
@@ -124,6 +132,54 @@ impl AccessLog for TracingAccessLog {
             error = line.error(),
             ms = exchange.ms,
             "request"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::execute::AttemptRecord;
+
+    fn attempts(tried: &[(&str, &str, &str)]) -> String {
+        let report = Report {
+            attempts: tried
+                .iter()
+                .map(|(provider, credential, outcome)| AttemptRecord {
+                    provider: provider.to_string(),
+                    credential: credential.to_string(),
+                    outcome: outcome.to_string(),
+                    millis: 3,
+                })
+                .collect(),
+            ..Report::default()
+        };
+        let mut text = String::new();
+        ExchangeLine { report, ms: 9 }
+            .write_attempts(&mut text)
+            .unwrap_or_default();
+        text
+    }
+
+    #[test]
+    fn attempts_name_the_credential_only_when_one_provider_used_two() {
+        assert_eq!(
+            attempts(&[("aki-io", "aki-1", "503"), ("scaleway", "sc-1", "ok")]),
+            "aki-io:503:3ms scaleway:ok:3ms"
+        );
+        assert_eq!(
+            attempts(&[
+                ("openai", "openai-primary", "429"),
+                ("openai", "openai-secondary", "429"),
+                ("openrouter", "openrouter-key", "ok"),
+            ]),
+            "openai/openai-primary:429:3ms openai/openai-secondary:429:3ms \
+             openrouter/openrouter-key:ok:3ms"
+        );
+        // The same key twice (a retry) says nothing new.
+        assert_eq!(
+            attempts(&[("openai", "k", "429"), ("openai", "k", "ok")]),
+            "openai:429:3ms openai:ok:3ms"
         );
     }
 }
