@@ -208,11 +208,10 @@ async fn n1_the_caller_chooses_the_model_never_the_provider() {
     stack.stop().await;
 }
 
-/// [N2] a model has several providers: qwen3.8-27b is served by each of
-/// its four, under their own upstream model names
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn n2_a_model_is_available_from_several_providers() {
-    let clock = Arc::new(ManualClock::default());
+/// The shipped policy after one acme request for qwen3.8-27b that each of
+/// its three priced providers answered 429 (retry after 60 s): all three
+/// are paused, together (no price) was not asked.
+async fn with_the_priced_providers_paused(clock: &Arc<ManualClock>) -> Stack {
     let busy: &[&str] = &["429 retry_after=60s"];
     let stack = Stack::shipped(
         "noirdoc",
@@ -221,9 +220,18 @@ async fn n2_a_model_is_available_from_several_providers() {
         clock.clone(),
     )
     .await;
-
-    let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
+    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
     reply.openai_error(429, "resource_exhausted", "rate_limit_error");
+    assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
+    stack
+}
+
+/// [N2] a model has several providers: qwen3.8-27b is served by each of
+/// its four, under their own upstream model names
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n2_a_model_is_available_from_several_providers() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = with_the_priced_providers_paused(&clock).await;
     // Without keys for the three priced providers, the fourth serves (while
     // they are paused, it is not tried in their place [N33]).
     recompile(
@@ -1154,19 +1162,7 @@ async fn n28_n35_n45_n46_n47_a_paused_provider_counts_as_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n33_n45_paused_priced_providers_are_not_replaced_by_an_unpriced_one() {
     let clock = Arc::new(ManualClock::default());
-    let busy: &[&str] = &["429 retry_after=60s"];
-    let stack = Stack::shipped(
-        "noirdoc",
-        &scenario(&[("aki-io", busy), ("scaleway", busy), ("ionos", busy)]),
-        &[],
-        clock.clone(),
-    )
-    .await;
-
-    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
-    assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
-
+    let stack = with_the_priced_providers_paused(&clock).await;
     let waiting = spawn_chat(&stack, ACME, chat_body(QWEN));
     until("the request waits", || capacity_waits(&stack) == 1).await;
     clock.advance(10_000);

@@ -641,16 +641,7 @@ async fn a_status_http_does_not_define_is_malformed_and_fails_over() -> TestResu
         Then::Cut,
     )
     .await;
-    let gateway = Setup::new(
-        &only_fails_over_on("malformed"),
-        OUTCOME_ERRORS,
-        catalog(
-            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
-            &[model("m", &["a", "b"])],
-        ),
-    )
-    .start("providers:\n  b: {}\n")
-    .await;
+    let gateway = hand_written_a_then_b(&a, &only_fails_over_on("malformed"), OUTCOME_ERRORS).await;
     // Another outcome would meet `on any` and its 500.
     let reply = gateway.api.chat(&json!({"model": "m"})).await;
     assert_b_answered(&reply, false);
@@ -3596,13 +3587,16 @@ async fn scripted_then_b_under(
     then: Then,
 ) -> Gateway {
     let a = scripted_provider(pieces, then).await;
+    hand_written_a_then_b(&a, sections, errors).await
+}
+
+/// [`a_then_b`] with `a` a hand-written provider at `a_url`, under the
+/// policy's own `sections` and `errors`.
+async fn hand_written_a_then_b(a_url: &str, sections: &str, errors: &str) -> Gateway {
     Setup::new(
         sections,
         errors,
-        catalog(
-            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
-            &[model("m", &["a", "b"])],
-        ),
+        a_then_b().replace("http://{sim}/a/v1", a_url),
     )
     .start("providers:\n  b: {}\n")
     .await
@@ -3962,15 +3956,11 @@ async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline()
     // begins the answer before `a`'s 500 ms deadline.
     let pieces: Vec<(u64, &str)> = (0..200).map(|_| (20, ": keep-alive\n\n")).collect();
     let a = scripted_provider(&pieces, Then::EndAfter(Duration::ZERO)).await;
-    let gateway = Setup::new(
+    let gateway = hand_written_a_then_b(
+        &a,
         &only_fails_over_on("first_token_timeout"),
         OUTCOME_ERRORS,
-        catalog(
-            &[provider_at("a", "openai", &a), provider("b", "openai", "")],
-            &[model("m", &["a", "b"])],
-        ),
     )
-    .start("providers:\n  b: {}\n")
     .await;
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_b_answered(&reply, true);
