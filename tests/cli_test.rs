@@ -571,8 +571,15 @@ fn explain_says_which_candidates_keep_lets_be_tried() {
     assert!(!shipped.contains("tried if each fails"), "{shipped}");
 }
 
-/// `explain` of `body` under a shipped policy, as text and as JSON.
-fn explain_both(label: &str, policy: &str, key: &str, body: &str) -> (String, serde_json::Value) {
+/// `explain` of `body` under a shipped policy, with `health` (a health
+/// file's text) if given, as text and as JSON.
+fn explain_both(
+    label: &str,
+    policy: &str,
+    key: &str,
+    body: &str,
+    health: Option<&str>,
+) -> (String, serde_json::Value) {
     let dir = std::env::temp_dir().join(format!(
         "switchyard-cli-explain-{label}-{}",
         std::process::id()
@@ -580,11 +587,20 @@ fn explain_both(label: &str, policy: &str, key: &str, body: &str) -> (String, se
     std::fs::create_dir_all(&dir).unwrap();
     let request = dir.join("request.json");
     std::fs::write(&request, body).unwrap();
+    let health_file = dir.join("health.yaml");
+    if let Some(health) = health {
+        std::fs::write(&health_file, health).unwrap();
+    }
     let explain = |more: &[&str]| {
-        let output = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["explain", "--policy", policy, "--key", key, "--seed", "2"])
             .arg("--request")
-            .arg(&request)
+            .arg(&request);
+        if health.is_some() {
+            command.arg("--health").arg(&health_file);
+        }
+        let output = command
             .args(more)
             .current_dir(PACKAGE_ROOT)
             .output()
@@ -606,6 +622,7 @@ fn explain_says_when_reorder_moved_the_candidates_after_the_first() {
         "policies/noirdoc.policy",
         "acme-default",
         r#"{"model": "gpt-oss-120b", "messages": []}"#,
+        None,
     );
     let line = json["result"]["reordered_by"]["line"]
         .as_u64()
@@ -627,9 +644,29 @@ fn explain_says_when_reorder_moved_the_candidates_after_the_first() {
         "policies/noirdoc.policy",
         "acme-default",
         r#"{"model": "qwen3.8-27b", "messages": []}"#,
+        None,
     );
     assert!(json["result"]["reordered_by"].is_null(), "{json}");
     assert!(!text.contains("reordered by"), "{text}");
+}
+
+#[test]
+fn explain_says_what_happens_when_every_candidate_is_paused() {
+    let (text, json) = explain_both(
+        "all-paused",
+        "policies/noirdoc.policy",
+        "acme-default",
+        r#"{"model": "qwen3.8-27b", "messages": []}"#,
+        Some(
+            "- {provider: aki-io, paused_for: 30s}\n- {provider: scaleway, paused_for: 30s}\n\
+             - {provider: ionos, paused_for: 30s}\n- {provider: together, paused_for: 30s}\n",
+        ),
+    );
+    assert!(
+        text.contains("tried if each fails: none now, every candidate is paused"),
+        "{text}"
+    );
+    assert_eq!(json["result"]["tried_if_each_fails"], serde_json::json!([]));
 }
 
 #[test]
@@ -639,6 +676,7 @@ fn explain_says_which_balance_statement_reshuffled_the_plan() {
         "policies/anonrouter.policy",
         "lumen-default",
         r#"{"model": "deepseek/deepseek-v3.2", "messages": []}"#,
+        None,
     );
     let line = json["result"]["reshuffled_by"]["line"]
         .as_u64()

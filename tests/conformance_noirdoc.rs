@@ -26,8 +26,8 @@ mod common;
 
 use common::{
     HEALTHY, Reply, Stack, advance_until, asked_since, chat, chat_body, finished,
-    headers_come_after, messages, messages_body, model_list, names, recompile, replay, settle,
-    spawn_chat, spawn_open_chat, spawn_post, streamed, tried_by, until, until_sleeping,
+    headers_come_after, messages, messages_body, model_list, names, replay, settle, spawn_chat,
+    spawn_open_chat, spawn_post, streamed, tried_by, until, until_sleeping,
 };
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -208,10 +208,11 @@ async fn n1_the_caller_chooses_the_model_never_the_provider() {
     stack.stop().await;
 }
 
-/// The shipped policy after one acme request for qwen3.8-27b that each of
-/// its three priced providers answered 429 (retry after 60 s): all three
-/// are paused, together (no price) was not asked.
-async fn with_the_priced_providers_paused(clock: &Arc<ManualClock>) -> Stack {
+/// [N2] a model has several providers: qwen3.8-27b is served by each of
+/// its four, under their own upstream model names
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n2_a_model_is_available_from_several_providers() {
+    let clock = Arc::new(ManualClock::default());
     let busy: &[&str] = &["429 retry_after=60s"];
     let stack = Stack::shipped(
         "noirdoc",
@@ -220,28 +221,10 @@ async fn with_the_priced_providers_paused(clock: &Arc<ManualClock>) -> Stack {
         clock.clone(),
     )
     .await;
-    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
-    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
-    assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
-    stack
-}
 
-/// [N2] a model has several providers: qwen3.8-27b is served by each of
-/// its four, under their own upstream model names
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn n2_a_model_is_available_from_several_providers() {
-    let clock = Arc::new(ManualClock::default());
-    let stack = with_the_priced_providers_paused(&clock).await;
-    // Without keys for the three priced providers, the fourth serves (while
-    // they are paused, it is not tried in their place [N33]).
-    recompile(
-        &stack,
-        &[
-            "NOIRDOC_AKI_IO_KEY",
-            "NOIRDOC_SCALEWAY_KEY",
-            "NOIRDOC_IONOS_KEY",
-        ],
-    );
+    let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
+    // The three priced providers are paused now; the fourth serves.
     let (reply, _) = chat(&stack, ACME, chat_body(QWEN)).await;
     assert_chat_served(&reply, "together", "together");
     let tried: Vec<(String, String)> = stack
@@ -580,14 +563,10 @@ async fn n8_the_keys_restrictions_exclude_providers() {
         reply.openai_error(503, "capacity_exhausted", "api_error");
     }
     assert_eq!(asked(&stack, "together"), 0);
-    // The keys' restrictions dropped together (an unrestricted key would
-    // not reach it here either: without a price it is not tried in the
-    // paused ones' place [N33]). Once the pauses end, aki-io serves again.
-    clock.advance(60_000);
-    replay(&stack, &scenario(HEALTHY));
-    let (reply, tried) = chat(&stack, ACME_EU, chat_body(QWEN)).await;
-    assert_chat_served(&reply, "aki-io", "aki-io");
-    assert_eq!(tried, names(&["aki-io"]));
+    // The same request with an unrestricted key goes to together.
+    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
+    assert_chat_served(&reply, "together", "together");
+    assert_eq!(tried, names(&["together"]));
     stack.stop().await;
 }
 
@@ -1154,25 +1133,6 @@ async fn n28_n35_n45_n46_n47_a_paused_provider_counts_as_full() {
     stack.stop().await;
 }
 
-/// [N33] [N45] with every priced provider paused after a 429, the one
-/// without a price is not tried in their place: "the next free provider in
-/// the failover order", which never goes from a priced provider to one
-/// without a price, is none, so the request waits, then gets 503
-/// capacity_exhausted
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn n33_n45_paused_priced_providers_are_not_replaced_by_an_unpriced_one() {
-    let clock = Arc::new(ManualClock::default());
-    let stack = with_the_priced_providers_paused(&clock).await;
-    let waiting = spawn_chat(&stack, ACME, chat_body(QWEN));
-    until("the request waits", || capacity_waits(&stack) == 1).await;
-    clock.advance(10_000);
-    let reply = finished(waiting).await;
-    reply.openai_error(503, "capacity_exhausted", "api_error");
-    assert_eq!(provider_header(&reply), None);
-    assert_eq!(stack.sim.requests().len(), 3, "together was asked");
-    stack.stop().await;
-}
-
 /// [N48] [N52] once a provider was asked, no capacity error: when the rest
 /// are paused the last provider's error answers, at once, naming it
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1195,22 +1155,21 @@ async fn n48_n52_after_an_attempt_the_last_providers_error_answers() {
     let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
     reply.openai_error(429, "resource_exhausted", "rate_limit_error");
     assert_eq!(tried, names(&["aki-io", "scaleway", "ionos"]));
-    // The priced providers are paused, and together (no price) is not tried
-    // in their place [N33]: the request waits until aki-io's pause is over.
-    // aki-io fails, the others are still paused: its error answers without
-    // a second wait.
-    let waiting = spawn_chat(&stack, ACME, chat_body(QWEN));
-    until("the request waits", || capacity_waits(&stack) == 1).await;
+    // The priced providers are paused: together is tried, then none is left.
+    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
+    reply.openai_error(429, "resource_exhausted", "rate_limit_error");
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    assert_eq!(provider_header(&reply), Some("together"));
+    assert_eq!(tried, names(&["together"]));
+    // aki-io's pause is over, the others' is not: aki-io fails, and its
+    // error answers without a wait (the clock does not move).
     clock.advance(5_000);
-    let reply = finished(waiting).await;
+    let (reply, tried) = chat(&stack, ACME, chat_body(QWEN)).await;
     let message = reply.openai_error(502, "provider_error", "api_error");
     assert_eq!(message, PROVIDER_ERROR);
     assert_eq!(provider_header(&reply), Some("aki-io"));
-    assert_eq!(
-        stack.providers_tried(),
-        names(&["aki-io", "scaleway", "ionos", "aki-io"])
-    );
-    assert_eq!(capacity_waits(&stack), 1);
+    assert_eq!(tried, names(&["aki-io"]));
+    assert_eq!(capacity_waits(&stack), 0);
     stack.stop().await;
 }
 

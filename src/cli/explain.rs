@@ -417,8 +417,8 @@ fn human(
                     .collect();
                 line(if tried.is_empty() {
                     String::from(
-                        "       tried if each fails: none now: every candidate it may try first \
-                         is paused, so the proxy waits for one, then answers the capacity error",
+                        "       tried if each fails: none now, every candidate is paused: the proxy \
+                         waits for room (a pause may end meanwhile), else answers the capacity error",
                     )
                 } else {
                     format!("       tried if each fails: {}", tried.join(" -> "))

@@ -282,17 +282,8 @@ impl Plan {
         // One asking for the whole walk: `keep` reading health asks the
         // view once per candidate, not once per candidate and step.
         let asked = AskedHealth::new(health, &self.candidates);
-        // Before the first attempt the failover order starts at the plan's
-        // first candidate all the same: one passed over (paused or full)
-        // stands as `first` and `prev`, so that a candidate no attempt could
-        // reach after it is not tried in its place.
-        let mut passed_over: Option<(usize, usize)> = None;
         for index in start..self.candidates.len() {
-            let before = match (tried.first(), tried.last()) {
-                (Some(&first), Some(&prev)) => Some((first, prev)),
-                _ => passed_over,
-            };
-            if let Some((first, prev)) = before
+            if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
                 && !self.allows_asking(snapshot, &asked, first, prev, index)
             {
                 continue;
@@ -300,9 +291,6 @@ impl Plan {
             any_allowed = true;
             if available(index) {
                 return NextCandidate::Try(index);
-            }
-            if tried.is_empty() {
-                passed_over = Some((passed_over.map_or(index, |(first, _)| first), index));
             }
         }
         if any_allowed && tried.is_empty() {
