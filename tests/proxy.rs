@@ -3976,16 +3976,28 @@ async fn a_provider_sending_only_comments_still_meets_the_first_token_deadline()
 /// A client that stops reading a stream does not hold its attempt past the
 /// attempt's time: the exchange runs only as the client takes events, so
 /// its connection is closed (a second later), the request ends as
-/// cancelled and the provider's stream is let go.
+/// cancelled and the provider's stream is let go. The same with
+/// `after_commit null`, which lifts the limit for a client that reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_a_stream_loses_it_when_the_attempt_time_is_up() -> TestResult {
+    for after_commit in ["", "stream {\n  after_commit null\n}\n"] {
+        let sections = PATIENT_STREAMS.replace("timeouts {\n", "timeouts {\n  attempt 1500ms\n")
+            + after_commit;
+        stop_reading_a_stream(&sections).await?;
+    }
+    Ok(())
+}
+
+/// Opens a stream under `sections` whose provider sends far more than the
+/// sockets hold, reads its first bytes only, and expects the request to end
+/// as cancelled within 8 s.
+async fn stop_reading_a_stream(sections: &str) -> TestResult {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // Far more than the sockets between provider, proxy and client hold.
     let event = choice_chunk(0, Some(&"x".repeat(16 << 10)));
     let pieces: Vec<(u64, &str)> = (0..2_000).map(|_| (0, event.as_str())).collect();
-    let sections = PATIENT_STREAMS.replace("timeouts {\n", "timeouts {\n  attempt 1500ms\n");
     let gateway = scripted_then_b_under(
-        &sections,
+        sections,
         STREAM_ERRORS,
         &pieces,
         Then::EndAfter(Duration::ZERO),

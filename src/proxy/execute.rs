@@ -1324,16 +1324,22 @@ impl Exchange {
         // Committed, the usage reported so far is the request's, however
         // the stream ends: the tokens were spent, and the log line says so.
         self.report.usage = usage;
-        let attempt_deadline = match timeouts.after_commit {
+        let committed_deadline = match timeouts.after_commit {
             AfterCommit::AttemptAndBudget => attempt_deadline,
             AfterCommit::Within(ms) => Some(clock.now_ms().saturating_add(ms)),
             AfterCommit::Unlimited => None,
         };
-        let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
+        // The watchdog only cuts a client that stopped taking events. With
+        // no limit after the commit it still watches from the attempt's own
+        // limit on: a client that reads goes on, and one that stopped
+        // cannot hold the stream and its room forever.
+        let watched = committed_deadline.or(attempt_deadline);
         let _deadline = StreamDeadline::set(
             self.connection.as_ref(),
-            attempt_deadline.map(|limit| limit.saturating_sub(clock.now_ms())),
+            watched.map(|limit| limit.saturating_sub(clock.now_ms())),
         );
+        let attempt_deadline = committed_deadline;
+        let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));
         if !self.commit(index, held, link).await {
             return Attempted::Cancelled;
         }
