@@ -656,8 +656,14 @@ fn outcome_class(text: &str) -> Result<OutcomeClass, String> {
                 .ok()
                 .filter(|s| (100..=599).contains(s))
                 .ok_or_else(|| format!("`{status}` is not an HTTP status or an outcome"))?;
-            // The proxy serves those: no `on` rule ever sees one, so a case
-            // of one tests nothing the proxy does.
+            // The proxy serves a 2xx and takes a 1xx as `malformed`: no `on`
+            // rule sees either as a status, so a case of one tests nothing
+            // the proxy does.
+            if code < 200 {
+                return Err(format!(
+                    "`{status}` is no final status: the proxy takes such an answer as `malformed`; write `malformed`, or give a failing status (3xx to 5xx)"
+                ));
+            }
             if code < 300 {
                 return Err(format!(
                     "`{status}` is an answer the proxy serves, which no `on` rule sees; give a failing status (3xx to 5xx) or an outcome"
@@ -983,6 +989,23 @@ pub fn run(args: &TestArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_no_rule_sees_is_refused_as_an_outcome_and_says_why() {
+        let refusal = |text: &str| outcome_class(text).err().unwrap_or_default();
+        assert!(refusal("101").contains("`malformed`"), "{}", refusal("101"));
+        assert!(
+            refusal("204").contains("the proxy serves"),
+            "{}",
+            refusal("204")
+        );
+        assert!(
+            refusal("600").contains("not an HTTP status"),
+            "{}",
+            refusal("600")
+        );
+        assert_eq!(outcome_class("503"), Ok(OutcomeClass::Status(503)));
+    }
 
     fn mistakes(text: &str) -> Vec<String> {
         let first = serde_saphyr::from_str::<TestFile>(text).expect_err("the file has a mistake");
