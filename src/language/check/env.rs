@@ -269,7 +269,11 @@ impl Builtins {
             ),
             wire: EnumTy::new("wire format", &["openai", "anthropic"], false),
             kind: EnumTy::new("model kind", &["chat", "completion", "embedding"], false),
-            resolution: EnumTy::new("resolution", &["bare", "alias", "pin", "unknown"], false),
+            resolution: EnumTy::new(
+                "requested kind",
+                &["bare", "alias", "pin", "unknown"],
+                false,
+            ),
         }
     }
 }

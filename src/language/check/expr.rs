@@ -2040,10 +2040,15 @@ impl Checker<'_> {
                     self.err(
                         codes::TYPE_MISMATCH,
                         value.span,
-                        format!(
-                            "`{}` needs numbers, durations or another ordered value, found {ty}",
-                            function.name()
-                        ),
+                        match function {
+                            Aggregate::AvgOf => {
+                                format!("`avg_of` needs numbers or durations, found {ty}")
+                            }
+                            _ => format!(
+                                "`{}` needs numbers, durations or another ordered value, found {ty}",
+                                function.name()
+                            ),
+                        },
                         "cannot aggregate this",
                         Some(match (function, ty.required()) {
                             (_, Ty::Bool) => String::from(
