@@ -646,16 +646,9 @@ pub fn malformed_body_refusal(
     problem: &str,
 ) -> Refusal {
     let request = super::RequestState {
-        id: context.id.clone(),
-        model: std::sync::Arc::from(""),
-        endpoint: context.endpoint,
-        stream: false,
-        parameters: std::sync::Arc::from(Vec::new()),
         estimated_tokens: (context.body_bytes / 4) as f64,
         caller: context.caller,
-        inputs: vec![Value::Null; snapshot.program.inputs.len()],
-        settings: vec![Value::Null; snapshot.data.schema.settings.entries.len()],
-        merges: vec![Value::Null; snapshot.program.merges.len()],
+        ..unknown_request(snapshot, context.id.clone(), context.endpoint)
     };
     let mut machine = Machine::new(snapshot, &request, &[], &[]);
     match snapshot.program.malformed_body {
@@ -676,16 +669,26 @@ pub fn headers_before_decision(
     id: std::sync::Arc<str>,
     endpoint: super::Endpoint,
 ) -> Vec<(String, String)> {
-    let request = super::RequestState {
+    let request = unknown_request(snapshot, id, endpoint);
+    let mut machine = Machine::new(snapshot, &request, &[], &[]);
+    headers(snapshot, &mut machine, None)
+}
+
+/// A request of which only the id and endpoint are known: every input,
+/// setting and merge absent, no model, no caller.
+fn unknown_request(
+    snapshot: &Snapshot,
+    id: std::sync::Arc<str>,
+    endpoint: super::Endpoint,
+) -> super::RequestState {
+    super::RequestState {
         id,
         endpoint,
         inputs: vec![Value::Null; snapshot.program.inputs.len()],
         settings: vec![Value::Null; snapshot.data.schema.settings.entries.len()],
         merges: vec![Value::Null; snapshot.program.merges.len()],
         ..super::RequestState::placeholder()
-    };
-    let mut machine = Machine::new(snapshot, &request, &[], &[]);
-    headers(snapshot, &mut machine, None)
+    }
 }
 
 /// A refusal evaluated with the request's state.

@@ -653,12 +653,8 @@ async fn handle(
             };
             before_decision(&snapshot, &request_id, endpoint, wire, listed)
         }
-        (method, path) => before_decision(
-            &snapshot,
-            &request_id,
-            endpoint,
-            wire,
-            match endpoint {
+        (method, path) => {
+            let refused = match endpoint {
                 Some(endpoint) if method == Method::POST => {
                     let handled =
                         complete(proxy, snapshot, request, endpoint, request_id, cut).await;
@@ -673,8 +669,9 @@ async fn handle(
                     method_not_allowed(wire, &request_id, "GET, HEAD")
                 }
                 None => not_found(wire, &request_id, path),
-            },
-        ),
+            };
+            before_decision(&snapshot, &request_id, endpoint, wire, refused)
+        }
     };
     drain_unread(request, proxy.limits.max_body_bytes);
     let version = policy_version(&proxy, &snapshot);
