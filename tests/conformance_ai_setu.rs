@@ -178,6 +178,26 @@ async fn a_bare_model_id_is_served_by_the_first_survivor_and_the_rest_fail_over(
     assert_eq!(stack.tried()[0].1.as_deref(), Some(CLAUDE));
     let (reply, _) = tried_by(&stack, stack.messages(INITECH, messages_body(CLAUDE))).await;
     assert_served(&reply, "anthropic");
+    // The proxy does not translate: each request went on in its caller's
+    // format, which Anthropic's base URL accepts both of, so the credential
+    // went as each format sends one.
+    let requests = stack.sim.requests();
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some("Bearer secret-of-AISETU_ANTHROPIC_KEY")
+    );
+    assert_eq!(requests[0].header("x-api-key"), None);
+    assert_eq!(
+        requests[1].header("x-api-key"),
+        Some("secret-of-AISETU_ANTHROPIC_KEY")
+    );
+    assert_eq!(requests[1].header("authorization"), None);
+    // No provider of gpt-4.1 accepts Anthropic's format.
+    let (reply, tried) = tried_by(&stack, stack.messages(INITECH, messages_body(GPT))).await;
+    let message = reply.anthropic_error(400, "invalid_request_error");
+    assert!(message.contains("API format"), "{message}");
+    assert_eq!(reply.json["error"]["code"], "unsupported_api_format");
+    assert!(tried.is_empty(), "{tried:?}");
 
     // The rest are the failover candidates, each with its own upstream name.
     replay(&stack, &scenario(&[("anthropic", &["503"])]));
@@ -286,8 +306,8 @@ async fn precedence_steps_apply_in_order_each_only_where_the_previous_did_not_de
         .await;
     assert_served(&reply, "anthropic");
     assert_eq!(
-        stack.sim.requests()[0].header("x-api-key"),
-        Some("secret-of-GLOBEX_ANTHROPIC_KEY")
+        stack.sim.requests()[0].header("authorization"),
+        Some("Bearer secret-of-GLOBEX_ANTHROPIC_KEY")
     );
 
     // Without globex's anthropic binding, the platform keys (no precedence,
@@ -297,8 +317,8 @@ async fn precedence_steps_apply_in_order_each_only_where_the_previous_did_not_de
     let (_, tried) = tried_by(&stack, stack.chat(GLOBEX, chat_body(CLAUDE))).await;
     assert_eq!(tried, names(&GLOBEX_CLAUDE));
     assert_eq!(
-        stack.sim.requests()[1].header("x-api-key"),
-        Some("secret-of-AISETU_ANTHROPIC_KEY")
+        stack.sim.requests()[1].header("authorization"),
+        Some("Bearer secret-of-AISETU_ANTHROPIC_KEY")
     );
     stack.stop().await;
 }
@@ -389,8 +409,8 @@ async fn a_slug_prefix_pins_the_byok_binding() {
     assert_served(&reply, "anthropic");
     let sent = &stack.sim.requests()[0];
     assert_eq!(
-        sent.header("x-api-key"),
-        Some("secret-of-GLOBEX_ANTHROPIC_KEY")
+        sent.header("authorization"),
+        Some("Bearer secret-of-GLOBEX_ANTHROPIC_KEY")
     );
     assert_eq!(sent.model.as_deref(), Some(CLAUDE));
 

@@ -2437,6 +2437,61 @@ input region from header "x-route-region" : string malformed error bad_input
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_accepting_both_formats_gets_its_credential_as_the_request_format_expects()
+-> TestResult {
+    // `both` is an Anthropic provider whose base URL also serves OpenAI's
+    // chat completions; `anth` serves only its own format.
+    let gateway = Setup::new(
+        SIMPLE,
+        SIMPLE_ERRORS,
+        catalog(
+            &[
+                provider("both", "anthropic", "also_accepts: [openai]"),
+                provider("anth", "anthropic", ""),
+            ],
+            &[model("m", &["both"]), model("claude", &["anth"])],
+        ),
+    )
+    .start("providers:\n  both: {}\n  anth: {}\n")
+    .await;
+    let sim = &gateway.sim;
+    let api = &gateway.api;
+
+    let reply = api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let mut body = messages_body(false);
+    body["model"] = json!("m");
+    let reply = api.messages(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let mut body = chat_body(false);
+    body["model"] = json!("claude");
+    let reply = api.chat(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+
+    let requests = sim.requests();
+    assert_eq!(providers_seen(&requests), ["both", "both", "anth"]);
+    let bearer = format!("Bearer {}", secret_of("both"));
+    assert_eq!(requests[0].header("authorization"), Some(bearer.as_str()));
+    assert_eq!(requests[0].header("x-api-key"), None);
+    assert_eq!(requests[0].header("anthropic-version"), None);
+    assert_eq!(
+        requests[1].header("x-api-key"),
+        Some(secret_of("both").as_str())
+    );
+    assert_eq!(requests[1].header("authorization"), None);
+    assert_eq!(requests[1].header("anthropic-version"), Some("2023-06-01"));
+    // A provider that does not accept the request's format still gets its
+    // credential its own way; the policy decides whether to send it there.
+    assert_eq!(
+        requests[2].header("x-api-key"),
+        Some(secret_of("anth").as_str())
+    );
+    assert_eq!(requests[2].header("authorization"), None);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_are_kept_or_generated_and_forwarded() -> TestResult {
     let gateway = simple_gateway().await;
     let sim = &gateway.sim;

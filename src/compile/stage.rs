@@ -65,9 +65,9 @@ fn read_deps(read: &Read, one_requested_id: bool) -> Deps {
         // One requested id: every candidate shares how it resolved.
         RequestedKind | RequestedId if one_requested_id => Deps::REQUEST,
         ModelId | ModelKind | ModelAliases | ModelAttr(_) | ProviderId | ProviderName
-        | ProviderAliases | ProviderFormat | ProviderPriority | ProviderListed
-        | ProviderAttr(_) | RoutePrice(_) | RouteCapabilities | RouteAttr(_) | CredentialId
-        | CredentialAttr(_) => Deps::CATALOG,
+        | ProviderAliases | ProviderFormat | ProviderFormats | ProviderPriority
+        | ProviderListed | ProviderAttr(_) | RoutePrice(_) | RouteCapabilities | RouteAttr(_)
+        | CredentialId | CredentialAttr(_) => Deps::CATALOG,
         DeploymentAttr(_) => Deps::NONE,
         RequestId
         | RequestModel

@@ -106,24 +106,17 @@ fn validate_provider(
     raw: &Spanned<RawProvider>,
 ) -> Option<Provider> {
     let p = &raw.value;
-    let format = match WireFormat::parse(&p.format.value) {
-        Some(format) => Some(format),
-        None => {
-            let span = v.span(source, &p.format);
-            let help = suggest(&p.format.value, WireFormat::NAMES)
-                .map(|close| format!("did you mean {close}?"))
-                .unwrap_or_else(|| String::from("a provider speaks `openai` or `anthropic`"));
-            v.report(
-                codes::DATA_SCHEMA,
-                source,
-                span,
-                format!("`{}` is not a wire format", p.format.value),
-                "unknown format",
-                Some(help),
-            );
-            None
+    // A bad format is reported; the provider stays so its routes are not
+    // reported as naming a missing provider.
+    let format = wire_format(v, source, &p.format).unwrap_or(WireFormat::OpenAi);
+    let mut formats = vec![format];
+    for accepted in &p.also_accepts {
+        if let Some(wire) = wire_format(v, source, accepted)
+            && !formats.contains(&wire)
+        {
+            formats.push(wire);
         }
-    };
+    }
     check_base_url(v, source, &p.base_url);
     let listed = p.listed.as_ref().and_then(|listed| {
         let parsed = super::schema::parse_date(&listed.value);
@@ -182,9 +175,8 @@ fn validate_provider(
             .as_ref()
             .map_or_else(|| p.id.value.clone(), |name| name.value.clone()),
         aliases: p.aliases.iter().map(|alias| alias.value.clone()).collect(),
-        // A bad format is reported above; the provider stays so its routes
-        // are not reported as naming a missing provider.
-        format: format.unwrap_or(WireFormat::OpenAi),
+        format,
+        formats,
         base_url: p.base_url.value.trim_end_matches('/').to_string(),
         priority,
         listed,
@@ -193,6 +185,29 @@ fn validate_provider(
         attributes,
         at: at(v, source, &p.id),
     })
+}
+
+fn wire_format(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    written: &Spanned<String>,
+) -> Option<WireFormat> {
+    let format = WireFormat::parse(&written.value);
+    if format.is_none() {
+        let span = v.span(source, written);
+        let help = suggest(&written.value, WireFormat::NAMES)
+            .map(|close| format!("did you mean {close}?"))
+            .unwrap_or_else(|| String::from("a provider speaks `openai` or `anthropic`"));
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            format!("`{}` is not a wire format", written.value),
+            "unknown format",
+            Some(help),
+        );
+    }
+    format
 }
 
 /// A base URL must be a plain http(s) URL with a host, with no credentials

@@ -862,6 +862,7 @@ const PROVIDER_BUILTINS: &[&str] = &[
     "name",
     "aliases",
     "format",
+    "also_accepts",
     "base_url",
     "priority",
     "listed",
@@ -1117,6 +1118,23 @@ mod tests {
         assert!(diagnostics.is_empty(), "{diagnostics:?}");
         let data = data.expect("the data loads");
         assert_eq!(data.catalog.providers[0].capacity, None);
+    }
+
+    #[test]
+    fn a_provider_accepts_its_own_format_first_then_the_others_once() {
+        let catalog = "providers:\n  - id: a\n    format: anthropic\n    \
+                       also_accepts: [openai, anthropic, openai]\n    \
+                       base_url: http://127.0.0.1:1/v1\n\
+                       models: []\n";
+        let (data, diagnostics) = load_both(catalog, "tenants: []\n", Reading::WithPositions);
+        assert!(diagnostics.is_empty(), "{diagnostics:?}");
+        let provider = &data.expect("the data loads").catalog.providers[0];
+        assert_eq!(provider.format, WireFormat::Anthropic);
+        assert_eq!(
+            provider.formats,
+            [WireFormat::Anthropic, WireFormat::OpenAi]
+        );
+        assert!(provider.accepts(WireFormat::OpenAi));
     }
 
     #[test]

@@ -108,7 +108,13 @@ pub struct Provider {
     pub name: String,
     /// Other names requests may use for this provider.
     pub aliases: Vec<String>,
+    /// The format of the provider's own API.
     pub format: WireFormat,
+    /// Every format its base URL accepts: `format` first, then the others
+    /// the catalog lists (Anthropic's API also serves OpenAI's chat
+    /// completions, for one). The proxy does not translate, so only these
+    /// formats' requests are understood there.
+    pub formats: Vec<WireFormat>,
     pub base_url: String,
     pub priority: f64,
     /// When the provider joined the catalog, as days since 1970-01-01.
@@ -120,6 +126,10 @@ pub struct Provider {
 }
 
 impl Provider {
+    pub fn accepts(&self, wire: WireFormat) -> bool {
+        self.formats.contains(&wire)
+    }
+
     /// Whether a requested provider reference means this provider: its id,
     /// its public name or one of its aliases, ignoring case.
     pub fn answers_to(&self, text: &str) -> bool {

@@ -572,6 +572,8 @@ pub struct RawProvider {
     #[serde(default)]
     pub aliases: Vec<Spanned<String>>,
     pub format: Spanned<String>,
+    #[serde(default)]
+    pub also_accepts: Vec<Spanned<String>>,
     pub base_url: Spanned<String>,
     pub priority: Option<Spanned<Plain<f64>>>,
     pub listed: Option<Spanned<String>>,

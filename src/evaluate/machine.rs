@@ -1027,6 +1027,9 @@ impl<'a> Machine<'a> {
             Read::ProviderFormat => {
                 return from(&interned.provider_format, Some(candidate.provider));
             }
+            Read::ProviderFormats => {
+                return from(&interned.provider_formats, Some(candidate.provider));
+            }
             Read::ProviderPriority => provider().map_or(Value::Null, |p| Value::Number(p.priority)),
             Read::ProviderListed => provider()
                 .and_then(|p| p.listed)

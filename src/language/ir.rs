@@ -167,6 +167,7 @@ pub enum Read {
     ProviderName,
     ProviderAliases,
     ProviderFormat,
+    ProviderFormats,
     ProviderPriority,
     ProviderListed,
     ProviderAttr(usize),
@@ -218,6 +219,7 @@ impl Read {
                 | ProviderName
                 | ProviderAliases
                 | ProviderFormat
+                | ProviderFormats
                 | ProviderPriority
                 | ProviderListed
                 | ProviderAttr(_)

@@ -203,7 +203,14 @@ impl Outgoing {
             ]))
         };
         let mut headers = self.headers.clone();
-        match provider.format {
+        // The body goes on in the caller's format, so where the provider
+        // accepts that format its credential goes as that format expects.
+        let spoken = if provider.accepts(endpoint.wire()) {
+            endpoint.wire()
+        } else {
+            provider.format
+        };
+        match spoken {
             WireFormat::OpenAi => {
                 let value = HeaderValue::from_str(&format!("Bearer {}", secret.expose())).ok()?;
                 headers.insert(header::AUTHORIZATION, value);

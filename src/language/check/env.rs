@@ -404,6 +404,10 @@ impl RootTypes {
                     ("name", Ty::String),
                     ("aliases", strings()),
                     ("format", Ty::Enum(builtins.wire.clone())),
+                    (
+                        "formats",
+                        Ty::List(Box::new(Ty::Enum(builtins.wire.clone()))),
+                    ),
                     ("priority", Ty::Number),
                     ("listed", Ty::Date.optional()),
                 ],

@@ -1432,6 +1432,7 @@ impl Checker<'_> {
                 "name" => read(Read::ProviderName),
                 "aliases" => read(Read::ProviderAliases),
                 "format" => read(Read::ProviderFormat),
+                "formats" => read(Read::ProviderFormats),
                 "priority" => read(Read::ProviderPriority),
                 "listed" => read(Read::ProviderListed),
                 name => read(Read::ProviderAttr(
