@@ -179,8 +179,8 @@ async fn a_bare_model_id_is_served_by_the_first_survivor_and_the_rest_fail_over(
     let (reply, _) = tried_by(&stack, stack.messages(INITECH, messages_body(CLAUDE))).await;
     assert_served(&reply, "anthropic");
     // The proxy does not translate: each request went on in its caller's
-    // format, which Anthropic's base URL accepts both of, so the credential
-    // went as each format sends one.
+    // format, through an endpoint Anthropic's base URL serves, so the
+    // credential went as each format sends one.
     let requests = stack.sim.requests();
     assert_eq!(
         requests[0].header("authorization"),
@@ -192,11 +192,11 @@ async fn a_bare_model_id_is_served_by_the_first_survivor_and_the_rest_fail_over(
         Some("secret-of-AISETU_ANTHROPIC_KEY")
     );
     assert_eq!(requests[1].header("authorization"), None);
-    // No provider of gpt-4.1 accepts Anthropic's format.
+    // No provider of gpt-4.1 serves /v1/messages.
     let (reply, tried) = tried_by(&stack, stack.messages(INITECH, messages_body(GPT))).await;
     let message = reply.anthropic_error(400, "invalid_request_error");
-    assert!(message.contains("API format"), "{message}");
-    assert_eq!(reply.json["error"]["code"], "unsupported_api_format");
+    assert!(message.contains("serves the endpoint"), "{message}");
+    assert_eq!(reply.json["error"]["code"], "unsupported_endpoint");
     assert!(tried.is_empty(), "{tried:?}");
 
     // The rest are the failover candidates, each with its own upstream name.

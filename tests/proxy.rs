@@ -2437,7 +2437,7 @@ input region from header "x-route-region" : string malformed error bad_input
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_accepting_both_formats_gets_its_credential_as_the_request_format_expects()
+async fn a_provider_serving_both_formats_gets_its_credential_as_the_request_format_expects()
 -> TestResult {
     // `both` is an Anthropic provider whose base URL also serves OpenAI's
     // chat completions; `anth` serves only its own format.
@@ -2446,7 +2446,11 @@ async fn a_provider_accepting_both_formats_gets_its_credential_as_the_request_fo
         SIMPLE_ERRORS,
         catalog(
             &[
-                provider("both", "anthropic", "also_accepts: [openai]"),
+                provider(
+                    "both",
+                    "anthropic",
+                    "endpoints: [chat_completions, messages]",
+                ),
                 provider("anth", "anthropic", ""),
             ],
             &[model("m", &["both"]), model("claude", &["anth"])],
@@ -2480,7 +2484,7 @@ async fn a_provider_accepting_both_formats_gets_its_credential_as_the_request_fo
     );
     assert_eq!(requests[1].header("authorization"), None);
     assert_eq!(requests[1].header("anthropic-version"), Some("2023-06-01"));
-    // A provider that does not accept the request's format still gets its
+    // A provider that does not serve the request's endpoint still gets its
     // credential its own way; the policy decides whether to send it there.
     assert_eq!(
         requests[2].header("x-api-key"),

@@ -123,7 +123,7 @@ pub struct Interned {
     pub provider_id: Vec<Value>,
     pub provider_name: Vec<Value>,
     pub provider_format: Vec<Value>,
-    pub provider_formats: Vec<Value>,
+    pub provider_endpoints: Vec<Value>,
     pub provider_aliases: Vec<Value>,
     pub model_id: Vec<Value>,
     pub model_kind: Vec<Value>,
@@ -178,14 +178,14 @@ impl Interned {
                 .iter()
                 .map(|p| wire_member(p.format).clone())
                 .collect(),
-            provider_formats: catalog
+            provider_endpoints: catalog
                 .providers
                 .iter()
                 .map(|p| {
                     Value::List(
-                        p.formats
+                        p.endpoints
                             .iter()
-                            .map(|&wire| wire_member(wire).clone())
+                            .map(|&endpoint| endpoint_member(endpoint).clone())
                             .collect(),
                     )
                 })
@@ -931,21 +931,23 @@ mod tests {
                 .is_none()
         );
 
-        // ai-setu's first step reads the formats a provider accepts.
+        // ai-setu's second step reads the endpoints a provider serves.
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/ai-setu.policy");
         let snapshot = compile_file(&path, &AllSecrets).expect("ai-setu compiles");
         let rows = snapshot.statics.rows();
-        let accepts = |endpoint| {
+        let serves = |endpoint| {
             snapshot
                 .compiled
-                .settled_by_endpoint(0, endpoint, rows)
-                .expect("the API-format step reads only the catalog and the endpoint")
+                .settled_by_endpoint(1, endpoint, rows)
+                .expect("the endpoint step reads only the catalog and the endpoint")
         };
-        // Every provider accepts OpenAI's format; only the Claude ones
-        // accept Anthropic's.
-        assert!(accepts(Endpoint::ChatCompletions).iter().all(|fits| *fits));
-        let messages = accepts(Endpoint::Messages);
-        assert!(messages.contains(&true) && messages.contains(&false));
+        // Every provider serves OpenAI's chat completions; only the Claude
+        // ones serve Anthropic's messages, and only the others Responses.
+        assert!(serves(Endpoint::ChatCompletions).iter().all(|fits| *fits));
+        for other in [Endpoint::Messages, Endpoint::Responses] {
+            let served = serves(other);
+            assert!(served.contains(&true) && served.contains(&false));
+        }
     }
 
     #[test]
@@ -956,9 +958,9 @@ mod tests {
             compile_file(&path, &AllSecrets).expect("the policy compiles")
         };
         // ai-setu asks for the body's model alone: `pinned` reads only
-        // `requested.kind`, and both steps that read `requested` (after the
-        // API-format step, which reads only the request's wire and the
-        // provider) have a part the request settles.
+        // `requested.kind`, and both steps that read `requested` have a part
+        // the request settles (the endpoint step reads only the request's
+        // endpoint and the provider).
         let ai_setu = compile("ai-setu");
         let pinned = ai_setu
             .program
@@ -967,12 +969,9 @@ mod tests {
             .find(|spec| spec.name == "pinned");
         assert!(pinned.is_some_and(|spec| !spec.candidate));
         assert_eq!(ai_setu.guards.len(), 3);
-        assert!(ai_setu.guards[0].parts().is_empty());
-        assert!(
-            ai_setu.guards[1..]
-                .iter()
-                .all(|guard| !guard.parts().is_empty())
-        );
+        assert!(!ai_setu.guards[0].parts().is_empty());
+        assert!(ai_setu.guards[1].parts().is_empty());
+        assert!(!ai_setu.guards[2].parts().is_empty());
         // ngrok asks for several ids (a `from` list), so each candidate
         // keeps its own.
         let ngrok = compile("ngrok");

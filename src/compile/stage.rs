@@ -65,7 +65,7 @@ fn read_deps(read: &Read, one_requested_id: bool) -> Deps {
         // One requested id: every candidate shares how it resolved.
         RequestedKind | RequestedId if one_requested_id => Deps::REQUEST,
         ModelId | ModelKind | ModelAliases | ModelAttr(_) | ProviderId | ProviderName
-        | ProviderAliases | ProviderFormat | ProviderFormats | ProviderPriority
+        | ProviderAliases | ProviderFormat | ProviderEndpoints | ProviderPriority
         | ProviderListed | ProviderAttr(_) | RoutePrice(_) | RouteCapabilities | RouteAttr(_)
         | CredentialId | CredentialAttr(_) => Deps::CATALOG,
         DeploymentAttr(_) => Deps::NONE,

@@ -109,14 +109,7 @@ fn validate_provider(
     // A bad format is reported; the provider stays so its routes are not
     // reported as naming a missing provider.
     let format = wire_format(v, source, &p.format).unwrap_or(WireFormat::OpenAi);
-    let mut formats = vec![format];
-    for accepted in &p.also_accepts {
-        if let Some(wire) = wire_format(v, source, accepted)
-            && !formats.contains(&wire)
-        {
-            formats.push(wire);
-        }
-    }
+    let endpoints = served_endpoints(v, source, format, p.endpoints.as_ref());
     check_base_url(v, source, &p.base_url);
     let listed = p.listed.as_ref().and_then(|listed| {
         let parsed = super::schema::parse_date(&listed.value);
@@ -176,7 +169,7 @@ fn validate_provider(
             .map_or_else(|| p.id.value.clone(), |name| name.value.clone()),
         aliases: p.aliases.iter().map(|alias| alias.value.clone()).collect(),
         format,
-        formats,
+        endpoints,
         base_url: p.base_url.value.trim_end_matches('/').to_string(),
         priority,
         listed,
@@ -208,6 +201,60 @@ fn wire_format(
         );
     }
     format
+}
+
+/// The endpoints a provider serves: every one of its format unless the
+/// catalog names them. An unknown name is reported and left out.
+fn served_endpoints(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    format: WireFormat,
+    written: Option<&Spanned<Vec<Spanned<String>>>>,
+) -> Vec<Endpoint> {
+    let Some(written) = written else {
+        return Endpoint::ALL
+            .into_iter()
+            .filter(|endpoint| endpoint.wire() == format)
+            .collect();
+    };
+    if written.value.is_empty() {
+        let span = v.span(source, written);
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            String::from("a provider must serve at least one endpoint"),
+            "no endpoint",
+            Some(String::from(
+                "leave `endpoints` out for every endpoint of the provider's format",
+            )),
+        );
+    }
+    let mut named = Vec::new();
+    for name in &written.value {
+        match Endpoint::parse(&name.value) {
+            Some(endpoint) => named.push(endpoint),
+            None => {
+                let span = v.span(source, name);
+                let names = Endpoint::ALL.map(Endpoint::name);
+                let help = suggest(&name.value, names)
+                    .map(|close| format!("did you mean {close}?"))
+                    .unwrap_or_else(|| format!("the endpoints are {}", names.join(", ")));
+                v.report(
+                    codes::DATA_SCHEMA,
+                    source,
+                    span,
+                    format!("`{}` is not an endpoint", name.value),
+                    "unknown endpoint",
+                    Some(help),
+                );
+            }
+        }
+    }
+    Endpoint::ALL
+        .into_iter()
+        .filter(|endpoint| named.contains(endpoint))
+        .collect()
 }
 
 /// A base URL must be a plain http(s) URL with a host, with no credentials

@@ -862,7 +862,7 @@ const PROVIDER_BUILTINS: &[&str] = &[
     "name",
     "aliases",
     "format",
-    "also_accepts",
+    "endpoints",
     "base_url",
     "priority",
     "listed",
@@ -1121,20 +1121,45 @@ mod tests {
     }
 
     #[test]
-    fn a_provider_accepts_its_own_format_first_then_the_others_once() {
-        let catalog = "providers:\n  - id: a\n    format: anthropic\n    \
-                       also_accepts: [openai, anthropic, openai]\n    \
+    fn a_provider_serves_the_endpoints_of_its_format_unless_named() {
+        let catalog = "providers:\n  \
+                       - {id: a, format: anthropic, base_url: \"http://127.0.0.1:1/v1\"}\n  \
+                       - {id: o, format: openai, base_url: \"http://127.0.0.1:1/v1\"}\n  \
+                       - id: both\n    format: anthropic\n    \
+                       endpoints: [chat_completions, messages, chat_completions]\n    \
                        base_url: http://127.0.0.1:1/v1\n\
                        models: []\n";
         let (data, diagnostics) = load_both(catalog, "tenants: []\n", Reading::WithPositions);
         assert!(diagnostics.is_empty(), "{diagnostics:?}");
-        let provider = &data.expect("the data loads").catalog.providers[0];
-        assert_eq!(provider.format, WireFormat::Anthropic);
+        let data = data.expect("the data loads");
+        let [anthropic, openai, both] = &data.catalog.providers[..] else {
+            panic!("three providers");
+        };
+        assert_eq!(anthropic.endpoints, [Endpoint::Messages]);
         assert_eq!(
-            provider.formats,
-            [WireFormat::Anthropic, WireFormat::OpenAi]
+            openai.endpoints,
+            [
+                Endpoint::ChatCompletions,
+                Endpoint::Completions,
+                Endpoint::Embeddings,
+                Endpoint::Responses
+            ]
         );
-        assert!(provider.accepts(WireFormat::OpenAi));
+        assert_eq!(both.format, WireFormat::Anthropic);
+        assert_eq!(
+            both.endpoints,
+            [Endpoint::ChatCompletions, Endpoint::Messages]
+        );
+        assert!(both.serves(Endpoint::ChatCompletions) && !both.serves(Endpoint::Responses));
+    }
+
+    #[test]
+    fn a_provider_serving_no_endpoint_is_refused() {
+        let catalog = "providers:\n  - id: a\n    format: openai\n    endpoints: []\n    \
+                       base_url: http://127.0.0.1:1/v1\nmodels: []\n";
+        let (_, diagnostics) = load_both(catalog, "tenants: []\n", Reading::WithPositions);
+        assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+        assert!(diagnostics[0].message.contains("at least one endpoint"));
     }
 
     #[test]

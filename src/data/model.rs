@@ -49,6 +49,77 @@ impl WireFormat {
     }
 }
 
+/// The client-facing endpoints the proxy serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+    Responses,
+    Messages,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 5] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Completions,
+        Endpoint::Embeddings,
+        Endpoint::Responses,
+        Endpoint::Messages,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat_completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The path after `/v1`.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Completions => "/completions",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Responses => "/responses",
+            Endpoint::Messages => "/messages",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        let rest = path.strip_prefix("/v1")?;
+        Endpoint::ALL.into_iter().find(|e| e.path() == rest)
+    }
+
+    pub fn wire(self) -> WireFormat {
+        match self {
+            Endpoint::Messages => WireFormat::Anthropic,
+            _ => WireFormat::OpenAi,
+        }
+    }
+
+    pub fn kind(self) -> ModelKind {
+        match self {
+            Endpoint::Completions => ModelKind::Completion,
+            Endpoint::Embeddings => ModelKind::Embedding,
+            _ => ModelKind::Chat,
+        }
+    }
+
+    /// Whether an answer here can come as a stream: embeddings never do,
+    /// whatever the body's `stream` says.
+    pub fn streams(self) -> bool {
+        self != Endpoint::Embeddings
+    }
+}
+
 /// What a model does, which decides the endpoints it fits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModelKind {
@@ -110,11 +181,12 @@ pub struct Provider {
     pub aliases: Vec<String>,
     /// The format of the provider's own API.
     pub format: WireFormat,
-    /// Every format its base URL accepts: `format` first, then the others
-    /// the catalog lists (Anthropic's API also serves OpenAI's chat
-    /// completions, for one). The proxy does not translate, so only these
-    /// formats' requests are understood there.
-    pub formats: Vec<WireFormat>,
+    /// The endpoints its base URL serves, in `Endpoint::ALL`'s order: by
+    /// default every endpoint of its format. A catalog may name fewer, or
+    /// some of the other format (Anthropic's API also serves OpenAI's chat
+    /// completions). The proxy does not translate, so a request is
+    /// understood only where its endpoint is served.
+    pub endpoints: Vec<Endpoint>,
     pub base_url: String,
     pub priority: f64,
     /// When the provider joined the catalog, as days since 1970-01-01.
@@ -126,8 +198,8 @@ pub struct Provider {
 }
 
 impl Provider {
-    pub fn accepts(&self, wire: WireFormat) -> bool {
-        self.formats.contains(&wire)
+    pub fn serves(&self, endpoint: Endpoint) -> bool {
+        self.endpoints.contains(&endpoint)
     }
 
     /// Whether a requested provider reference means this provider: its id,

@@ -572,8 +572,7 @@ pub struct RawProvider {
     #[serde(default)]
     pub aliases: Vec<Spanned<String>>,
     pub format: Spanned<String>,
-    #[serde(default)]
-    pub also_accepts: Vec<Spanned<String>>,
+    pub endpoints: Option<Spanned<Vec<Spanned<String>>>>,
     pub base_url: Spanned<String>,
     pub priority: Option<Spanned<Plain<f64>>>,
     pub listed: Option<Spanned<String>>,

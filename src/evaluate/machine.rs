@@ -1027,8 +1027,8 @@ impl<'a> Machine<'a> {
             Read::ProviderFormat => {
                 return from(&interned.provider_format, Some(candidate.provider));
             }
-            Read::ProviderFormats => {
-                return from(&interned.provider_formats, Some(candidate.provider));
+            Read::ProviderEndpoints => {
+                return from(&interned.provider_endpoints, Some(candidate.provider));
             }
             Read::ProviderPriority => provider().map_or(Value::Null, |p| Value::Number(p.priority)),
             Read::ProviderListed => provider()

@@ -462,7 +462,7 @@ fn read_is_fixed_by_key(read: &Read) -> bool {
         | Read::ProviderName
         | Read::ProviderAliases
         | Read::ProviderFormat
-        | Read::ProviderFormats
+        | Read::ProviderEndpoints
         | Read::ProviderPriority
         | Read::ProviderListed
         | Read::ProviderAttr(_)

@@ -21,6 +21,7 @@ mod merge;
 pub(crate) mod order;
 mod shape;
 
+pub use crate::data::Endpoint;
 pub use execution::{
     Action, AfterCommit, AttemptOutcome, Ending, NextCandidate, OutcomeClass, Reaction, Timeouts,
     default_type, headers_before_decision,
@@ -29,7 +30,6 @@ pub use machine::{OutcomeFacts, Progress};
 pub use order::Rng;
 
 use crate::compile::{ModelName, Snapshot};
-use crate::data::{ModelKind, WireFormat};
 use crate::language::ir::{BalanceSpec, StepKind, StrategySpec};
 use crate::source::Span;
 use crate::value::Value;
@@ -37,77 +37,6 @@ use health::{AskedHealth, CandidateHealth, HealthView};
 use machine::{Focus, Machine, Operand};
 use serde_json::Value as Json;
 use std::sync::Arc;
-
-/// The client-facing endpoints the proxy serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Embeddings,
-    Responses,
-    Messages,
-}
-
-impl Endpoint {
-    pub const ALL: [Endpoint; 5] = [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Embeddings,
-        Endpoint::Responses,
-        Endpoint::Messages,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "chat_completions",
-            Endpoint::Completions => "completions",
-            Endpoint::Embeddings => "embeddings",
-            Endpoint::Responses => "responses",
-            Endpoint::Messages => "messages",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Endpoint> {
-        Endpoint::ALL.into_iter().find(|e| e.name() == name)
-    }
-
-    /// The path after `/v1`.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/chat/completions",
-            Endpoint::Completions => "/completions",
-            Endpoint::Embeddings => "/embeddings",
-            Endpoint::Responses => "/responses",
-            Endpoint::Messages => "/messages",
-        }
-    }
-
-    pub fn from_path(path: &str) -> Option<Endpoint> {
-        let rest = path.strip_prefix("/v1")?;
-        Endpoint::ALL.into_iter().find(|e| e.path() == rest)
-    }
-
-    pub fn wire(self) -> WireFormat {
-        match self {
-            Endpoint::Messages => WireFormat::Anthropic,
-            _ => WireFormat::OpenAi,
-        }
-    }
-
-    pub fn kind(self) -> ModelKind {
-        match self {
-            Endpoint::Completions => ModelKind::Completion,
-            Endpoint::Embeddings => ModelKind::Embedding,
-            _ => ModelKind::Chat,
-        }
-    }
-
-    /// Whether an answer here can come as a stream: embeddings never do,
-    /// whatever the body's `stream` says.
-    pub fn streams(self) -> bool {
-        self != Endpoint::Embeddings
-    }
-}
 
 /// Who is asking: a tenant, one of its workspaces and, usually, a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

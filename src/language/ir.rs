@@ -167,7 +167,7 @@ pub enum Read {
     ProviderName,
     ProviderAliases,
     ProviderFormat,
-    ProviderFormats,
+    ProviderEndpoints,
     ProviderPriority,
     ProviderListed,
     ProviderAttr(usize),
@@ -219,7 +219,7 @@ impl Read {
                 | ProviderName
                 | ProviderAliases
                 | ProviderFormat
-                | ProviderFormats
+                | ProviderEndpoints
                 | ProviderPriority
                 | ProviderListed
                 | ProviderAttr(_)

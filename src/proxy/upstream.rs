@@ -204,8 +204,8 @@ impl Outgoing {
         };
         let mut headers = self.headers.clone();
         // The body goes on in the caller's format, so where the provider
-        // accepts that format its credential goes as that format expects.
-        let spoken = if provider.accepts(endpoint.wire()) {
+        // serves the endpoint its credential goes as that format expects.
+        let spoken = if provider.serves(endpoint) {
             endpoint.wire()
         } else {
             provider.format

@@ -405,8 +405,8 @@ impl RootTypes {
                     ("aliases", strings()),
                     ("format", Ty::Enum(builtins.wire.clone())),
                     (
-                        "formats",
-                        Ty::List(Box::new(Ty::Enum(builtins.wire.clone()))),
+                        "endpoints",
+                        Ty::List(Box::new(Ty::Enum(builtins.endpoint.clone()))),
                     ),
                     ("priority", Ty::Number),
                     ("listed", Ty::Date.optional()),

@@ -967,7 +967,12 @@ impl Checker<'_> {
             Some(rhs) => format!("`{op}` is not defined for {lhs} and {rhs}"),
             None => format!("`{op}` is not defined for {lhs}"),
         };
+        let is_list = |ty: &Ty| matches!(ty.required(), Ty::List(_));
+        let list_and_value = rhs.is_some_and(|rhs| is_list(lhs) != is_list(rhs));
         let help = match op {
+            "==" | "!=" if list_and_value => {
+                "to ask whether a list holds a value, write `VALUE in LIST` (or `not in`)"
+            }
             "==" | "!=" => {
                 "`==` and `!=` compare values of one type (an absent value with anything); see the type rules in docs/language.md"
             }
@@ -1432,7 +1437,7 @@ impl Checker<'_> {
                 "name" => read(Read::ProviderName),
                 "aliases" => read(Read::ProviderAliases),
                 "format" => read(Read::ProviderFormat),
-                "formats" => read(Read::ProviderFormats),
+                "endpoints" => read(Read::ProviderEndpoints),
                 "priority" => read(Read::ProviderPriority),
                 "listed" => read(Read::ProviderListed),
                 name => read(Read::ProviderAttr(
