@@ -198,6 +198,15 @@ fn assert_served(reply: &Reply, provider: &str) {
 
 /// An error of the policy whose `type` is its name (the seed's error table).
 fn policy_error(reply: &Reply, status: u16, name: &str) -> String {
+    // The errors a retry would only repeat, or repeat at more providers,
+    // tell the official SDKs not to retry; the others leave it to them.
+    let final_errors = [
+        "ticket_provider_policy_mismatch",
+        "provider_fallback_exhausted",
+        "provider_fallback_not_supported_for_e2ee",
+    ];
+    let advice = final_errors.contains(&name).then_some("false");
+    assert_eq!(reply.header("x-should-retry"), advice, "{name}");
     reply.openai_error(status, name, name)
 }
 

@@ -765,6 +765,8 @@ async fn e25_a_model_stays_on_its_provider_through_failures() {
         .await;
         let message = reply.openai_error(502, "provider_failed", "api_error");
         assert_eq!(message, PROVIDER_FAILED);
+        // Nine attempts were the retries: the SDKs are told not to add theirs.
+        assert_eq!(reply.header("x-should-retry"), Some("false"));
         assert_eq!(stack.providers_tried(), times("deepseek", 9));
     }
 

@@ -670,7 +670,7 @@ failover {
 
 const STOP_ERRORS: &str = r#"
   slow_down = 429, "slow down, please", retry_after 7s
-  overloaded = 503, "the provider is overloaded", type "overloaded_error"
+  overloaded = 503, "the provider is overloaded", type "overloaded_error", should_retry false
   upstream_failed = 502, "every provider failed"
 "#;
 
@@ -706,6 +706,11 @@ async fn a_stop_rule_answers_with_the_policy_error_in_the_openai_format() -> Tes
     assert_eq!(kind, "rate_limit_error", "the default type of a 429");
     assert_eq!(message, "slow down, please");
     assert_eq!(reply.header("retry-after"), Some("7"));
+    assert_eq!(
+        reply.header("x-should-retry"),
+        None,
+        "the error leaves it to the client"
+    );
 
     let reply = gateway.api.chat(&chat_body(false)).await;
     assert_eq!(reply.status, 503, "{}", reply.text);
@@ -719,6 +724,7 @@ async fn a_stop_rule_answers_with_the_policy_error_in_the_openai_format() -> Tes
         )
     );
     assert_eq!(reply.header("retry-after"), None, "the error declares none");
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
 
     // `stop`: `b` is never asked.
     assert_eq!(providers_seen(&sim.requests()), ["a", "a"]);
@@ -752,6 +758,7 @@ async fn a_stop_rule_answers_with_the_policy_error_in_the_anthropic_format() -> 
         )
     );
     assert_eq!(reply.header("retry-after"), None);
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
 
     assert_eq!(providers_seen(&sim.requests()), ["anth", "anth"]);
     gateway.stop().await;
@@ -786,6 +793,32 @@ async fn error_passthrough_returns_the_providers_own_status_and_body() -> TestRe
     );
 
     assert_eq!(providers_seen(&sim.requests()), ["a", "a", "anth"]);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_passthrough_keeps_the_providers_advice_on_retrying() -> TestResult {
+    let a = answering_provider(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 2\r\nretry-after-ms: 1500\r\nx-should-retry: false\r\n\
+         x-other: dropped\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        &[],
+        Then::Cut,
+    )
+    .await;
+    let gateway = hand_written_a_then_b(
+        &a,
+        "failover {\n  attempts 1\n  on 5xx => stop, error passthrough\n  on any => stop, error upstream_failed\n}\n",
+        SIMPLE_ERRORS,
+    )
+    .await;
+    let reply = gateway.api.chat(&json!({"model": "m"})).await;
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    assert_eq!(reply.header("retry-after"), Some("2"));
+    assert_eq!(reply.header("retry-after-ms"), Some("1500"));
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+    assert_eq!(reply.header("x-other"), None);
     gateway.stop().await;
     Ok(())
 }

@@ -38,6 +38,7 @@ eligibility {
 failover {
   attempts 2
   on stream_broken => stop, error upstream_failed
+  on 500 when model.id == "down-chat" => stop, error down
   on any => next, error upstream_failed
 }
 
@@ -49,6 +50,7 @@ errors {
   unknown_model = 404, "no model has this id", type "not_found_error"
   wrong_endpoint = 400, "this model is served on the other wire format"
   upstream_failed = 502, "every provider failed"
+  down = 503, "the model's only provider is down", should_retry false
 }
 "#;
 
@@ -79,6 +81,9 @@ models:
   - id: broken-chat
     kind: chat
     routes: [{provider: oa-main}]
+  - id: down-chat
+    kind: chat
+    routes: [{provider: oa-main}]
   - id: claude
     kind: chat
     routes: [{provider: an-main}, {provider: an-backup}]
@@ -94,6 +99,7 @@ providers:
     models:
       flaky-chat: {sequence: ["503"]}
       broken-chat: {sequence: ["cut_after=2"]}
+      down-chat: {sequence: ["500"], repeat: true}
   oa-backup: {}
   an-main:
     models:
@@ -137,6 +143,14 @@ async fn the_official_sdks_work_through_the_proxy() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stderr}");
     assert!(output.status.success(), "the SDK tests failed:\n{stderr}");
+    // `should_retry false` kept the SDK, allowed two retries, to its one call.
+    let down = stack
+        .sim
+        .requests()
+        .iter()
+        .filter(|request| request.model.as_deref() == Some("down-chat"))
+        .count();
+    assert_eq!(down, 1, "the SDK retried an error it was told not to");
     // Every client credential stayed behind: providers saw only their own.
     for request in stack.sim.requests() {
         let sent = request

@@ -555,6 +555,7 @@ fn as_json(
                 "message": refusal.error.message,
                 "type": refusal.error.error_type,
                 "retry_after": refusal.error.retry_after_secs,
+                "should_retry": refusal.error.should_retry,
             },
             "headers": refusal.headers.iter().map(|(n, v)| json!([n, v])).collect::<Vec<_>>(),
             "because": trace.refused,

@@ -394,11 +394,24 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                     refusal.error.status
                 ));
             }
+            // The error's own headers, as the proxy adds them.
+            let advice = [
+                (
+                    "retry-after",
+                    refusal.error.retry_after_secs.map(|secs| secs.to_string()),
+                ),
+                (
+                    "x-should-retry",
+                    refusal.error.should_retry.map(|retry| retry.to_string()),
+                ),
+            ];
+            let advice = advice
+                .iter()
+                .filter_map(|(name, value)| Some((name.to_string(), value.clone()?)));
+            let answered: Vec<(String, String)> =
+                refusal.headers.iter().cloned().chain(advice).collect();
             for (name, value) in &expect.headers {
-                let actual = refusal
-                    .headers
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(name));
+                let actual = answered.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
                 match (value, actual) {
                     (Some(value), Some((_, actual))) if actual == value => {}
                     (None, None) => {}

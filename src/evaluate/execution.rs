@@ -590,6 +590,7 @@ fn builtin_error(status: u16, code: &str, message: &str) -> ErrorResponse {
         message: message.to_string(),
         error_type: default_type(status).to_string(),
         retry_after_secs: None,
+        should_retry: None,
     }
 }
 
@@ -623,6 +624,10 @@ fn error_response(
         .as_ref()
         .and_then(|term| machine.eval(term, focus).as_duration())
         .map(|ms| ms.div_ceil(1000));
+    let should_retry = spec
+        .should_retry
+        .as_ref()
+        .and_then(|term| machine.eval(term, focus).as_bool());
     let error_type = spec
         .error_type
         .as_ref()
@@ -634,6 +639,7 @@ fn error_response(
         message,
         error_type,
         retry_after_secs,
+        should_retry,
     }
 }
 

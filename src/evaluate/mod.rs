@@ -296,6 +296,9 @@ pub struct ErrorResponse {
     pub message: String,
     pub error_type: String,
     pub retry_after_secs: Option<u64>,
+    /// Whether a client should send the request again, for the official
+    /// SDKs' `x-should-retry`; absent leaves it to their own rules.
+    pub should_retry: Option<bool>,
 }
 
 /// What the client gets instead of a plan.

@@ -598,6 +598,7 @@ pub struct ErrorDecl {
     pub status: Expr,
     pub message: Expr,
     pub retry_after: Option<Expr>,
+    pub should_retry: Option<Expr>,
     pub error_type: Option<Expr>,
 }
 

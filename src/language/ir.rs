@@ -279,6 +279,7 @@ pub struct ErrorSpec {
     pub status: Term,
     pub message: Term,
     pub retry_after: Option<Term>,
+    pub should_retry: Option<Term>,
     pub error_type: Option<Term>,
 }
 

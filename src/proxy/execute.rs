@@ -5,6 +5,7 @@
 //! the I/O and the waits they ask for.
 
 use super::body::{ChunkSender, ProxyBody, chunk_queue};
+use super::header_names;
 use super::respond;
 use super::upstream::{Outgoing, error_event_facts, outcome_facts};
 use super::wire::{self, EventKind, EventReader, FinishedChoices};
@@ -20,7 +21,7 @@ use crate::state::{CandidateKeys, Clock, Sample, ScopeKey, StateView, Ticket, Ti
 use crate::sync::lock;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use hyper::header::{self, HeaderValue};
+use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Response};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
@@ -98,9 +99,19 @@ impl Link {
 struct Passthrough {
     status: u16,
     content_type: Option<HeaderValue>,
-    retry_after: Option<HeaderValue>,
+    /// The provider's advice on retrying, which clients read: the official
+    /// SDKs prefer `retry-after-ms` to `Retry-After` and obey
+    /// `x-should-retry` before their own rules.
+    retry_advice: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
 }
+
+/// The headers that advise a client on retrying, in [`Passthrough`].
+const RETRY_ADVICE: [HeaderName; 3] = [
+    header::RETRY_AFTER,
+    header_names::RETRY_AFTER_MS,
+    header_names::SHOULD_RETRY,
+];
 
 enum Attempted {
     /// The answer reached the client.
@@ -452,6 +463,7 @@ impl Exchange {
             message: String::from("the gateway is shutting down; retry the request"),
             error_type: crate::evaluate::default_type(503).to_string(),
             retry_after_secs: None,
+            should_retry: None,
         };
         self.report.error = Some(error.code.clone());
         if link.is_open() {
@@ -780,11 +792,7 @@ impl Exchange {
                         .headers_mut()
                         .insert(header::CONTENT_TYPE, content_type);
                 }
-                if let Some(retry_after) = answer.retry_after {
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, retry_after);
-                }
+                response.headers_mut().extend(answer.retry_advice);
                 link.respond(respond::with_headers(response, &headers));
             }
             (Ending::Passthrough, answer) => {
@@ -812,6 +820,7 @@ impl Exchange {
                         str::to_string,
                     ),
                     retry_after_secs: facts.retry_after_ms.map(|ms| ms.div_ceil(1000)),
+                    should_retry: None,
                 };
                 self.fail(&error, &headers, link).await;
             }
@@ -1006,7 +1015,13 @@ impl Exchange {
                 passthrough: Some(Passthrough {
                     status,
                     content_type: headers.get(header::CONTENT_TYPE).cloned(),
-                    retry_after: headers.get(header::RETRY_AFTER).cloned(),
+                    retry_advice: RETRY_ADVICE
+                        .into_iter()
+                        .filter_map(|name| {
+                            let value = headers.get(&name)?.clone();
+                            Some((name, value))
+                        })
+                        .collect(),
                     body,
                 }),
             };

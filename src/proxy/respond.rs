@@ -94,6 +94,12 @@ pub fn error(
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
+    if let Some(should_retry) = error.should_retry {
+        response.headers_mut().insert(
+            header_names::SHOULD_RETRY,
+            HeaderValue::from_static(if should_retry { "true" } else { "false" }),
+        );
+    }
     with_headers(response, headers)
 }
 
@@ -111,6 +117,7 @@ pub fn builtin_error(
         message: message.to_string(),
         error_type: crate::evaluate::default_type(status).to_string(),
         retry_after_secs: None,
+        should_retry: None,
     };
     self::error(wire, request_id, &error, &[])
 }

@@ -1086,6 +1086,7 @@ mod tests {
             message: String::from("slow down"),
             error_type: String::from("rate_limit_error"),
             retry_after_secs: Some(3),
+            should_retry: None,
         };
         assert_eq!(
             error_body(WireFormat::OpenAi, &error)["error"]["code"],

@@ -66,6 +66,15 @@ class OpenAI(unittest.TestCase):
             openai_client().chat.completions.create(model="no-such-model", messages=MESSAGES)
         self.assertEqual(caught.exception.code, "unknown_model")
 
+    def test_an_error_marked_final_is_not_retried(self):
+        # The SDK would retry a 503 twice by itself; tests/sdk.rs counts
+        # the provider's requests for this model afterwards.
+        client = openai.OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=2)
+        with self.assertRaises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model="down-chat", messages=MESSAGES)
+        self.assertEqual(caught.exception.code, "down")
+        self.assertEqual(caught.exception.response.headers["x-should-retry"], "false")
+
     def test_unknown_key(self):
         with self.assertRaises(openai.AuthenticationError):
             openai_client("sk-wrong").chat.completions.create(model="chat", messages=MESSAGES)

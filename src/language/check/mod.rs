@@ -707,6 +707,11 @@ impl<'a> Checker<'a> {
                 usage.merge(u);
                 term
             });
+            let should_retry = decl.should_retry.as_ref().map(|should_retry| {
+                let (u, term) = self.expect(should_retry, &Ty::Bool.optional(), &place, &scope);
+                usage.merge(u);
+                term
+            });
             let error_type = decl.error_type.as_ref().map(|error_type| {
                 let (u, term) = self.expect(error_type, &Ty::String.optional(), &place, &scope);
                 usage.merge(u);
@@ -748,6 +753,7 @@ impl<'a> Checker<'a> {
                 status,
                 message,
                 retry_after,
+                should_retry,
                 error_type,
             });
         }

@@ -1075,19 +1075,21 @@ impl Lowerer {
             status,
             message,
             retry_after: None,
+            should_retry: None,
             error_type: None,
         };
-        let mut retry_after_given: Option<Span> = None;
-        let mut type_given: Option<Span> = None;
+        let mut given_at: [Option<Span>; 3] = [None; 3];
         for option in iter {
             let option_span = self.span(&option);
             let mut inner = option.into_inner();
             let Some(which) = inner.next() else { continue };
-            let is_retry_after = which.as_rule() == Rule::kw_retry_after;
-            let (given, clause) = if is_retry_after {
-                (&mut retry_after_given, "retry_after")
-            } else {
-                (&mut type_given, "type")
+            let (slot, clause) = match which.as_rule() {
+                Rule::kw_retry_after => (0, "retry_after"),
+                Rule::kw_should_retry => (1, "should_retry"),
+                _ => (2, "type"),
+            };
+            let Some(given) = given_at.get_mut(slot) else {
+                continue;
             };
             if let Some(first) = *given {
                 self.error_option_twice(&decl, clause, option_span, first);
@@ -1097,17 +1099,17 @@ impl Lowerer {
             let Some(value) = inner.next().and_then(|p| self.expr(p)) else {
                 continue;
             };
-            if is_retry_after {
-                decl.retry_after = Some(value);
-            } else {
-                decl.error_type = Some(value);
-            }
+            *match slot {
+                0 => &mut decl.retry_after,
+                1 => &mut decl.should_retry,
+                _ => &mut decl.error_type,
+            } = Some(value);
         }
         Some(decl)
     }
 
-    /// An error's `retry_after` or `type` given again: the second would
-    /// silently replace the first.
+    /// An error's `retry_after`, `should_retry` or `type` given again: the
+    /// second would silently replace the first.
     fn error_option_twice(&self, decl: &ErrorDecl, clause: &str, again: Span, first: Span) {
         self.given_twice(
             format!("error `{}` has `{clause}` twice", decl.name.name),

@@ -340,7 +340,8 @@ fn errors_headers_and_listing() {
         r#"errors {
           wrong_endpoint = 400, "the model belongs to another endpoint"
           overloaded = if request.wire == "anthropic" then 529 else 503, "overloaded",
-            retry_after coalesce(upstream.retry_after, 10s), type "overloaded_error"
+            retry_after coalesce(upstream.retry_after, 10s), type "overloaded_error",
+            should_retry false
         }
         headers {
           "x-provider" = served.provider.name
@@ -355,6 +356,8 @@ fn errors_headers_and_listing() {
     assert_eq!(errors.errors.len(), 2);
     assert!(errors.errors[1].retry_after.is_some());
     assert!(errors.errors[1].error_type.is_some());
+    assert!(errors.errors[1].should_retry.is_some());
+    assert!(errors.errors[0].should_retry.is_none());
     let Item::Headers(headers) = &file.items[1] else {
         panic!()
     };
