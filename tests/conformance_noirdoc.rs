@@ -1768,9 +1768,10 @@ async fn n31_n38_a_stream_broken_after_its_first_event_never_switches() {
     let (name, data) = events.last().unwrap();
     assert_eq!(name.as_deref(), Some("error"), "{events:?}");
     let error: Value = serde_json::from_str(data).unwrap();
+    let request_id = reply.header("x-request-id").unwrap_or_default();
     assert_eq!(
         error,
-        json!({"type": "error", "error": {"type": "api_error", "message": PROVIDER_ERROR, "code": "provider_error"}})
+        json!({"type": "error", "error": {"type": "api_error", "message": PROVIDER_ERROR, "code": "provider_error"}, "request_id": request_id})
     );
     assert!(!reply.text.contains("message_stop"));
     assert_eq!(asked_since(&stack, before), names(&["anthropic"]));

@@ -1866,10 +1866,12 @@ async fn anthropic_streams_end_with_message_stop_or_an_error_event() -> TestResu
     let events = sse_events(&reply.text);
     let last = events.last().copied().unwrap_or_default();
     assert_eq!(event_name(last), Some("error"), "{}", reply.text);
+    // It names its request, as an Anthropic error object does.
+    let request_id = reply.header("x-request-id").unwrap_or_default();
     assert_eq!(
         event_json(last),
         Some(
-            json!({"type": "error", "error": {"type": "api_error", "message": "the provider's stream broke", "code": "broken_stream"}})
+            json!({"type": "error", "error": {"type": "api_error", "message": "the provider's stream broke", "code": "broken_stream"}, "request_id": request_id})
         )
     );
     assert!(!reply.text.contains("message_stop"), "{}", reply.text);

@@ -467,7 +467,8 @@ impl Exchange {
         };
         self.report.error = Some(error.code.clone());
         if link.is_open() {
-            link.send(wire::error_event(self.endpoint, &error)).await;
+            link.send(wire::error_event(self.endpoint, &self.request_id, &error))
+                .await;
             *link = Link::Closed;
         } else {
             // The policy's headers, as on any error: for the candidate
@@ -853,7 +854,8 @@ impl Exchange {
             self.report.outcome = "error";
         }
         if link.is_open() {
-            link.send(wire::error_event(self.endpoint, error)).await;
+            link.send(wire::error_event(self.endpoint, &self.request_id, error))
+                .await;
             *link = Link::Closed;
         } else {
             link.respond(respond::error(

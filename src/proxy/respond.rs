@@ -81,13 +81,7 @@ pub fn error(
     error: &ErrorResponse,
     headers: &[(String, String)],
 ) -> Response<ProxyBody> {
-    let mut body = wire::error_body(wire, error);
-    // Anthropic's error objects name their request, as its API's do.
-    if wire == WireFormat::Anthropic
-        && let Some(object) = body.as_object_mut()
-    {
-        object.insert(String::from("request_id"), Json::from(request_id));
-    }
+    let body = wire::error_body(wire, request_id, error);
     let mut response = json(error.status, request_id, &body);
     if let Some(seconds) = error.retry_after_secs {
         response

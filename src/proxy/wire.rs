@@ -9,8 +9,9 @@ use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Value as Json, json};
 
-/// The error object a client of this wire format expects.
-pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
+/// The error object a client of this wire format expects. Anthropic's
+/// names its request, as its API's do.
+pub fn error_body(wire: WireFormat, request_id: &str, error: &ErrorResponse) -> Json {
     match wire {
         WireFormat::OpenAi => json!({
             "error": {
@@ -29,7 +30,8 @@ pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
                 "type": error.error_type,
                 "message": error.message,
                 "code": error.code,
-            }
+            },
+            "request_id": request_id,
         }),
     }
 }
@@ -39,8 +41,8 @@ pub fn error_body(wire: WireFormat, error: &ErrorResponse) -> Json {
 /// Responses API's streams are typed events: its error event names itself
 /// (`event: error`, `"type": "error"` with `code` and `message`), and it
 /// also carries the error object, which the official SDKs raise on.
-pub fn error_event(endpoint: Endpoint, error: &ErrorResponse) -> Bytes {
-    let body = error_body(endpoint.wire(), error);
+pub fn error_event(endpoint: Endpoint, request_id: &str, error: &ErrorResponse) -> Bytes {
+    let body = error_body(endpoint.wire(), request_id, error);
     Bytes::from(match (endpoint, endpoint.wire()) {
         (Endpoint::Responses, _) => {
             let typed = json!({
@@ -1089,15 +1091,21 @@ mod tests {
             should_retry: None,
         };
         assert_eq!(
-            error_body(WireFormat::OpenAi, &error)["error"]["code"],
+            error_body(WireFormat::OpenAi, "req-1", &error)["error"]["code"],
             "resource_exhausted"
         );
-        let anthropic = error_body(WireFormat::Anthropic, &error);
+        let anthropic = error_body(WireFormat::Anthropic, "req-1", &error);
         assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["request_id"], "req-1");
         assert_eq!(anthropic["error"]["type"], "rate_limit_error");
-        assert!(error_event(Endpoint::Messages, &error).starts_with(b"event: error\ndata: {"));
-        assert!(error_event(Endpoint::ChatCompletions, &error).starts_with(b"data: {\"error\""));
-        let responses = error_event(Endpoint::Responses, &error);
+        assert!(
+            error_event(Endpoint::Messages, "req-1", &error).starts_with(b"event: error\ndata: {")
+        );
+        assert!(
+            error_event(Endpoint::ChatCompletions, "req-1", &error)
+                .starts_with(b"data: {\"error\"")
+        );
+        let responses = error_event(Endpoint::Responses, "req-1", &error);
         let text = std::str::from_utf8(&responses).unwrap_or_default();
         let data = text
             .strip_prefix("event: error\ndata: ")

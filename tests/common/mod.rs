@@ -488,7 +488,18 @@ impl Reply {
             self.text
         );
         let (name, data) = last;
-        (name.clone(), serde_json::from_str(data).unwrap())
+        let data: Value = serde_json::from_str(data).unwrap();
+        if data["type"] == "error" && data.get("code").is_none() {
+            // Anthropic's error event names its request, as its error
+            // object does (a Responses error event has its own `code`).
+            assert_eq!(
+                data["request_id"].as_str(),
+                self.header("x-request-id"),
+                "{}",
+                self.text
+            );
+        }
+        (name.clone(), data)
     }
 
     /// The OpenAI error object: status, `code` and `type`; returns the
