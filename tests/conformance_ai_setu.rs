@@ -604,8 +604,11 @@ async fn providers_without_a_usable_credential_are_dropped() {
     stack.sim.clear();
     let reply = stack.chat(INITECH, chat_body(CLAUDE)).await;
     reply.openai_error(503, "no_provider_available", "api_error");
+    // Configuration, not a passing failure: SDKs are told not to retry.
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
     let reply = stack.messages(INITECH, messages_body(CLAUDE)).await;
     reply.anthropic_error(503, "api_error");
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
     reconfigure(&stack, "catalog.yaml", &[], &["AISETU_OPENAI_KEY"]);
     // initech's azure binding does not count for globex.
     let reply = stack.chat(GLOBEX, chat_body(GPT)).await;

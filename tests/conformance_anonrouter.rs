@@ -586,11 +586,13 @@ async fn a9_a19_a29_a_pin_is_only_that_provider_without_fallback() {
             json!({"model": "deepseek-v3.2", "temperature": 0.2, "messages": [{"role": "user", "content": "Hi"}]}),
             "{provider}"
         );
-        // venice fails: no other provider is tried.
+        // venice fails: no other provider is tried. An SDK's own retry
+        // would go to venice again, so it is left to the SDK.
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, provider.clone())).await;
         reply.openai_error(500, "provider_error", "api_error");
         assert_eq!(tried, names(&["venice"]), "{provider}");
         assert_eq!(reply.header(ATTEMPTS), Some("1"));
+        assert_eq!(reply.header("x-should-retry"), None, "{provider}");
     }
 
     // The same through /v1/messages, streamed.
@@ -712,6 +714,9 @@ async fn a13_a94_allow_fallbacks_false_makes_a_single_attempt() {
     reply.openai_error(503, "provider_error", "api_error");
     assert_eq!(tried, names(&["tinfoil"]));
     assert_eq!(reply.header(ATTEMPTS), Some("1"));
+    // An SDK's own retry would make a new plan, tinfoil penalized and last,
+    // and reach the provider fallback was turned off for.
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
     stack.stop().await;
 }
 
@@ -2354,6 +2359,7 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
     )
     .await;
     reply.openai_error(502, "provider_unreachable", "api_error");
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
     stack.stop().await;
 }
 

@@ -797,6 +797,8 @@ async fn e18_e26_a_provider_not_configured_fails_the_call_rather_than_send_it_el
             let reply = call(&stack, Api::Chat, Api::Chat.body_as(model, stream)).await;
             let message = reply.openai_error(502, "provider_not_configured", "api_error");
             assert_eq!(message, NOT_CONFIGURED, "{model}");
+            // Fatal: the official SDKs are told not to send it again.
+            assert_eq!(reply.header("x-should-retry"), Some("false"), "{model}");
         }
     }
     assert_nothing_sent(&stack);

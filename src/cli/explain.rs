@@ -448,6 +448,9 @@ fn human(
                 let (number, lines) = statement_lines(sources, span);
                 line(format!("       by line {number}: {}", lines.join(" ")));
             }
+            for (name, value) in error.advice_headers() {
+                line(format!("       {name}: {value}"));
+            }
             for (name, value) in &refusal.headers {
                 line(format!("       {name}: {value}"));
             }

@@ -395,19 +395,10 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 ));
             }
             // The error's own headers, as the proxy adds them.
-            let advice = [
-                (
-                    "retry-after",
-                    refusal.error.retry_after_secs.map(|secs| secs.to_string()),
-                ),
-                (
-                    "x-should-retry",
-                    refusal.error.should_retry.map(|retry| retry.to_string()),
-                ),
-            ];
+            let advice = refusal.error.advice_headers();
             let advice = advice
-                .iter()
-                .filter_map(|(name, value)| Some((name.to_string(), value.clone()?)));
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value));
             let answered: Vec<(String, String)> =
                 refusal.headers.iter().cloned().chain(advice).collect();
             for (name, value) in &expect.headers {

@@ -301,6 +301,20 @@ pub struct ErrorResponse {
     pub should_retry: Option<bool>,
 }
 
+impl ErrorResponse {
+    /// The headers the error itself adds to its answer: `retry-after` in
+    /// whole seconds and `x-should-retry`, when it gives them.
+    pub fn advice_headers(&self) -> Vec<(&'static str, String)> {
+        let retry_after = self
+            .retry_after_secs
+            .map(|secs| ("retry-after", secs.to_string()));
+        let should_retry = self
+            .should_retry
+            .map(|retry| ("x-should-retry", retry.to_string()));
+        retry_after.into_iter().chain(should_retry).collect()
+    }
+}
+
 /// What the client gets instead of a plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {

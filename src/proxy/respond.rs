@@ -83,16 +83,12 @@ pub fn error(
 ) -> Response<ProxyBody> {
     let body = wire::error_body(wire, request_id, error);
     let mut response = json(error.status, request_id, &body);
-    if let Some(seconds) = error.retry_after_secs {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    if let Some(should_retry) = error.should_retry {
-        response.headers_mut().insert(
-            header_names::SHOULD_RETRY,
-            HeaderValue::from_static(if should_retry { "true" } else { "false" }),
-        );
+    for (name, value) in error.advice_headers() {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response
+                .headers_mut()
+                .insert(HeaderName::from_static(name), value);
+        }
     }
     with_headers(response, headers)
 }
