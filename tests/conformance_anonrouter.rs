@@ -595,9 +595,9 @@ async fn a9_a19_a29_a_pin_is_only_that_provider_without_fallback() {
         assert_eq!(reply.header("x-should-retry"), None, "{provider}");
     }
 
-    // The same through /v1/messages, streamed.
+    // Streamed.
     replay(&stack, &scenario(HEALTHY));
-    let (reply, tried) = messages(&stack, LUMEN, streamed(message(DEEPSEEK, pin))).await;
+    let (reply, tried) = chat(&stack, LUMEN, streamed(routed(DEEPSEEK, pin))).await;
     assert_served(&reply, "venice");
     assert_eq!(tried, names(&["venice"]));
     assert!(stack.sim.requests()[0].body.get("provider").is_none());
@@ -907,10 +907,10 @@ async fn a17_require_parameters_keeps_routes_supporting_every_parameter() {
     assert_eq!(tried, names(&["deepinfra", "tinfoil", "venice"]));
     forget_failures(&clock);
 
-    // Anthropic's `thinking` asks for reasoning too.
-    let mut thinking = message(DEEPSEEK, json!({"require_parameters": true}));
+    // A `thinking` field (Anthropic's name for it) asks for reasoning too.
+    let mut thinking = routed(DEEPSEEK, json!({"require_parameters": true}));
     thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
-    let (_, tried) = messages(&stack, RESEARCH, thinking).await;
+    let (_, tried) = chat(&stack, RESEARCH, thinking).await;
     assert_eq!(tried, names(&["tinfoil"]));
 
     // glm's only route lists no tools.
@@ -1271,15 +1271,6 @@ async fn a34_e2ee_routes_serve_only_e2ee_requests() {
         assert_eq!(tried, names(&["phala"]));
         assert_eq!(stack.sim.requests().last().unwrap().header(E2EE), None);
     }
-    let reply = stack
-        .post(
-            "/v1/messages",
-            Some(LUMEN),
-            &[("anthropic-version", "2023-06-01"), (E2EE, "true")],
-            &message(DEEPSEEK, Value::Null),
-        )
-        .await;
-    assert_served(&reply, "phala");
 
     // An E2EE request for a model without an E2EE route, or restricted
     // to plaintext providers.
@@ -1728,19 +1719,6 @@ async fn a53_a_stream_fails_over_until_its_first_event() {
             "{step}"
         );
         forget_failures(&clock);
-
-        stack.sim.clear();
-        let reply = stack
-            .messages(RESEARCH, streamed(message(DEEPSEEK, Value::Null)))
-            .await;
-        assert_served(&reply, "near-ai-us");
-        assert!(reply.text.contains("message_stop"), "{step}");
-        assert_eq!(
-            stack.providers_tried(),
-            names(&["tinfoil", "near-ai-us"]),
-            "{step}"
-        );
-        forget_failures(&clock);
     }
 
     // The first event is late: the proxy gives up after the first-token
@@ -1799,21 +1777,6 @@ async fn a88_after_output_started_a_failure_is_reported_not_retried() {
         assert_served(&reply, "near-ai-us");
         forget_failures(&clock);
     }
-
-    replay(&stack, &scenario(&[("tinfoil", &["cut_after=1"])]));
-    let reply = stack
-        .messages(RESEARCH, streamed(message(DEEPSEEK, Value::Null)))
-        .await;
-    assert_eq!(reply.status, 200);
-    let events = reply.events();
-    let (name, data) = events.last().unwrap();
-    assert_eq!(name.as_deref(), Some("error"), "{events:?}");
-    let error: Value = serde_json::from_str(data).unwrap();
-    assert_eq!(error["type"], "error");
-    assert_eq!(error["error"]["type"], "api_error");
-    assert!(!reply.text.contains("message_stop"));
-    assert_eq!(stack.providers_tried(), names(&["tinfoil"]));
-    forget_failures(&clock);
 
     // A stall past the idle timeout (on the clock) ends it the same way.
     // The clock moves once the stream is committed (its headers go out with
@@ -2109,15 +2072,6 @@ async fn a62_a67_a69_a93_a_400_stops_with_a_sanitized_400() {
         assert!(!reply.text.contains("invalid_parameter"), "{}", reply.text);
         assert_eq!(reply.header(PROVIDER), Some("tinfoil"));
     }
-
-    replay(&stack, &scenario(&[("tinfoil", &[secret])]));
-    let (reply, tried) = messages(&stack, RESEARCH, message(DEEPSEEK, Value::Null)).await;
-    assert_eq!(
-        reply.anthropic_error(400, "invalid_request_error"),
-        "the provider could not serve this request"
-    );
-    assert!(!reply.text.contains("internals"));
-    assert_eq!(tried, names(&["tinfoil"]));
     stack.stop().await;
 }
 
@@ -2140,10 +2094,6 @@ async fn a68_a_400_after_a_fallback_is_503_provider_fallback_exhausted() {
     );
     assert_eq!(tried, names(&["tinfoil", "near-ai-us"]));
     assert_eq!(reply.header(ATTEMPTS), Some("2"));
-    forget_failures(&clock);
-
-    let (reply, _) = messages(&stack, RESEARCH, message_body_with(Value::Null)).await;
-    reply.anthropic_error(503, "provider_fallback_exhausted");
     stack.stop().await;
 }
 
@@ -2190,15 +2140,6 @@ async fn a64_a65_a69_a70_a93_refusals_and_context_errors_stop_without_penalty() 
             assert_eq!(reply.json["error"]["code"], "provider_error", "{step}");
         }
     }
-    // Through /v1/messages the provider answers in Anthropic's format.
-    replay(
-        &stack,
-        &scenario(&[("tinfoil", &["500 code=context_length_exceeded"])]),
-    );
-    let (reply, tried) = messages(&stack, RESEARCH, message_body_with(Value::Null)).await;
-    reply.anthropic_error(500, "api_error");
-    assert_eq!(tried, names(&["tinfoil"]));
-
     // After a fallback: 503 provider_fallback_exhausted, no third attempt.
     replay(
         &stack,
@@ -2241,22 +2182,6 @@ async fn a65_an_output_limit_error_inside_a_stream_stops_without_penalty() {
         let (_, error) = reply.broken_stream();
         assert_eq!(error["error"]["code"], "provider_error", "{code}");
     }
-
-    // Anthropic's format names the error by its `type`.
-    replay(
-        &stack,
-        &scenario(&[("tinfoil", &["error_after=2 code=max_tokens_exceeded"])]),
-    );
-    let reply = stack
-        .messages(RESEARCH, streamed(message(DEEPSEEK, Value::Null)))
-        .await;
-    let (name, error) = reply.broken_stream();
-    assert_eq!(name.as_deref(), Some("error"), "{}", reply.text);
-    assert_eq!(error["type"], "error");
-    assert_eq!(stack.providers_tried(), names(&["tinfoil"]));
-    replay(&stack, &scenario(HEALTHY));
-    let (next, _) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
-    assert_served(&next, "tinfoil");
     stack.stop().await;
 }
 
@@ -2276,8 +2201,6 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
         let (reply, tried) = chat(&stack, key, body(DEEPSEEK)).await;
         policy_error(&reply, 503, "provider_fallback_exhausted");
         assert_eq!(tried, names(expected));
-        let (reply, _) = messages(&stack, key, message_body_with(Value::Null)).await;
-        reply.anthropic_error(503, "provider_fallback_exhausted");
         forget_failures(&clock);
     }
     // Failures without an answer, after a fallback.
@@ -2335,8 +2258,6 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
         reply.openai_error(status, code, error_type);
         assert!(!reply.text.contains("venice quota"), "{}", reply.text);
         assert_eq!(tried, names(&["venice"]));
-        let (reply, _) = messages(&stack, LUMEN, message_body_with(json!("venice"))).await;
-        reply.anthropic_error(status, error_type);
         forget_failures(&clock);
     }
     // The only TEE route left after tinfoil: one provider tried.
@@ -3009,17 +2930,6 @@ async fn a89_a127_an_e2ee_provider_failing_is_503_without_fallback() {
     .await;
     policy_error(&reply, 503, "provider_fallback_not_supported_for_e2ee");
     assert_eq!(stack.providers_tried(), names(&["phala"]));
-    forget_failures(&clock);
-    replay(&stack, &scenario(&[("phala", &["502"])]));
-    let reply = stack
-        .post(
-            "/v1/messages",
-            Some(LUMEN),
-            &[("anthropic-version", "2023-06-01"), (E2EE, "true")],
-            &message(DEEPSEEK, Value::Null),
-        )
-        .await;
-    reply.anthropic_error(503, "provider_fallback_not_supported_for_e2ee");
     stack.stop().await;
 }
 
@@ -3421,7 +3331,7 @@ async fn a113_to_a117_responses_report_the_route_that_served() {
         headers(&reply),
         expect(["tinfoil", "exact", "1", "false", "tee"])
     );
-    let (reply, _) = messages(&stack, LUMEN, message(QWEN, json!({"sort": "price"}))).await;
+    let (reply, _) = chat(&stack, LUMEN, routed(QWEN, json!({"sort": "price"}))).await;
     assert_served(&reply, "deepinfra");
     assert_eq!(
         headers(&reply),
@@ -3442,7 +3352,7 @@ async fn a113_to_a117_responses_report_the_route_that_served() {
         headers(&reply),
         expect(["venice", "auto", "1", "false", "private"])
     );
-    let (reply, _) = messages(&stack, LUMEN, streamed(message(AUTO, Value::Null))).await;
+    let (reply, _) = chat(&stack, LUMEN, streamed(body(AUTO))).await;
     assert_served(&reply, "tinfoil");
     assert_eq!(
         headers(&reply),
@@ -3470,8 +3380,9 @@ async fn a113_to_a117_responses_report_the_route_that_served() {
 // Errors
 
 /// [A121] [A122] [A123] [A124] [A130] the error table: each error with its
-/// status and its name as `type` (and code), in the caller's wire format,
-/// refused before any provider sees the request
+/// status and its name as `type` (and code), refused before any provider
+/// sees the request; through /v1/messages, which no route serves, 400
+/// no_provider_route in Anthropic's format
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
     let clock = Arc::new(ManualClock::default());
@@ -3560,6 +3471,8 @@ async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
         assert_eq!(policy_error(&reply, status, name), message, "{request}");
         assert!(tried.is_empty());
 
+        // Anthropic's /v1/messages, which no route serves, is refused for
+        // that first, in Anthropic's format, before any provider sees it.
         let mut anthropic = request.clone();
         anthropic["max_tokens"] = json!(32);
         let mut with_version = vec![("anthropic-version", "2023-06-01")];
@@ -3567,8 +3480,12 @@ async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
         let reply = stack
             .post("/v1/messages", Some(key), &with_version, &anthropic)
             .await;
-        assert_eq!(reply.anthropic_error(status, name), message, "{request}");
-        assert_eq!(reply.json["error"]["code"], name);
+        assert_eq!(
+            reply.anthropic_error(400, "no_provider_route"),
+            "no eligible provider route is available for the model under your policy",
+            "{request}"
+        );
+        assert_eq!(reply.json["error"]["code"], "no_provider_route");
     }
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;
