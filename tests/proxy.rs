@@ -3280,6 +3280,40 @@ async fn models_lists_what_the_key_may_call() -> TestResult {
     assert_eq!(ids(&anthropic), ["m"]);
     assert_eq!(anthropic.json["has_more"], false);
 
+    // Anthropic's list comes a page at a time, as its API's does.
+    let anthropic_page = |query: &'static str| {
+        Reply::of(
+            client
+                .get(format!("{models_url}?{query}"))
+                .header("x-api-key", KEY)
+                .header("anthropic-version", "2023-06-01"),
+        )
+    };
+    let first = anthropic_page("limit=1").await;
+    assert_eq!(ids(&first), ["m"]);
+    assert_eq!(first.json["has_more"], true);
+    assert_eq!(
+        (&first.json["first_id"], &first.json["last_id"]),
+        (&json!("m"), &json!("m"))
+    );
+    let next = anthropic_page("limit=1&after_id=m").await;
+    assert_eq!(ids(&next), ["claude"]);
+    assert_eq!(next.json["has_more"], false);
+    let back = anthropic_page("before_id=claude").await;
+    assert_eq!(ids(&back), ["m"]);
+    assert_eq!(back.json["has_more"], false);
+    for query in ["limit=0", "after_id=nope", "after_id=m&before_id=claude"] {
+        let refused = anthropic_page(query).await;
+        assert_eq!(refused.status, 400, "{query}: {}", refused.text);
+        assert_eq!(
+            refused.json["error"]["type"], "invalid_request_error",
+            "{query}"
+        );
+    }
+    // OpenAI's list is whole, whatever the query.
+    let whole = Reply::of(client.get(format!("{models_url}?limit=1")).bearer_auth(KEY)).await;
+    assert_eq!(ids(&whole), ["m", "claude"]);
+
     let anonymous = Reply::of(client.get(&models_url)).await;
     assert_eq!(anonymous.status, 401, "{}", anonymous.text);
 

@@ -647,7 +647,8 @@ async fn handle(
                         snapshot: &snapshot,
                         live_limits: None,
                     };
-                    model_listing(&snapshot, caller, wire, &health, &request_id, path)
+                    let query = request.uri().query();
+                    model_listing(&snapshot, caller, wire, &health, &request_id, path, query)
                 }
                 Err(refusal) => unauthorized(wire, &request_id, refusal),
             };
@@ -704,10 +705,26 @@ fn model_listing(
     health: &StateView<'_>,
     request_id: &str,
     path: &str,
+    query: Option<&str>,
 ) -> Response<ProxyBody> {
     let Some(escaped) = path.strip_prefix(MODEL_PATH) else {
-        let listing = models::list(snapshot, caller, wire, health);
-        return respond::json(200, request_id, &listing);
+        let parameters = query
+            .unwrap_or_default()
+            .split('&')
+            .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+            .map(|(name, value)| (name, percent_decoded(value).unwrap_or_default()));
+        // Only Anthropic's list comes in pages.
+        let page = match wire {
+            WireFormat::Anthropic => models::Page::from_query(parameters),
+            WireFormat::OpenAi => Ok(models::Page::default()),
+        };
+        let listing = page.and_then(|page| models::list(snapshot, caller, wire, health, &page));
+        return match listing {
+            Ok(listing) => respond::json(200, request_id, &listing),
+            Err(problem) => {
+                respond::builtin_error(wire, request_id, 400, "invalid_request", &problem)
+            }
+        };
     };
     let id = percent_decoded(escaped).unwrap_or_default();
     match models::one(snapshot, caller, wire, health, &id) {

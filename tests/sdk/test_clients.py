@@ -106,6 +106,14 @@ class Anthropic(unittest.TestCase):
 
     def test_models(self):
         self.assertEqual(anthropic_client().models.retrieve("claude").id, "claude")
+        # Page by page, as the SDK follows `has_more` and `last_id`.
+        whole = [model.id for model in anthropic_client().models.list()]
+        paged = [model.id for model in anthropic_client().models.list(limit=2)]
+        self.assertEqual(paged, whole)
+        self.assertGreater(len(whole), 2)
+        first = anthropic_client().models.list(limit=2)
+        self.assertEqual(len(first.data), 2)
+        self.assertTrue(first.has_more)
 
     def test_streamed_call(self):
         with anthropic_client().messages.stream(
