@@ -2140,6 +2140,17 @@ async fn a64_a65_a69_a70_a93_refusals_and_context_errors_stop_without_penalty() 
             assert_eq!(reply.json["error"]["code"], "provider_error", "{step}");
         }
     }
+    // Pinned, a retry would go to tinfoil again, for the same refusal: the
+    // SDKs are told not to.
+    replay(
+        &stack,
+        &scenario(&[("tinfoil", &["500 code=context_length_exceeded"])]),
+    );
+    let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, json!("tinfoil"))).await;
+    reply.openai_error(500, "provider_error", "api_error");
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+    assert_eq!(tried, names(&["tinfoil"]));
+
     // After a fallback: 503 provider_fallback_exhausted, no third attempt.
     replay(
         &stack,
@@ -2270,6 +2281,9 @@ async fn a126_a128_exhausted_after_a_fallback_else_the_providers_own_error() {
     .await;
     reply.openai_error(500, "provider_error", "api_error");
     assert_eq!(tried, names(&["tinfoil"]));
+    // An SDK's own retry would be a new plan with tinfoil penalized and
+    // last: a weaker tier first. It is told not to.
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
     // A single attempt that timed out.
     replay(&stack, &all("no_answer"));
     let reply = advance_until(
@@ -3486,6 +3500,26 @@ async fn a121_to_a124_a130_routing_errors_carry_their_status_and_type() {
             "{request}"
         );
         assert_eq!(reply.json["error"]["code"], "no_provider_route");
+    }
+    // The providers serve chat completions alone: other endpoints are
+    // refused the same way, before any provider sees the input.
+    for (path, request) in [
+        (
+            "/v1/embeddings",
+            json!({"model": GLM, "input": "secret text", "provider": "venice"}),
+        ),
+        ("/v1/responses", json!({"model": DEEPSEEK, "input": "Hi"})),
+        (
+            "/v1/completions",
+            json!({"model": DEEPSEEK, "prompt": "Hi"}),
+        ),
+    ] {
+        let reply = stack.post(path, Some(LUMEN), &[], &request).await;
+        assert_eq!(
+            policy_error(&reply, 400, "no_provider_route"),
+            "no eligible provider route is available for the model under your policy",
+            "{path}"
+        );
     }
     assert!(stack.sim.requests().is_empty());
     stack.stop().await;

@@ -4262,6 +4262,37 @@ failover {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_error_event_after_the_commit_is_read_by_its_type() -> TestResult {
+    // `anth` streams two chunks, then Anthropic's error event, which names
+    // the error by its `type` and has no code.
+    let gateway = Setup::new(
+        r#"
+failover {
+  attempts 2
+  on stream_broken when upstream.error.type == "max_tokens_exceeded" and not present(upstream.error.code)
+    => stop, error upstream_failed
+  on any => stop, error other_outcome
+}
+"#,
+        OUTCOME_ERRORS,
+        openai_and_anthropic(),
+    )
+    .start("providers:\n  a: {}\n  anth: {sequence: [\"error_after=2 code=max_tokens_exceeded\"]}\n")
+    .await;
+    let reply = gateway.api.messages(&messages_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let events = sse_events(&reply.text);
+    let last = events.last().copied().unwrap_or_default();
+    assert_eq!(event_name(last), Some("error"), "{}", reply.text);
+    let error = event_json(last).unwrap_or_else(|| panic!("the last event is not JSON: {last}"));
+    assert_eq!(error["error"]["code"], "upstream_failed", "{}", reply.text);
+    assert!(!reply.text.contains("message_stop"), "{}", reply.text);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["anth"]);
+    gateway.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_event_after_the_commit_is_read_as_the_providers_error() -> TestResult {
     // `a` streams two chunks, then an error event: the rule on its code and
     // type decides the error event the client gets; any other reading of it
