@@ -4,35 +4,8 @@
 //! the server decides when each piece is sent.
 
 use super::scenario::Usage;
+use crate::data::{Endpoint, WireFormat};
 use serde_json::{Value as Json, json};
-
-/// The endpoints a simulated provider serves, below `/{provider}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    ChatCompletions,
-    Completions,
-    Embeddings,
-    Responses,
-    Messages,
-}
-
-impl Endpoint {
-    pub fn from_path(path: &str) -> Option<Endpoint> {
-        Some(match path {
-            "/v1/chat/completions" => Endpoint::ChatCompletions,
-            "/v1/completions" => Endpoint::Completions,
-            "/v1/embeddings" => Endpoint::Embeddings,
-            "/v1/responses" => Endpoint::Responses,
-            "/v1/messages" => Endpoint::Messages,
-            _ => return None,
-        })
-    }
-
-    /// Whether errors and answers take Anthropic's shape.
-    pub fn is_anthropic(self) -> bool {
-        self == Endpoint::Messages
-    }
-}
 
 /// One server-sent event: an optional `event:` name and its JSON data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -556,7 +529,7 @@ fn done() -> Event {
 /// An error object in the endpoint's wire format. For Anthropic, `code`
 /// becomes the error's `type`.
 pub fn error_body(endpoint: Endpoint, status: u16, code: Option<&str>, message: &str) -> Json {
-    if endpoint.is_anthropic() {
+    if endpoint.wire() == WireFormat::Anthropic {
         let kind = code.unwrap_or(match status {
             401 => "authentication_error",
             403 => "permission_error",
