@@ -196,7 +196,7 @@ const ERR_3806: PolicyError = PolicyError {
     status: 400,
     code: "ERR_NGROK_3806",
     kind: "invalid_request_error",
-    message: "the model is not served in the API format of the endpoint called",
+    message: "no provider with a key serves the model through the endpoint called",
 };
 const ERR_3810: PolicyError = PolicyError {
     status: 504,
