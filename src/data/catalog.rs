@@ -180,27 +180,56 @@ fn validate_provider(
     })
 }
 
+/// How a closed set of names is spoken of when a catalog writes another.
+struct NameSet<'a> {
+    names: &'a [&'a str],
+    /// What the set holds, with its article: "a wire format".
+    noun: &'a str,
+    label: &'a str,
+    /// The help when no name is close.
+    otherwise: &'a str,
+}
+
+/// A name of `set`, as `parse` reads it; another is reported with the
+/// closest name of the set.
+fn known_name<T>(
+    v: &mut Validator<'_>,
+    source: SourceId,
+    written: &Spanned<String>,
+    parse: impl Fn(&str) -> Option<T>,
+    set: NameSet<'_>,
+) -> Option<T> {
+    let parsed = parse(&written.value);
+    if parsed.is_none() {
+        let span = v.span(source, written);
+        let help = suggest(&written.value, set.names.iter().copied()).map_or_else(
+            || set.otherwise.to_string(),
+            |close| format!("did you mean {close}?"),
+        );
+        v.report(
+            codes::DATA_SCHEMA,
+            source,
+            span,
+            format!("`{}` is not {}", written.value, set.noun),
+            set.label,
+            Some(help),
+        );
+    }
+    parsed
+}
+
 fn wire_format(
     v: &mut Validator<'_>,
     source: SourceId,
     written: &Spanned<String>,
 ) -> Option<WireFormat> {
-    let format = WireFormat::parse(&written.value);
-    if format.is_none() {
-        let span = v.span(source, written);
-        let help = suggest(&written.value, WireFormat::NAMES)
-            .map(|close| format!("did you mean {close}?"))
-            .unwrap_or_else(|| String::from("a provider speaks `openai` or `anthropic`"));
-        v.report(
-            codes::DATA_SCHEMA,
-            source,
-            span,
-            format!("`{}` is not a wire format", written.value),
-            "unknown format",
-            Some(help),
-        );
-    }
-    format
+    let set = NameSet {
+        names: &WireFormat::NAMES,
+        noun: "a wire format",
+        label: "unknown format",
+        otherwise: "a provider speaks `openai` or `anthropic`",
+    };
+    known_name(v, source, written, WireFormat::parse, set)
 }
 
 /// The endpoints a provider serves: every one of its format unless the
@@ -230,27 +259,21 @@ fn served_endpoints(
             )),
         );
     }
-    let mut named = Vec::new();
-    for name in &written.value {
-        match Endpoint::parse(&name.value) {
-            Some(endpoint) => named.push(endpoint),
-            None => {
-                let span = v.span(source, name);
-                let names = Endpoint::ALL.map(Endpoint::name);
-                let help = suggest(&name.value, names)
-                    .map(|close| format!("did you mean {close}?"))
-                    .unwrap_or_else(|| format!("the endpoints are {}", names.join(", ")));
-                v.report(
-                    codes::DATA_SCHEMA,
-                    source,
-                    span,
-                    format!("`{}` is not an endpoint", name.value),
-                    "unknown endpoint",
-                    Some(help),
-                );
-            }
-        }
-    }
+    let names = Endpoint::ALL.map(Endpoint::name);
+    let otherwise = format!("the endpoints are {}", names.join(", "));
+    let named: Vec<Endpoint> = written
+        .value
+        .iter()
+        .filter_map(|name| {
+            let set = NameSet {
+                names: &names,
+                noun: "an endpoint",
+                label: "unknown endpoint",
+                otherwise: &otherwise,
+            };
+            known_name(v, source, name, Endpoint::parse, set)
+        })
+        .collect();
     Endpoint::ALL
         .into_iter()
         .filter(|endpoint| named.contains(endpoint))
@@ -475,26 +498,13 @@ fn validate_model(
     providers: &HashMap<&str, usize>,
 ) -> Option<Model> {
     let m = &raw.value;
-    let kind = match ModelKind::parse(&m.kind.value) {
-        Some(kind) => Some(kind),
-        None => {
-            let span = v.span(source, &m.kind);
-            let help = suggest(&m.kind.value, ModelKind::NAMES)
-                .map(|close| format!("did you mean {close}?"))
-                .unwrap_or_else(|| {
-                    String::from("a model is a `chat`, `completion` or `embedding` model")
-                });
-            v.report(
-                codes::DATA_SCHEMA,
-                source,
-                span,
-                format!("`{}` is not a model kind", m.kind.value),
-                "unknown kind",
-                Some(help),
-            );
-            None
-        }
+    let kind_names = NameSet {
+        names: &ModelKind::NAMES,
+        noun: "a model kind",
+        label: "unknown kind",
+        otherwise: "a model is a `chat`, `completion` or `embedding` model",
     };
+    let kind = known_name(v, source, &m.kind, ModelKind::parse, kind_names);
     one_route_per_provider(v, source, m);
     let routes = m
         .routes
