@@ -71,6 +71,47 @@ fn a_case_with_an_empty_name_fails_and_is_shown_by_its_place() {
 }
 
 #[test]
+fn an_outcome_case_compares_the_headers_of_the_error_it_ends_with() {
+    // Noirdoc names the provider that answered last, and passes on the
+    // provider's Retry-After with `resource_exhausted`.
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: as the proxy answers
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 2, result: "429", retry_after: 30s}}
+    expect:
+      pause: {{provider: 30s}}
+      error: resource_exhausted
+      headers: {{retry-after: "30", x-noirdoc-provider: scaleway, x-should-retry: null}}
+  - name: wrong values
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "429"}}
+    expect:
+      pause: {{provider: 10s}}
+      error: resource_exhausted
+      headers: {{retry-after: "10", x-noirdoc-provider: scaleway}}
+"#,
+        policy = noirdoc()
+    );
+    let (output, _) = run_cases("outcome-headers", "headers.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("ok    "), "{stdout}");
+    assert!(stdout.contains(": as the proxy answers\n"), "{stdout}");
+    assert!(
+        stdout.contains("expected header retry-after: 10, it is missing"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("expected header x-noirdoc-provider: scaleway, got aki-io"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 passed, 1 failed"), "{stdout}");
+}
+
+#[test]
 fn each_plan_entry_is_compared_as_precisely_as_it_is_written() {
     let cases = format!(
         r#"policy: {policy}
@@ -173,6 +214,16 @@ cases:
     body: {{model: qwen3.8-27b}}
     outcome: {{attempt: 1, result: "200"}}
     expect: {{action: stop, error: passthrough}}
+  - name: headers of an outcome without its error
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "500"}}
+    expect: {{action: next, headers: {{x-noirdoc-provider: aki-io}}}}
+  - name: headers with passthrough
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "418"}}
+    expect: {{error: passthrough, headers: {{retry-after: null}}}}
 "#,
         policy = noirdoc()
     );
@@ -208,6 +259,11 @@ cases:
         ("a status with passthrough", "provider's own status"),
         ("nobody asks", "give the case a `key:`"),
         ("a success as an outcome", "which no `on` rule sees"),
+        (
+            "headers of an outcome without its error",
+            "give `error` too",
+        ),
+        ("headers with passthrough", "are not compared"),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -215,7 +271,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 15 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 17 failed\n"), "{stdout}");
     // The note names the errors no case expects, but not the capacity
     // error, which only the proxy answers.
     assert!(

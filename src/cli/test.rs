@@ -11,8 +11,8 @@ use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
-    Action, AttemptOutcome, Decision, Ending, OutcomeClass, OutcomeFacts, Plan, Progress,
-    RequestContext, body_as_read, evaluate_traced,
+    Action, AttemptOutcome, Decision, Ending, ErrorResponse, OutcomeClass, OutcomeFacts, Plan,
+    Progress, RequestContext, body_as_read, evaluate_traced,
 };
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
@@ -243,8 +243,9 @@ pub struct Expect {
     pub error: Option<String>,
     #[serde(default)]
     pub status: Option<u16>,
-    /// Response headers of a refusal that must be present with these
-    /// values, or, written `null`, absent.
+    /// Response headers of the expected error (a refusal, or the end of an
+    /// outcome) that must be present with these values, or, written
+    /// `null`, absent.
     #[serde(default)]
     pub headers: BTreeMap<String, Option<String>>,
     /// For an outcome: `next`, `stop` or `retry`.
@@ -394,32 +395,46 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                     refusal.error.status
                 ));
             }
-            // The error's own headers, as the proxy adds them.
-            let advice = refusal.error.advice_headers();
-            let advice = advice
-                .into_iter()
-                .map(|(name, value)| (name.to_string(), value));
-            let answered: Vec<(String, String)> =
-                refusal.headers.iter().cloned().chain(advice).collect();
-            for (name, value) in &expect.headers {
-                let actual = answered.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
-                match (value, actual) {
-                    (Some(value), Some((_, actual))) if actual == value => {}
-                    (None, None) => {}
-                    (Some(value), Some((_, actual))) => {
-                        problems.push(format!("expected header {name}: {value}, got {actual}"))
-                    }
-                    (Some(value), None) => {
-                        problems.push(format!("expected header {name}: {value}, it is missing"))
-                    }
-                    (None, Some((_, actual))) => {
-                        problems.push(format!("expected no header {name}, got {actual}"))
-                    }
-                }
-            }
+            header_differences(
+                &expect.headers,
+                &refusal.headers,
+                &refusal.error,
+                &mut problems,
+            );
         }
     }
     problems
+}
+
+/// Compares the headers a case expects with those of an error answer: the
+/// policy's `headers` and the error's own advice, as the proxy adds them.
+fn header_differences(
+    expected: &BTreeMap<String, Option<String>>,
+    policy_headers: &[(String, String)],
+    error: &ErrorResponse,
+    problems: &mut Vec<String>,
+) {
+    let advice = error
+        .advice_headers()
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value));
+    let answered: Vec<(String, String)> = policy_headers.iter().cloned().chain(advice).collect();
+    for (name, value) in expected {
+        let actual = answered.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+        match (value, actual) {
+            (Some(value), Some((_, actual))) if actual == value => {}
+            (None, None) => {}
+            (Some(value), Some((_, actual))) => {
+                problems.push(format!("expected header {name}: {value}, got {actual}"))
+            }
+            (Some(value), None) => {
+                problems.push(format!("expected header {name}: {value}, it is missing"))
+            }
+            (None, Some((_, actual))) => {
+                problems.push(format!("expected no header {name}, got {actual}"))
+            }
+        }
+    }
 }
 
 /// "; did you mean `x`?" for the name closest to `wrong`, if one is close.
@@ -493,7 +508,6 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     let for_decisions = [
         ("plan", expect.plan.is_some()),
         ("attempts", expect.attempts.is_some()),
-        ("headers", !expect.headers.is_empty()),
     ];
     let given = |fields: &[(&'static str, bool)]| -> Vec<&'static str> {
         fields
@@ -528,14 +542,15 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
                 "`{scope}` is not a scope: `pause` and `penalize` name provider, route or credential"
             ));
         }
-        if expect.status.is_some() && expect.error.is_none() {
+        let describes_error = expect.status.is_some() || !expect.headers.is_empty();
+        if describes_error && expect.error.is_none() {
             return Some(String::from(
-                "`status` is compared with the error it belongs to: give `error` too",
+                "`status` and `headers` are compared with the error they belong to: give `error` too",
             ));
         }
-        if expect.status.is_some() && expect.error.as_deref() == Some("passthrough") {
+        if describes_error && expect.error.as_deref() == Some("passthrough") {
             return Some(String::from(
-                "`error: passthrough` answers with the provider's own status, the outcome's `result`: `status` is not compared",
+                "`error: passthrough` answers with the provider's own status and headers, from the outcome: `status` and `headers` are not compared",
             ));
         }
         return None;
@@ -723,6 +738,8 @@ fn reaction_differences(
     let reaction = plan.react(snapshot, health, candidate, &attempt, progress, &|_| {
         retries
     });
+    // The request's headers if it ends here, as the proxy gives them.
+    let policy_headers = plan.headers(snapshot, Some(candidate), progress, false);
     let mut problems = Vec::new();
     let (action, retry_ms) = match reaction.action {
         Action::Next => ("next", None),
@@ -816,6 +833,7 @@ fn reaction_differences(
             {
                 problems.push(format!("expected status {status}, got {}", error.status));
             }
+            header_differences(&expect.headers, &policy_headers, error, &mut problems);
         }
         (_, None) => {}
         (ending, Some(expected)) => {
