@@ -24,7 +24,7 @@ mod common;
 use common::{
     AllBut, HEALTHY, Reply, Stack, advance_until, assert_nothing_sent, closed_port, edit,
     event_text, events, finished, get, headers_come_after, healthz, names, reconfigure, replay,
-    settle, until_asked, until_sleeping,
+    settle, until, until_asked, until_sleeping,
 };
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
@@ -1405,6 +1405,80 @@ async fn e45_a_stream_may_be_silent_60s_on_anthropic_300s_on_openai_shapes() {
         expect_stall_ends_after(&stack, &clock, api, model, provider, silence_ms).await;
     }
     stack.stop().await;
+}
+
+/// [E43] [E45] pings are not silence: an Anthropic stream that announces
+/// its answer and then pings while the model works is waited for past the
+/// 60 s of silence, each ping starting them again, until its first content
+/// comes; the content itself may take 600 s, however many pings come first
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e43_e45_a_stream_that_pings_while_the_model_works_is_not_silent() {
+    const PING_MS: u64 = 10_000;
+    const FIRST_CONTENT_MS: u64 = 600_000;
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped_on_one_clock("noeta", &scenario(HEALTHY), clock.clone()).await;
+    // Until the sim waits to send its next event and the proxy waits out
+    // the silence that began with the last event it got (or the first
+    // content's limit, if that comes sooner): both have acted on it.
+    let both_wait = |sim_at: u64, proxy_at: u64| {
+        let clock = clock.clone();
+        async move {
+            until("the sim and the proxy wait", || {
+                let sleeping = clock.sleeping_until();
+                sleeping.contains(&sim_at) && sleeping.contains(&proxy_at)
+            })
+            .await;
+        }
+    };
+
+    // The first content 90 s after the headers, a ping every 10 s before it.
+    replay(
+        &stack,
+        &scenario(&[("claude", &["ping_every=10s first_token=90s", "200"])]),
+    );
+    let headers_at = clock.now_ms();
+    let waiting = spawn_call(&stack, Api::Messages, Api::Messages.stream_body("opus"));
+    for ping in 1..=9 {
+        let heard_at = headers_at + (ping - 1) * PING_MS;
+        both_wait(headers_at + ping * PING_MS, heard_at + ANTHROPIC_SILENCE_MS).await;
+        clock.advance(PING_MS);
+    }
+    finished(waiting).await.assert_served("claude");
+    assert_eq!(stack.providers_tried(), times("claude", 1));
+
+    // Pings for longer than the 600 s the answer has to begin: left then,
+    // as a first-token timeout.
+    replay(
+        &stack,
+        &scenario(&[("claude", &["ping_every=10s first_token=700s", "200"])]),
+    );
+    let headers_at = clock.now_ms();
+    let first_content_by = headers_at + FIRST_CONTENT_MS;
+    let waiting = spawn_call(&stack, Api::Messages, Api::Messages.stream_body("opus"));
+    let ended = attempts_ended(&stack, "claude", Some("first_token_timeout")).await;
+    for ping in 1..=FIRST_CONTENT_MS / PING_MS {
+        let heard_at = headers_at + (ping - 1) * PING_MS;
+        let proxy_at = (heard_at + ANTHROPIC_SILENCE_MS).min(first_content_by);
+        both_wait(headers_at + ping * PING_MS, proxy_at).await;
+        if ping * PING_MS == FIRST_CONTENT_MS {
+            assert_eq!(
+                attempts_ended(&stack, "claude", Some("first_token_timeout")).await,
+                ended,
+                "given up before 600 s"
+            );
+        }
+        clock.advance(PING_MS);
+    }
+    let began = Instant::now();
+    while attempts_ended(&stack, "claude", Some("first_token_timeout")).await == ended {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "not given up after 600 s of pings"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stack.stop().await;
+    drop(waiting);
 }
 
 /// [E43] [E46] a timeout measures silence, not the length of the answer:

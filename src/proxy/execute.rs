@@ -1204,6 +1204,11 @@ impl Exchange {
         } else {
             OutcomeClass::FirstTokenTimeout
         };
+        // Silence is `idle`'s before the answer begins too: from the headers
+        // on, any event (those that only announce the answer, keep-alives,
+        // comments) shows the provider is still there. Running out, the
+        // answer did not begin in time.
+        let mut heard_ms = headers_came_ms;
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
                 class,
@@ -1317,6 +1322,7 @@ impl Exchange {
                 return failed(no_first_event, None);
             }
             let (holding, hold_at) = (self.holding(link), self.hold_until());
+            let silent_deadline = heard_ms.saturating_add(timeouts.idle_ms);
             let chunk = tokio::select! {
                 biased;
                 chunk = upstream.next() => Some(chunk),
@@ -1324,15 +1330,19 @@ impl Exchange {
                     self.send_stream_head(None, link);
                     continue;
                 }
-                () = first_token.until(clock, first_deadline) => None,
+                () = first_token.until(clock, first_deadline.min(silent_deadline)) => None,
             };
             let bytes = match chunk {
+                None if silent_deadline < first_deadline => {
+                    return failed(OutcomeClass::FirstTokenTimeout, None);
+                }
                 None => return failed(no_first_event, None),
                 // The connection ended before the answer began: nothing
                 // reached the client, like a reset before the headers.
                 Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Reset, None),
                 Some(Some(Ok(bytes))) => bytes,
             };
+            heard_ms = clock.now_ms();
             match reader.push(&bytes) {
                 Ok(events) => pending.extend(events),
                 Err(_) => return failed(OutcomeClass::Malformed, None),

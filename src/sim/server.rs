@@ -608,14 +608,15 @@ impl Play {
     }
 
     /// The error event an `error_after` stream ends with; `None` for the
-    /// other endings. The events before the first chunk go out with it, so
-    /// after none they were not sent either.
-    fn stream_error(&self, ending: &Ending, events: &StreamEvents) -> Option<wire::Event> {
+    /// other endings. The events before the first chunk go out with it
+    /// (unless keep-alives come first), so after none they were not sent
+    /// either.
+    fn stream_error(&self, success: &Success, events: &StreamEvents) -> Option<wire::Event> {
         let Ending::ErrorAfter {
             chunks,
             code,
             message,
-        } = ending
+        } = &success.ending
         else {
             return None;
         };
@@ -624,7 +625,7 @@ impl Play {
             .len()
             .min(usize::try_from(*chunks).unwrap_or(usize::MAX));
         let events_sent = match chunks_sent {
-            0 => 0,
+            0 if success.ping_every.is_none() => 0,
             sent => events.preamble.len() + sent,
         };
         Some(wire::stream_error(
@@ -638,13 +639,19 @@ impl Play {
     fn success(&self, success: &Success, timing: &Timing) -> Response<SimBody> {
         let status = StatusCode::from_u16(success.status).unwrap_or(StatusCode::OK);
         if let Some(events) = self.stream_events() {
-            let stream_error = self.stream_error(&success.ending, &events);
+            let stream_error = self.stream_error(success, &events);
             let (feed, body) = SimBody::channel();
             let producer = Producer {
                 feed,
                 timing: timing.clone(),
             };
-            tokio::spawn(producer.stream(events, success.clone(), self.settings, stream_error));
+            let keep_alive = wire::keep_alive(self.endpoint);
+            tokio::spawn(producer.stream(
+                events,
+                success.clone(),
+                self.settings,
+                (stream_error, keep_alive),
+            ));
             return stream_response(status, body);
         }
         let whole = self.answer().body(self.endpoint).to_string();
@@ -705,15 +712,18 @@ impl Producer {
     }
 
     /// Plays the stream; `stream_error` is the error event an
-    /// `error_after` stream ends with.
+    /// `error_after` stream ends with, `keep_alive` what `ping_every` sends.
     async fn stream(
         mut self,
         events: StreamEvents,
         success: Success,
         settings: Settings,
-        stream_error: Option<wire::Event>,
+        (stream_error, keep_alive): (Option<wire::Event>, String),
     ) {
-        match self.play_stream(&events, &success, &settings).await {
+        match self
+            .play_stream(&events, &success, &settings, &keep_alive)
+            .await
+        {
             Ok(()) => match success.ending {
                 Ending::CutAfter(_) => self.cut().await,
                 Ending::StallAfter(_) | Ending::Linger => self.stall().await,
@@ -736,6 +746,7 @@ impl Producer {
         events: &StreamEvents,
         success: &Success,
         settings: &Settings,
+        keep_alive: &str,
     ) -> Result<(), Gone> {
         let last_chunk = match success.ending {
             Ending::CutAfter(chunks)
@@ -743,18 +754,37 @@ impl Producer {
             | Ending::ErrorAfter { chunks, .. } => Some(chunks),
             Ending::Complete | Ending::NoTerminator | Ending::Linger => None,
         };
-        self.pause(success.first_token.unwrap_or(settings.first_token))
-            .await?;
+        let first_token = success.first_token.unwrap_or(settings.first_token);
+        match success.ping_every {
+            // As Anthropic sends them: the answer announced at once, then
+            // pings while the model works.
+            Some(every) => {
+                for event in &events.preamble {
+                    self.feed.send(event.to_text()).await?;
+                }
+                let mut waited = Duration::ZERO;
+                while waited + every < first_token {
+                    self.pause(every).await?;
+                    self.feed.send(keep_alive.to_string()).await?;
+                    waited += every;
+                }
+                self.pause(first_token - waited).await?;
+            }
+            None => self.pause(first_token).await?,
+        }
         for (number, chunk) in (1u32..).zip(&events.chunks) {
             if last_chunk.is_some_and(|last| number > last) {
                 return Ok(());
             }
             if number == 1 {
-                // The events before the content go out with the first chunk,
-                // so `cut_after=0` and `stall_after=0` send nothing at all
-                // (and `error_after=0` only its error).
-                for event in &events.preamble {
-                    self.feed.send(event.to_text()).await?;
+                // Unless they went out with the headers, the events before
+                // the content go out with the first chunk, so `cut_after=0`
+                // and `stall_after=0` send nothing at all (and
+                // `error_after=0` only its error).
+                if success.ping_every.is_none() {
+                    for event in &events.preamble {
+                        self.feed.send(event.to_text()).await?;
+                    }
                 }
             } else {
                 self.pause(settings.chunk_interval).await?;

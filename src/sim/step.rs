@@ -35,6 +35,9 @@ pub struct Success {
     pub status: u16,
     /// Replaces the delay before the first stream event.
     pub first_token: Option<Duration>,
+    /// Streams: the events that announce the answer go out with the
+    /// headers, then a keep-alive this often until the first content chunk.
+    pub ping_every: Option<Duration>,
     pub ending: Ending,
     /// The content chunk (counted from 1) sent as invalid JSON.
     pub malformed_chunk: Option<u32>,
@@ -79,6 +82,7 @@ impl Step {
             action: Action::Success(Success {
                 status: 200,
                 first_token: None,
+                ping_every: None,
                 ending: Ending::Complete,
                 malformed_chunk: None,
             }),
@@ -104,20 +108,22 @@ fn error_at(offset: usize, message: impl Into<String>) -> StepError {
 /// Words that stand alone.
 const FLAGS: [&str; 5] = ["reset", "no_answer", "malformed", "no_done", "linger"];
 /// Words written `name=value`.
-const OPTIONS: [&str; 9] = [
+const OPTIONS: [&str; 10] = [
     "retry_after",
     "code",
     "message",
     "slow_headers",
     "first_token",
+    "ping_every",
     "cut_after",
     "stall_after",
     "error_after",
     "malformed_chunk",
 ];
 /// Options that shape a successful stream.
-const STREAM_OPTIONS: [&str; 7] = [
+const STREAM_OPTIONS: [&str; 8] = [
     "first_token",
+    "ping_every",
     "cut_after",
     "stall_after",
     "error_after",
@@ -218,6 +224,7 @@ struct Parts {
     message: Option<String>,
     slow_headers: Option<Duration>,
     first_token: Option<Duration>,
+    ping_every: Option<Duration>,
     cut_after: Option<u32>,
     stall_after: Option<u32>,
     error_after: Option<u32>,
@@ -386,6 +393,16 @@ fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
         "retry_after" => parts.retry_after = Some(duration(value, value_offset)?),
         "slow_headers" => parts.slow_headers = Some(duration(value, value_offset)?),
         "first_token" => parts.first_token = Some(duration(value, value_offset)?),
+        "ping_every" => {
+            let every = duration(value, value_offset)?;
+            if every.is_zero() {
+                return Err(error_at(
+                    value_offset,
+                    "keep-alives 0 ms apart would never let the answer come; give a longer interval",
+                ));
+            }
+            parts.ping_every = Some(every);
+        }
         "cut_after" => parts.cut_after = Some(count(value, value_offset)?),
         "stall_after" => parts.stall_after = Some(count(value, value_offset)?),
         "error_after" => parts.error_after = Some(count(value, value_offset)?),
@@ -413,7 +430,7 @@ fn read_word(word: &Word, parts: &mut Parts) -> Result<(), StepError> {
 
 fn example_value(option: &str) -> &'static str {
     match option {
-        "retry_after" | "slow_headers" | "first_token" => "2s",
+        "retry_after" | "slow_headers" | "first_token" | "ping_every" => "2s",
         "code" => "rate_limited",
         "message" => "\"try again later\"",
         _ => "3",
@@ -549,6 +566,7 @@ fn build_action(parts: &Parts) -> Result<Action, StepError> {
     Ok(Action::Success(Success {
         status: status.unwrap_or(200),
         first_token: parts.first_token,
+        ping_every: parts.ping_every,
         ending,
         malformed_chunk: parts.malformed_chunk.map(|(_, chunk)| chunk),
     }))
@@ -622,6 +640,20 @@ mod tests {
         );
         assert_eq!(step("reset").action, Action::Reset);
         assert_eq!(step("no_answer").action, Action::NoAnswer);
+    }
+
+    #[test]
+    fn keep_alives_come_at_a_positive_interval_on_a_successful_stream() {
+        let Action::Success(success) = step("ping_every=10s first_token=80s").action else {
+            panic!("not a success")
+        };
+        assert_eq!(success.ping_every, Some(Duration::from_secs(10)));
+        assert_eq!(success.first_token, Some(Duration::from_secs(80)));
+        let (offset, message) = error("ping_every=0s");
+        assert_eq!(offset, 11);
+        assert!(message.contains("longer interval"), "{message}");
+        let (_, message) = error("503 ping_every=1s");
+        assert!(message.contains("successful stream"), "{message}");
     }
 
     #[test]

@@ -518,6 +518,16 @@ impl Answer<'_> {
     }
 }
 
+/// What a provider sends to keep a stream open while it has nothing else to
+/// send: Anthropic's `ping` event on `/v1/messages`, an SSE comment on the
+/// OpenAI formats (as gateways such as OpenRouter send while they wait).
+pub fn keep_alive(endpoint: Endpoint) -> String {
+    match endpoint {
+        Endpoint::Messages => Event::named("ping", &json!({"type": "ping"})).to_text(),
+        _ => String::from(": keep-alive\n\n"),
+    }
+}
+
 /// OpenAI's end of a chat or completions stream.
 fn done() -> Event {
     Event {

@@ -134,7 +134,7 @@ impl Root {
             Root::Request | Root::Deployment => "most places; not in `credentials`",
             Root::Tenant | Root::Workspace | Root::Key => "most places; not in `unknown serve`",
             _ => {
-                "places that look at one candidate: eligibility, order, sorts, balance, failover rules, timeouts and listings"
+                "places that look at one candidate (eligibility, order, sorts, balance strategies but not a balance's `when`, failover rules, timeouts and listings) and inside aggregates such as `any_of(…)`"
             }
         }
     }
