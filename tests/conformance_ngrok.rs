@@ -29,6 +29,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use switchyard::evaluate::health::Healthy;
+use switchyard::evaluate::{Caller, Endpoint, RequestContext, evaluate};
 use switchyard::sim::RecordedRequest;
 use switchyard::state::{Clock, ManualClock};
 
@@ -1112,6 +1114,39 @@ async fn a_long_per_request_timeout_is_not_cut_short() {
             ]
         );
     }
+
+    // Nor is connecting cut short: the connect limit lies past the
+    // per-request timeout, which ends a connection that hangs as a
+    // timeout like the waits above. (The HTTP client connects on real
+    // time, so this reads the limits the plan gives the attempt.)
+    let snapshot = stack.proxy.snapshot();
+    let (index, key) = snapshot
+        .data
+        .tenants
+        .keys
+        .iter()
+        .enumerate()
+        .find(|(_, key)| key.id == "slowco-default")
+        .unwrap();
+    let body = chat_body("gpt-4o");
+    let context = RequestContext {
+        id: Arc::from("connect"),
+        endpoint: Endpoint::ChatCompletions,
+        body: Ok(&body),
+        body_bytes: 0,
+        headers: &[],
+        caller: Caller {
+            tenant: key.tenant,
+            workspace: key.workspace,
+            key: Some(index),
+        },
+        seed: 0,
+        rotation: &0,
+    };
+    let plan = evaluate(&snapshot, &context, &Healthy).result.unwrap();
+    let limits = plan.timeouts(&snapshot, &Healthy, 0);
+    assert_eq!(limits.attempt_ms, Some(120_000), "{limits:?}");
+    assert!(limits.connect_ms > 120_000, "{limits:?}");
 }
 
 /// [G7] an attempt exceeding the per-request timeout (8 s for tunnelco,
