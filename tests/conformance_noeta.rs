@@ -1007,10 +1007,12 @@ async fn e4_each_failure_class_gets_its_reaction() {
     stack.stop().await;
 }
 
-/// [E34] transient errors and rate limits share one retry budget: nine
-/// attempts in all, the waits growing 1, 2, 4 … at most 30 s, each at
-/// least half its step and at most the step (about two minutes in all);
-/// then 502 provider_failed, in the caller's format
+/// [E34] [E4] transient errors and rate limits share one retry budget and
+/// one backoff: nine attempts in all, the waits growing 1, 2, 4 … at most
+/// 30 s, each at least half its step and at most the step (about two
+/// minutes in all), whichever kind of failure each retry followed, an
+/// in-stream 5xx of any wire format included; then 502 provider_failed,
+/// in the caller's format
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
     let clock = Arc::new(ManualClock::default());
@@ -1050,22 +1052,40 @@ async fn e34_nine_attempts_with_exponential_backoff_then_provider_failed() {
     assert_eq!(reply.anthropic_error(502, "api_error"), PROVIDER_FAILED);
     assert_eq!(stack.providers_tried(), times("claude", 9));
 
-    // Overloaded as a status and as a stream's first event, in turn: still
-    // nine attempts in all.
+    // Overloaded as a status and as a stream's first event, in turn: one
+    // backoff for both, each wait a step longer than the one before
+    // whichever rule retried, and still nine attempts in all.
     let overloaded_event = "error_after=0 code=overloaded_error";
     replay(
         &stack,
         &scenario(&[("claude", &["529", overloaded_event].repeat(6))]),
     );
-    let reply = advance_until(
-        &clock,
-        1_000,
-        400_000,
-        call(&stack, Api::Messages, Api::Messages.stream_body("sonnet")),
-    )
-    .await;
+    let waiting = spawn_call(&stack, Api::Messages, Api::Messages.stream_body("sonnet"));
+    for (retry, step) in BACKOFF_STEPS_MS.into_iter().enumerate() {
+        expect_retry_within(&stack, &clock, retry + 1, step / 2, step).await;
+    }
+    let reply = finished(waiting).await;
     assert_eq!(reply.status, 502, "{}", reply.text);
     assert_eq!(stack.providers_tried(), times("claude", 9));
+
+    // The OpenAI formats' in-stream form of a 5xx, `server_error`, is as
+    // transient as Anthropic's.
+    for (api, model, provider) in [
+        (Api::Chat, "deepseek-chat", "deepseek"),
+        (Api::Responses, "gpt-5-codex", "openai-responses"),
+    ] {
+        replay(
+            &stack,
+            &scenario(&[(provider, &["error_after=0 code=server_error"])]),
+        );
+        let waiting = spawn_call(&stack, api, api.stream_body(model));
+        for (retry, step) in BACKOFF_STEPS_MS.into_iter().enumerate() {
+            expect_retry_within(&stack, &clock, retry + 1, step / 2, step).await;
+        }
+        let reply = finished(waiting).await;
+        assert_eq!(reply.status, 502, "{model}: {}", reply.text);
+        assert_eq!(stack.providers_tried(), times(provider, 9), "{model}");
+    }
     stack.stop().await;
 }
 

@@ -727,9 +727,12 @@ fn reaction_differences(
         class: outcome_class(&outcome.result)?,
         facts,
     };
+    // The candidate's place in the plan is how many were tried; every try
+    // so far, this rule's retries included, is the attempt's number.
+    let candidates_tried = u32::try_from(outcome.attempt).unwrap_or(u32::MAX);
     let progress = Progress {
-        attempt: u32::try_from(outcome.attempt).unwrap_or(u32::MAX),
-        attempts: u32::try_from(outcome.attempt).unwrap_or(u32::MAX),
+        attempt: candidates_tried.saturating_add(outcome.retries),
+        attempts: candidates_tried,
         retries: outcome.retries,
         elapsed_ms: duration(&outcome.elapsed, "elapsed")?.unwrap_or(0),
         jitter: 0.5,

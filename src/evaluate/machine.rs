@@ -769,8 +769,16 @@ impl<'a> Machine<'a> {
         else {
             return Value::Null;
         };
-        let retries = i32::try_from(self.progress.retries).unwrap_or(i32::MAX);
-        let full = (base as f64 * factor.max(0.0).powi(retries)).min(max as f64);
+        // The step reached: the rule's retries unless the policy counts
+        // another way (every retry of the request, say).
+        let step = match args.get(4) {
+            Some(_) => match self.arg(args, 4, focus).as_ref() {
+                Value::Number(step) => step.max(0.0).floor().min(f64::from(i32::MAX)) as i32,
+                _ => return Value::Null,
+            },
+            None => i32::try_from(self.progress.retries).unwrap_or(i32::MAX),
+        };
+        let full = (base as f64 * factor.max(0.0).powi(step)).min(max as f64);
         let jitter = jitter.clamp(0.0, 1.0);
         // A `jitter` share of the wait is random, the rest fixed.
         duration(full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0))

@@ -1926,8 +1926,11 @@ impl Checker<'_> {
                 build(result, None, checked)
             }
             Function::Backoff => {
-                if args.len() != 4 {
-                    return arity(self, "four values: base, factor, maximum and jitter");
+                if !(4..=5).contains(&args.len()) {
+                    return arity(
+                        self,
+                        "four values: base, factor, maximum and jitter, and optionally the step it has reached (the rule's `retries` unless given)",
+                    );
                 }
                 if !place.roots.contains(Root::Retries) {
                     self.err(
@@ -1939,7 +1942,13 @@ impl Checker<'_> {
                     );
                 }
                 self.usage.retries = true;
-                let expected = [Ty::Duration, Ty::Number, Ty::Duration, Ty::Number];
+                let expected = [
+                    Ty::Duration,
+                    Ty::Number,
+                    Ty::Duration,
+                    Ty::Number,
+                    Ty::Number,
+                ];
                 for ((arg, ty), expected) in args.iter().zip(&types).zip(expected.iter()) {
                     self.require_type(arg, ty, expected);
                 }
