@@ -41,7 +41,7 @@ const PROVIDERS: [&str; 4] = ["claude", "deepseek", "openrouter", "openai-respon
 
 // The policy's error messages.
 const WRONG_ENDPOINT: &str = "this model's provider is not reached through this endpoint";
-const NOT_CONFIGURED: &str = "the provider this model is routed to is not configured here";
+const NOT_CONFIGURED: &str = "no provider configured here serves this model";
 const PROVIDER_FAILED: &str = "the provider failed and the retries are exhausted";
 
 // The policy's timeouts, ms.
@@ -648,6 +648,23 @@ async fn e18_an_unknown_id_goes_to_the_default_provider() {
             )]
         );
     }
+    // Decided: an id over 256 bytes, which no `unknown serve` tier passes
+    // on, goes nowhere, and says so.
+    let overlong = format!("claude-{}", "x".repeat(251));
+    for api in APIS {
+        let reply = call(&stack, api, api.body(&overlong)).await;
+        assert_eq!(
+            policy_error(&reply, api, 502, "provider_not_configured"),
+            NOT_CONFIGURED
+        );
+        assert_eq!(reply.header("x-should-retry"), Some("false"));
+    }
+    // The longest id a tier passes on is still served.
+    let longest = format!("claude-{}", "x".repeat(249));
+    call(&stack, Api::Messages, Api::Messages.body(&longest))
+        .await
+        .assert_served("claude");
+
     // The default is an anthropic provider: not on the OpenAI endpoints.
     stack.sim.clear();
     for api in [Api::Chat, Api::Responses] {
