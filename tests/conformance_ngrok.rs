@@ -22,7 +22,8 @@ mod common;
 
 use common::{
     Reply, Stack, advance_until, chat_body, closed_port, data_file, finished, finished_attempts,
-    messages_body, model_list, recompile, replay, settle, sha256_hex, spawn_open_chat, streamed,
+    messages_body, model_list, recompile, reconfigure, replay, settle, sha256_hex, spawn_open_chat,
+    streamed,
 };
 use serde_json::{Value, json};
 use std::future::Future;
@@ -658,7 +659,7 @@ async fn no_provider_key_is_err_ngrok_3805() {
 }
 
 /// [G24] [G29] an account without credits is ERR_NGROK_3807, even with
-/// every provider key available
+/// every provider key available, and even with a provider key of its own
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_without_credits_is_err_ngrok_3807() {
     let clock = Arc::new(ManualClock::default());
@@ -670,6 +671,22 @@ async fn an_account_without_credits_is_err_ngrok_3807() {
     assert_refused(&stack, &reply, Wire::Anthropic, &ERR_3807);
     let reply = at_once(stack.chat(BROKECO, streamed(chat_body("claude-sonnet-4-5")))).await;
     assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
+
+    // "even if you use your own provider keys": with an OpenAI key of its
+    // own, the account is still refused, whichever key would serve.
+    reconfigure(
+        &stack,
+        "catalog.yaml",
+        &[(
+            "      - {id: openai-primary, key: \"${NGROK_OPENAI_KEY_1}\"}\n",
+            "      - {id: openai-primary, key: \"${NGROK_OPENAI_KEY_1}\"}\n      - {id: brokeco-openai, key: \"${NGROK_OPENAI_KEY_1}\", tenant: brokeco}\n",
+        )],
+        &[],
+    );
+    for model in ["gpt-4o", "openai:gpt-4o"] {
+        let reply = at_once(stack.chat(BROKECO, chat_body(model))).await;
+        assert_refused(&stack, &reply, Wire::OpenAi, &ERR_3807);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -678,7 +695,8 @@ async fn an_account_without_credits_is_err_ngrok_3807() {
 /// [G34] every response carries Ngrok-AIG-Request-Id, the id the proxy
 /// logs and forwards: answers, streams, errors after failover and every
 /// kind of refusal, the proxy's own before the policy decides included
-/// (no key, an unknown key, a wrong method or path, the model list)
+/// (no key, an unknown key, a wrong method or path, the model list, a
+/// body too large or compressed)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_response_carries_the_request_id() {
     let clock = Arc::new(ManualClock::default());
@@ -757,7 +775,32 @@ async fn every_response_carries_the_request_id() {
             ))
             .await,
         ),
+        (
+            "a body too large",
+            at_once(Reply::of(
+                stack
+                    .client
+                    .post(stack.url("/v1/chat/completions"))
+                    .bearer_auth(TUNNELCO)
+                    .body(vec![b' '; 16 * 1024 * 1024 + 1]),
+            ))
+            .await,
+        ),
+        (
+            "a compressed body",
+            at_once(Reply::of(
+                stack
+                    .client
+                    .post(stack.url("/v1/chat/completions"))
+                    .bearer_auth(TUNNELCO)
+                    .header("content-encoding", "gzip")
+                    .body(chat_body("gpt-4o").to_string()),
+            ))
+            .await,
+        ),
     ];
+    assert_eq!(replies[replies.len() - 2].1.status, 413);
+    assert_eq!(replies[replies.len() - 1].1.status, 415);
     let wrong: Vec<String> = replies
         .iter()
         .filter(|(_, reply)| {
