@@ -585,6 +585,39 @@ fn explain_edited_noirdoc_for<const N: usize>(
     outputs
 }
 
+/// A plan names each candidate as precisely as it takes to tell them
+/// apart: ngrok's tries two OpenAI keys for gpt-4o, then a fallback model
+/// at a reseller that served gpt-4o too; Noirdoc's one provider needs no
+/// more than its id. A case that expected a refusal shows the plan it got
+/// the same way.
+#[test]
+fn plans_name_the_credential_and_model_that_tell_candidates_apart() {
+    let stdout =
+        String::from_utf8(explain_output("ngrok", "sk-ngrok-tunnelco", "gpt-4o", &[])).unwrap();
+    assert!(
+        stdout.contains(
+            "plan   openai/openai-primary@gpt-4o -> openai/openai-secondary@gpt-4o -> \
+             openrouter/openrouter-primary@gpt-4o -> openrouter/openrouter-primary@claude-sonnet-4-5 "
+        ),
+        "{stdout}"
+    );
+    let stdout =
+        String::from_utf8(explain_output("noirdoc", "sk-noirdoc-acme", "gpt-5", &[])).unwrap();
+    assert!(stdout.contains("plan   acme-openai (at most"), "{stdout}");
+
+    let cases = format!(
+        "policy: {PACKAGE_ROOT}/policies/ngrok.policy\ncases:\n  - name: refused\n    key: tunnelco-default\n    body: {{model: gpt-4o}}\n    expect: {{error: ERR_NGROK_3804}}\n"
+    );
+    let (output, _) = run_cases("refused-plan", "refused.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "expected error `ERR_NGROK_3804`, got a plan of 4 candidates: [openai/openai-primary@gpt-4o, "
+        ),
+        "{stdout}"
+    );
+}
+
 /// The sort keys `explain` lists say where absent values go, when a key
 /// puts them first.
 #[test]

@@ -1,6 +1,8 @@
 //! `switchyard explain`: the decision for one request, and why.
 
-use super::common::{RequestSpec, not_a_policy_file, print_report, resolve_caller};
+use super::common::{
+    RequestSpec, entry_detail, not_a_policy_file, plan_entry, print_report, resolve_caller,
+};
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::data::{FileProblem, yaml_error};
@@ -392,14 +394,11 @@ fn human(
     line(String::new());
     match &decision.result {
         Ok(plan) => {
+            let (with_credential, with_model) = entry_detail(&plan.candidates);
             let names: Vec<String> = plan
                 .candidates
                 .iter()
-                .map(|c| {
-                    snapshot
-                        .provider(c.provider)
-                        .map_or_else(|| String::from("?"), |p| p.id.clone())
-                })
+                .map(|c| plan_entry(snapshot, c, with_credential, with_model))
                 .collect();
             line(format!(
                 "plan   {} (at most {} attempt{})",

@@ -2,7 +2,9 @@
 //! (`NAME.tests.yaml` next to `NAME.policy`): a request, who sends it and
 //! the providers' health in; the expected plan or error out.
 
-use super::common::{RequestSpec, files_named, print_report, resolve_caller, why_no_file};
+use super::common::{
+    RequestSpec, entry_detail, files_named, plan_entry, print_report, resolve_caller, why_no_file,
+};
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::schema::duration_text;
@@ -290,35 +292,6 @@ impl SecretSource for AllBut<'_> {
     }
 }
 
-/// A plan entry in the test files' notation.
-fn entry(
-    snapshot: &Snapshot,
-    candidate: &crate::evaluate::Candidate,
-    with_credential: bool,
-    with_model: bool,
-) -> String {
-    let mut text = snapshot
-        .provider(candidate.provider)
-        .map_or_else(|| String::from("?"), |p| p.id.clone());
-    if with_credential {
-        text.push('/');
-        text.push_str(
-            snapshot
-                .credential(candidate.provider, candidate.credential)
-                .map_or("?", |c| c.id.as_str()),
-        );
-    }
-    if with_model {
-        text.push('@');
-        let model = candidate
-            .model
-            .and_then(|m| snapshot.data.catalog.models.get(m))
-            .map_or(candidate.requested.id.as_ref(), |m| m.id.as_str());
-        text.push_str(model);
-    }
-    text
-}
-
 /// Whether a plan entry names a credential and a model:
 /// `provider/credential@model`, where a model id may hold a `/` too.
 fn entry_names(written: &str) -> (bool, bool) {
@@ -334,9 +307,16 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
     match &decision.result {
         Ok(plan) => {
             if let Some(error) = &expect.error {
+                let (with_credential, with_model) = entry_detail(&plan.candidates);
+                let actual: Vec<String> = plan
+                    .candidates
+                    .iter()
+                    .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+                    .collect();
                 problems.push(format!(
-                    "expected error `{error}`, got a plan of {}",
-                    count(plan.candidates.len(), "candidate")
+                    "expected error `{error}`, got a plan of {}: [{}]",
+                    count(plan.candidates.len(), "candidate"),
+                    actual.join(", ")
                 ));
             }
             if let Some(expected) = &expect.plan {
@@ -344,7 +324,7 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 let matches = expected.len() == plan.candidates.len()
                     && expected.iter().zip(&plan.candidates).all(|(e, c)| {
                         let (with_credential, with_model) = entry_names(e);
-                        entry(snapshot, c, with_credential, with_model) == *e
+                        plan_entry(snapshot, c, with_credential, with_model) == *e
                     });
                 if !matches {
                     // Shown as precisely as the most precise expected entry.
@@ -353,7 +333,7 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                     let actual: Vec<String> = plan
                         .candidates
                         .iter()
-                        .map(|c| entry(snapshot, c, with_credential, with_model))
+                        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
                         .collect();
                     problems.push(format!("expected plan [{}]", expected.join(", ")));
                     problems.push(format!("  actual plan [{}]", actual.join(", ")));
