@@ -195,6 +195,68 @@ fn join_expected(expected: &BTreeSet<String>) -> String {
     }
 }
 
+/// Where the parse of a chunk failed: the furthest point its attempts
+/// reached, which is past the reported position when an enclosing rule
+/// failed.
+fn failed_at(error: &pest::error::Error<Rule>) -> usize {
+    let reported = match error.location {
+        InputLocation::Pos(at) => at,
+        InputLocation::Span((start, _)) => start,
+    };
+    error
+        .parse_attempts()
+        .map_or(reported, |attempts| attempts.max_position.max(reported))
+}
+
+/// A line of a block's statement that begins with a word no statement of
+/// the block begins with, where the parse of the statement above stopped:
+/// most likely a statement misnamed (`total 20s` in `timeouts`), not the
+/// rest of the one above. `text` starts at byte `offset` of its file.
+pub fn unknown_statement(
+    source: SourceId,
+    offset: usize,
+    text: &str,
+    error: &pest::error::Error<Rule>,
+    (block, keywords): (&str, &[&str]),
+) -> Option<Diagnostic> {
+    let position = failed_at(error);
+    let before = text.get(..position)?;
+    let line_start = before.rfind('\n')? + 1;
+    if !before[line_start..].chars().all(|c| c == ' ' || c == '\t') {
+        return None;
+    }
+    let rest = text.get(position..)?;
+    let word_length = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let word = rest.get(..word_length)?;
+    if word.is_empty() || keywords.contains(&word) {
+        return None;
+    }
+    let listed: Vec<String> = keywords.iter().map(|word| format!("`{word}`")).collect();
+    let help = match crate::diagnostics::suggest(word, keywords.iter().copied()) {
+        Some(close) => format!("did you mean `{close}`? see docs/language.md for `{block}`"),
+        None => format!(
+            "each statement of `{block}` begins with one of these words; see docs/language.md"
+        ),
+    };
+    Some(
+        Diagnostic::new(
+            codes::SYNTAX,
+            format!(
+                "expected a statement of `{block}` ({}), found `{word}`",
+                join_expected(&listed.into_iter().collect())
+            ),
+        )
+        .at(
+            source,
+            Span::new(offset + position, offset + position + word_length),
+            format!("not a statement of `{block}`"),
+        )
+        .help(help),
+    )
+}
+
 /// Converts a pest error on `text` (a chunk that starts at byte `offset` of
 /// its file, and ends the file or not) into a syntax diagnostic.
 pub fn syntax_error(

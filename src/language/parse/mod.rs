@@ -222,10 +222,25 @@ impl<'t> Recovery<'t> {
                         .extend(lowerer.diagnostics.into_inner());
                 }
                 Err(error) => {
-                    if kind.statement_keywords().is_none() {
+                    let Some(keywords) = kind.statement_keywords() else {
                         self.broken_name(text, 0);
+                        self.report(offset, text, offset + text.len(), &error);
+                        continue;
+                    };
+                    let block_word = chunk.get(..kind_keyword_len(chunk)).unwrap_or("");
+                    match errors::unknown_statement(
+                        self.source,
+                        offset,
+                        text,
+                        &error,
+                        (block_word, keywords),
+                    ) {
+                        Some(diagnostic) if !self.explained(offset, offset + text.len()) => {
+                            self.parsed.diagnostics.push(diagnostic);
+                        }
+                        Some(_) => {}
+                        None => self.report(offset, text, offset + text.len(), &error),
                     }
-                    self.report(offset, text, offset + text.len(), &error);
                 }
             }
         }
