@@ -823,6 +823,57 @@ async fn error_passthrough_keeps_the_providers_advice_on_retrying() -> TestResul
     Ok(())
 }
 
+/// `keep` reads what the previous attempt's failure said: after a
+/// provider's context error the rest of that model's candidates are passed
+/// over for the larger model (a context window fallback), while any other
+/// failure goes on in plan order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_reads_the_previous_failure_to_pass_over_its_model() -> TestResult {
+    let policy = r#"
+failover {
+  attempts 3
+  keep coalesce(upstream.error.code, "") != "context_length_exceeded"
+    or model.id != prev.model.id
+  on 400 when coalesce(upstream.error.code, "") == "context_length_exceeded"
+    => next, error too_long
+  on 5xx => next, error upstream_failed
+  on any => stop, error upstream_failed
+}
+"#;
+    let errors = "  too_long = 400, \"the conversation is too long for every model\"\n  upstream_failed = 502, \"every provider failed\"";
+    let catalog = format!(
+        "{}aliases:\n  family: [m, big]\n",
+        catalog(
+            &[provider("a", "openai", ""), provider("b", "openai", "")],
+            &[model("m", &["a", "b"]), model("big", &["b"])],
+        )
+    );
+    let body = json!({"model": "family", "messages": [{"role": "user", "content": "hi"}]});
+    let gateway = Setup::new(policy, errors, catalog)
+        .start(
+            "providers:\n  a:\n    models:\n      m: {sequence: [\"400 code=context_length_exceeded\", \"500\"]}\n  b: {}\n",
+        )
+        .await;
+    let served_model = |requests: &[RecordedRequest]| -> Vec<String> {
+        requests
+            .iter()
+            .map(|r| format!("{}@{}", r.provider, r.body["model"].as_str().unwrap_or("?")))
+            .collect()
+    };
+
+    // The context error at a: b's route of the same model is passed over.
+    let reply = gateway.api.chat(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(served_model(&gateway.sim.requests()), ["a@m", "b@big"]);
+
+    // A 500 at a: on to b's route of the same model, as the plan orders.
+    let reply = gateway.api.chat(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(served_model(&gateway.sim.requests()[2..]), ["a@m", "b@m"]);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_without_a_standard_name_still_has_a_reason_phrase() -> TestResult {
     use tokio::io::AsyncReadExt;

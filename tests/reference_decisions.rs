@@ -457,16 +457,16 @@ fn noirdoc_failover_keeps_priced_after_priced_and_stops_at_three() {
     // `together` has no price: never after a priced provider.
     assert_eq!(sequence, ["aki-io", "scaleway", "ionos"]);
     // With the first full, the next free one in the failover order serves.
-    let next = plan.next_candidate(&snap, &Healthy, &[], &|i| i != 0);
+    let next = plan.next_candidate(&snap, &Healthy, (&[], None), &|i| i != 0);
     assert_eq!(next, NextCandidate::Try(1));
     // Nothing tried and everything full: wait for capacity.
     assert_eq!(
-        plan.next_candidate(&snap, &Healthy, &[], &|_| false),
+        plan.next_candidate(&snap, &Healthy, (&[], None), &|_| false),
         NextCandidate::Wait
     );
     // After an attempt, nothing available: done, the last answer stands.
     assert_eq!(
-        plan.next_candidate(&snap, &Healthy, &[0], &|_| false),
+        plan.next_candidate(&snap, &Healthy, (&[0], None), &|_| false),
         NextCandidate::Done
     );
 }
@@ -703,11 +703,11 @@ fn on_rules_keep_and_timeouts_read_the_candidates_health() {
     // `keep` is asked of the next candidate: a penalized one is passed over.
     let penalized_second = FirstProviderStruggling(plan.candidates[1].provider);
     assert_eq!(
-        plan.next_candidate(&snapshot, &Healthy, &[0], &|_| true),
+        plan.next_candidate(&snapshot, &Healthy, (&[0], None), &|_| true),
         NextCandidate::Try(1)
     );
     assert_eq!(
-        plan.next_candidate(&snapshot, &penalized_second, &[0], &|_| true),
+        plan.next_candidate(&snapshot, &penalized_second, (&[0], None), &|_| true),
         NextCandidate::Done
     );
 }

@@ -276,7 +276,7 @@ fuzz_target!(|bytes: &[u8]| {
     };
 
     let sequence = plan.failover_sequence(snapshot, &Healthy);
-    let _ = plan.next_candidate(snapshot, &Healthy, &[], &|index| index % 2 == 1);
+    let _ = plan.next_candidate(snapshot, &Healthy, (&[], None), &|index| index % 2 == 1);
     let _ = plan.listing(snapshot, &Healthy);
     let _ = plan.headers(snapshot, None, Progress::default(), false);
     let _ = plan.exhausted(snapshot, false, Some(1_500), None, Progress::default());
@@ -299,7 +299,11 @@ fuzz_target!(|bytes: &[u8]| {
         if let Some(&first) = sequence.first()
             && candidate + 1 < plan.candidates.len()
         {
-            let _ = plan.allows(snapshot, &Healthy, first, candidate, candidate + 1);
+            let _ = plan.allows(snapshot, &Healthy, (first, candidate, None), candidate + 1);
+            for outcome in &outcomes {
+                let after = (first, candidate, Some(&outcome.facts));
+                let _ = plan.allows(snapshot, &Healthy, after, candidate + 1);
+            }
         }
         for outcome in &outcomes {
             let _ = plan.react(snapshot, &Healthy, candidate, outcome, progress, &|_| retries);

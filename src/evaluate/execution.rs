@@ -263,15 +263,16 @@ impl Plan {
     }
 
     /// The next candidate to try after `tried` (indices in the order they
-    /// were tried), given which candidates are available now. The walk only
-    /// moves forward in plan order: one `keep` does not allow after the
-    /// previous attempt is passed over for good, and so is one that is
-    /// paused or full when the walk reaches it.
+    /// were tried), the last of which ended as `failed` said (what `keep`
+    /// reads as `upstream`), given which candidates are available now. The
+    /// walk only moves forward in plan order: one `keep` does not allow
+    /// after the previous attempt is passed over for good, and so is one
+    /// that is paused or full when the walk reaches it.
     pub fn next_candidate(
         &self,
         snapshot: &Snapshot,
         health: &dyn HealthView,
-        tried: &[usize],
+        (tried, failed): (&[usize], Option<&OutcomeFacts>),
         available: &dyn Fn(usize) -> bool,
     ) -> NextCandidate {
         if tried.len() >= self.attempts {
@@ -284,7 +285,7 @@ impl Plan {
         let asked = AskedHealth::new(health, &self.candidates);
         for index in start..self.candidates.len() {
             if let (Some(&first), Some(&prev)) = (tried.first(), tried.last())
-                && !self.allows_asking(snapshot, &asked, first, prev, index)
+                && !self.allows_asking(snapshot, &asked, (first, prev, failed), index)
             {
                 continue;
             }
@@ -302,7 +303,8 @@ impl Plan {
 
     /// The candidates tried, in order, if every attempt fails and every
     /// candidate has room, under `health`: a paused candidate is passed over
-    /// as the proxy passes it over, and `keep` may read health too.
+    /// as the proxy passes it over, and `keep` may read health too (but no
+    /// provider's answer: `upstream` is absent).
     pub fn failover_sequence(&self, snapshot: &Snapshot, health: &dyn HealthView) -> Vec<usize> {
         let mut tried = Vec::new();
         let unpaused = |index: usize| {
@@ -311,7 +313,7 @@ impl Plan {
                 .is_some_and(|candidate| !health.health(candidate).paused())
         };
         while let NextCandidate::Try(index) =
-            self.next_candidate(snapshot, health, &tried, &unpaused)
+            self.next_candidate(snapshot, health, (&tried, None), &unpaused)
         {
             tried.push(index);
         }
@@ -319,28 +321,28 @@ impl Plan {
     }
 
     /// Whether `keep` allows trying `next` after `prev`, the first attempt
-    /// having been `first` (indices into `candidates`).
+    /// having been `first` (indices into `candidates`) and `prev` having
+    /// ended as `failed` says.
     pub fn allows(
         &self,
         snapshot: &Snapshot,
         health: &dyn HealthView,
-        first: usize,
-        prev: usize,
+        after: (usize, usize, Option<&OutcomeFacts>),
         next: usize,
     ) -> bool {
         let asked = AskedHealth::new(health, &self.candidates);
-        self.allows_asking(snapshot, &asked, first, prev, next)
+        self.allows_asking(snapshot, &asked, after, next)
     }
 
     fn allows_asking(
         &self,
         snapshot: &Snapshot,
         asked: &AskedHealth<'_>,
-        first: usize,
-        prev: usize,
+        (first, prev, failed): (usize, usize, Option<&OutcomeFacts>),
         next: usize,
     ) -> bool {
         let mut machine = self.machine_asking(snapshot, asked);
+        machine.outcome = failed;
         let focus = &Focus {
             current: Some(next),
             prev: Some(prev),

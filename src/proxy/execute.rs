@@ -503,6 +503,8 @@ impl Exchange {
         let mut tried: Vec<usize> = Vec::new();
         let mut rule_retries: HashMap<usize, u32> = HashMap::new();
         let mut last: Option<(Ending, usize, Option<Passthrough>)> = None;
+        // What the last attempt's failure said, for `keep` to read.
+        let mut failed: Option<OutcomeFacts> = None;
         let mut ticket: Option<Ticket> = None;
         self.running_since_ms = self.now_ms();
         // Waiting for capacity never outlasts the time budget either.
@@ -518,10 +520,12 @@ impl Exchange {
         loop {
             let next = {
                 let ticket_ref = ticket.as_ref();
-                self.plan
-                    .next_candidate(&self.snapshot, &self.state_view(), &tried, &|index| {
-                        self.available(index, ticket_ref)
-                    })
+                self.plan.next_candidate(
+                    &self.snapshot,
+                    &self.state_view(),
+                    (&tried, failed.as_ref()),
+                    &|index| self.available(index, ticket_ref),
+                )
             };
             match next {
                 NextCandidate::Try(index) => {
@@ -569,6 +573,7 @@ impl Exchange {
                                 // another request's.
                                 let paused_at_failure = self.paused(index);
                                 last = Some((reaction.ending, index, passthrough));
+                                failed = Some(outcome.facts);
                                 match reaction.action {
                                     Action::Stop => return self.end(last, link).await,
                                     Action::Next => break,
@@ -630,7 +635,7 @@ impl Exchange {
                     let room_now = self.plan.next_candidate(
                         &self.snapshot,
                         &self.state_view(),
-                        &tried,
+                        (&tried, failed.as_ref()),
                         &|index| self.available(index, ticket_ref),
                     );
                     // A route or credential paused by another request since

@@ -120,7 +120,10 @@ impl Root {
     /// Why a root is unavailable somewhere: where it can be used instead.
     pub fn available_in(self) -> &'static str {
         match self {
-            Root::Upstream | Root::Attempt => "`on` rules in `failover` and the errors they raise",
+            Root::Upstream => {
+                "`on` rules in `failover`, the errors they raise, and `keep` constraints (the previous attempt's answer)"
+            }
+            Root::Attempt => "`on` rules in `failover` and the errors they raise",
             Root::Retries => "`on` rules in `failover`",
             Root::Attempts | Root::Elapsed => "`on` rules, errors and headers",
             Root::Prev | Root::First => "`keep` constraints in `failover`",

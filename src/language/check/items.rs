@@ -771,8 +771,13 @@ impl<'a> Checker<'a> {
                     spec.reorder = self.sort_keys(keys, &Place::candidate("`reorder`"));
                 }
                 FailoverStmt::Keep { condition, .. } => {
-                    let place = Place::candidate("a `keep` constraint")
-                        .with_roots(Roots::of(&[Root::Prev, Root::First]));
+                    // `upstream` is what the previous attempt's failure
+                    // said (absent before any attempt, as `explain` walks).
+                    let place = Place::candidate("a `keep` constraint").with_roots(Roots::of(&[
+                        Root::Prev,
+                        Root::First,
+                        Root::Upstream,
+                    ]));
                     spec.keep.push(self.condition(condition, &place, &scope).1);
                 }
                 FailoverStmt::Budget {
