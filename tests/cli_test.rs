@@ -224,6 +224,10 @@ cases:
     body: {{model: qwen3.8-27b}}
     outcome: {{attempt: 1, result: "418"}}
     expect: {{error: passthrough, headers: {{retry-after: null}}}}
+  - name: a model the catalog does not have
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io@qwen3.8-27c, scaleway]}}
 "#,
         policy = noirdoc()
     );
@@ -264,6 +268,10 @@ cases:
             "give `error` too",
         ),
         ("headers with passthrough", "are not compared"),
+        (
+            "a model the catalog does not have",
+            "did you mean `qwen3.8-27b`?",
+        ),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -271,7 +279,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 17 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 18 failed\n"), "{stdout}");
     // The note names the errors no case expects, but not the capacity
     // error, which only the proxy answers.
     assert!(

@@ -466,6 +466,26 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
             "`expect.plan` names `{unknown}`, which is no provider of the catalog{hint}"
         ));
     }
+    // A plan entry's model is a catalog model's id, unless an `unknown
+    // serve` tier may serve any id as it was requested.
+    if snapshot.program.models.unknown_serve.is_empty() {
+        let models: Vec<&str> = snapshot
+            .data
+            .catalog
+            .models
+            .iter()
+            .map(|m| m.id.as_str())
+            .collect();
+        if let Some(unknown) = expect.plan.iter().flatten().find_map(|entry| {
+            let (_, model) = entry.split_once('@')?;
+            (!models.contains(&model)).then_some(model)
+        }) {
+            let hint = closest(unknown, &models);
+            return Some(format!(
+                "`expect.plan` names the model `{unknown}`, which is no model of the catalog{hint}"
+            ));
+        }
+    }
     if let Some(missing) = case.missing_secrets.iter().find(|name| {
         !snapshot
             .data
