@@ -1093,6 +1093,35 @@ failover {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_limit_past_the_default_idle_is_waited_in_full() -> TestResult {
+    // No `idle` given: the silence before the first event is first_token's
+    // alone, and idle's 60 s default does not cut the 90 s short.
+    let clock = Arc::new(ManualClock::default());
+    let gateway = Setup::new(
+        "timeouts {\n  first_token 90s\n}\nfailover {\n  attempts 1\n  on any => stop, error upstream_failed\n}\n",
+        SIMPLE_ERRORS,
+        catalog(&[provider("a", "openai", "")], &[model("m", &["a"])]),
+    )
+    .clock(clock.clone())
+    .start("providers:\n  a: {sequence: [\"first_token=30m\"]}\n")
+    .await;
+    let api = gateway.api.clone();
+    let client = tokio::spawn(async move { api.chat(&chat_body(true)).await });
+    until("the proxy waits for the first event", || {
+        clock.sleeping_until().contains(&90_000)
+    })
+    .await;
+    clock.advance(89_999);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!client.is_finished(), "given up before 90 s");
+    clock.advance(1);
+    let reply = client.await?;
+    assert_eq!(reply.status, 502, "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 // --------------------------------------------------------------- 4. pauses
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -643,6 +643,45 @@ fn what_a_shorthand_makes_is_read_as_a_written_object() {
     }
 }
 
+/// A retry whose wait comes out absent (a division by zero, or a
+/// `backoff` step that does) waits the default backoff, never nothing: a
+/// provider that keeps failing is not asked again at once.
+#[test]
+fn a_retry_whose_wait_is_absent_waits_the_default_backoff() {
+    for wait in [
+        "1s * (1 / (attempt - attempt))",
+        "backoff(1s, 2, 30s, 0, 1 / (attempt - attempt))",
+    ] {
+        let snapshot = two_providers(
+            "absent-wait",
+            &format!(
+                "models {{\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}}\n\
+                 failover {{\n  attempts 2\n  on 5xx when retries < 2 => retry after {wait}, error upstream_failed\n  \
+                 on any => next, error upstream_failed\n}}"
+            ),
+        );
+        let body = json!({"model": "small-chat", "messages": []});
+        let decision = decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[]);
+        let plan = decision.result.unwrap();
+        let outcome = AttemptOutcome {
+            class: OutcomeClass::Status(503),
+            facts: OutcomeFacts {
+                status: Some(503),
+                ..OutcomeFacts::default()
+            },
+        };
+        let progress = Progress {
+            attempt: 1,
+            attempts: 1,
+            jitter: 0.5,
+            ..Progress::default()
+        };
+        let reaction = plan.react(&snapshot, &Healthy, 0, &outcome, progress, &|_| 0);
+        // 250 ms, three quarters of it at the middle of the jitter.
+        assert_eq!(reaction.action, Action::Retry { after_ms: 187 }, "{wait}");
+    }
+}
+
 /// The first candidate's provider penalized, its first event measured at
 /// 2 s over 40 samples; every other candidate healthy.
 struct FirstProviderStruggling(usize);

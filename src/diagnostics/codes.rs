@@ -77,6 +77,7 @@ codes! {
     BAD_LAYERS = "E0512", Error, "default layers are repeated";
     BAD_SCHEDULE = "E0513", Error, "a penalty schedule's factor is below 1 or its maximum below its base";
     RESERVED_INPUT = "E0514", Error, "an input reads a body field or header the proxy itself uses, or one no request can carry";
+    ZERO_TIMEOUT = "E0515", Error, "a timeout is written as no time at all";
 
     SHADOWED_RULE = "W0601", Warning, "a rule can never apply because earlier rules always take its cases";
     UNUSED_DEFINITION = "W0602", Warning, "a definition, input or sort is never used";

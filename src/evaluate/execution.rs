@@ -106,6 +106,11 @@ pub struct Timeouts {
     pub headers_ms: u64,
     pub first_token_ms: u64,
     pub idle_ms: u64,
+    /// The silence a stream may keep before its answer begins, from the
+    /// headers on: `idle` where the policy gives it, else none but
+    /// `first_token` (a default would cut a `first_token` the policy set
+    /// longer).
+    pub silence_before_answer_ms: Option<u64>,
     pub attempt_ms: Option<u64>,
     /// How long a stream's response headers may wait for its first event;
     /// `None`: until the first event (or the final error).
@@ -197,15 +202,17 @@ impl Plan {
                 ir::Action::Next => Action::Next,
                 ir::Action::Stop => Action::Stop,
                 ir::Action::Retry(after) => {
-                    let after_ms = match after {
-                        Some(after) => machine.eval(after, focus).as_duration().unwrap_or(0),
-                        None => {
-                            let retries = i32::try_from(machine.progress.retries).unwrap_or(30);
-                            let full = (DEFAULT_RETRY_BASE_MS * 2f64.powi(retries))
-                                .min(DEFAULT_RETRY_MAX_MS);
-                            (full * (0.5 + 0.5 * progress.jitter.clamp(0.0, 1.0))) as u64
-                        }
-                    };
+                    // A wait that comes out absent (a division by zero) is
+                    // the default one, never a retry at once.
+                    let asked = after
+                        .as_ref()
+                        .and_then(|after| machine.eval(after, focus).as_duration());
+                    let after_ms = asked.unwrap_or_else(|| {
+                        let retries = i32::try_from(machine.progress.retries).unwrap_or(30);
+                        let full =
+                            (DEFAULT_RETRY_BASE_MS * 2f64.powi(retries)).min(DEFAULT_RETRY_MAX_MS);
+                        (full * (0.5 + 0.5 * progress.jitter.clamp(0.0, 1.0))) as u64
+                    });
                     Action::Retry { after_ms }
                 }
             };
@@ -377,7 +384,8 @@ impl Plan {
         let connect_ms = get(TimeoutKind::Connect).unwrap_or(10_000);
         let headers_ms = get(TimeoutKind::Headers).unwrap_or(60_000);
         let first_token_ms = get(TimeoutKind::FirstToken).unwrap_or(headers_ms);
-        let idle_ms = get(TimeoutKind::Idle).unwrap_or(60_000);
+        let silence_before_answer_ms = get(TimeoutKind::Idle);
+        let idle_ms = silence_before_answer_ms.unwrap_or(60_000);
         let attempt_ms = get(TimeoutKind::Attempt);
         let hold_headers_ms = snapshot
             .program
@@ -396,6 +404,7 @@ impl Plan {
             headers_ms,
             first_token_ms,
             idle_ms,
+            silence_before_answer_ms,
             attempt_ms,
             hold_headers_ms,
             after_commit,

@@ -1209,10 +1209,10 @@ impl Exchange {
         } else {
             OutcomeClass::FirstTokenTimeout
         };
-        // Silence is `idle`'s before the answer begins too: from the headers
-        // on, any event (those that only announce the answer, keep-alives,
-        // comments) shows the provider is still there. Running out, the
-        // answer did not begin in time.
+        // Silence is `idle`'s before the answer begins too, where the policy
+        // gives it: from the headers on, any event (those that only
+        // announce the answer, keep-alives, comments) shows the provider is
+        // still there. Running out, the answer did not begin in time.
         let mut heard_ms = headers_came_ms;
         let failed = |class: OutcomeClass, message: Option<String>| Attempted::Failed {
             outcome: AttemptOutcome {
@@ -1327,7 +1327,9 @@ impl Exchange {
                 return failed(no_first_event, None);
             }
             let (holding, hold_at) = (self.holding(link), self.hold_until());
-            let silent_deadline = heard_ms.saturating_add(timeouts.idle_ms);
+            let silent_deadline = timeouts
+                .silence_before_answer_ms
+                .map_or(u64::MAX, |idle_ms| heard_ms.saturating_add(idle_ms));
             let chunk = tokio::select! {
                 biased;
                 chunk = upstream.next() => Some(chunk),

@@ -241,6 +241,19 @@ impl<'a> Checker<'a> {
                         seen.insert(timeout.kind, timeout.kind_span);
                     }
                     let (_, term) = self.expect(&timeout.value, &Ty::Duration, &place, &scope);
+                    // No wait is ever that short: every attempt would fail
+                    // as soon as it began, or race its own first byte.
+                    if expr::constant_duration(&timeout.value) == Some(0) {
+                        self.error_at(
+                            codes::ZERO_TIMEOUT,
+                            timeout.value.span,
+                            format!("the `{}` timeout is no time at all", timeout.kind.name()),
+                            "no time",
+                            Some(String::from(
+                                "give the longest wait that is still fine, such as `30s`, or leave the timeout out for its default",
+                            )),
+                        );
+                    }
                     self.program.timeouts.push((timeout.kind, term));
                 }
             }

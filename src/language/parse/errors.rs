@@ -208,13 +208,16 @@ fn failed_at(error: &pest::error::Error<Rule>) -> usize {
         .map_or(reported, |attempts| attempts.max_position.max(reported))
 }
 
-/// A line of a block's statement that begins with a word no statement of
-/// the block begins with, where the parse of the statement above stopped:
-/// most likely a statement misnamed (`total 20s` in `timeouts`), not the
-/// rest of the one above. `text` starts at byte `offset` of its file.
+/// A line of a block's statement that begins, where the statement itself
+/// began (`column`), with a word no statement of the block begins with,
+/// after a line that left nothing open, and where the parse of the
+/// statement stopped: most likely a statement misnamed (`total 20s` in
+/// `timeouts`), not the rest of the one above, which would be indented
+/// further or follow a line ending in `,`, `=>` or an operator. `text`
+/// starts at byte `offset` of its file.
 pub fn unknown_statement(
     source: SourceId,
-    offset: usize,
+    (offset, column): (usize, usize),
     text: &str,
     error: &pest::error::Error<Rule>,
     (block, keywords): (&str, &[&str]),
@@ -222,7 +225,20 @@ pub fn unknown_statement(
     let position = failed_at(error);
     let before = text.get(..position)?;
     let line_start = before.rfind('\n')? + 1;
-    if !before[line_start..].chars().all(|c| c == ' ' || c == '\t') {
+    let indent = before.get(line_start..)?;
+    if indent.chars().count() != column || !indent.chars().all(|c| c == ' ' || c == '\t') {
+        return None;
+    }
+    let previous = before
+        .get(..line_start)?
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or("").trim_end())
+        .rfind(|line| !line.trim().is_empty())?;
+    let left_open = [
+        ",", "=>", "=", "(", "[", "{", "+", "-", "*", "/", "<", ">", " and", " or", " not", " in",
+        " else", " then", " if", " when", " by", " where", " implies",
+    ];
+    if left_open.iter().any(|end| previous.ends_with(end)) {
         return None;
     }
     let rest = text.get(position..)?;

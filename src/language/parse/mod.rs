@@ -228,9 +228,19 @@ impl<'t> Recovery<'t> {
                         continue;
                     };
                     let block_word = chunk.get(..kind_keyword_len(chunk)).unwrap_or("");
+                    // The statement's column: where its line's text begins.
+                    let line_start = self
+                        .text
+                        .get(..offset)
+                        .and_then(|before| before.rfind('\n'))
+                        .map_or(0, |at| at + 1);
+                    let column = self
+                        .text
+                        .get(line_start..offset)
+                        .map_or(0, |indent| indent.chars().count());
                     match errors::unknown_statement(
                         self.source,
-                        offset,
+                        (offset, column),
                         text,
                         &error,
                         (block_word, keywords),
