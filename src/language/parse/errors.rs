@@ -379,6 +379,22 @@ pub fn syntax_error(
         expected = keep;
         expected.insert(format!("{more} more"));
     }
+    // Stopped inside a word, past a keyword it begins with (`andd` read as
+    // `and` then `d`): the word is what is wrong, whole.
+    let is_word_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    if expected.is_empty()
+        && !at_chunk_end
+        && text
+            .get(position..)
+            .and_then(|rest| rest.chars().next())
+            .is_some_and(is_word_char)
+        && let Some(before) = text.get(..position)
+        && before.chars().next_back().is_some_and(is_word_char)
+    {
+        position = before
+            .rfind(|c: char| !is_word_char(c))
+            .map_or(0, |at| at + 1);
+    }
     let (found, length) = match (at_chunk_end, ends_the_file) {
         (true, false) => (String::from(END_OF_LINE), 0),
         (true, true) => (String::from(END_OF_FILE), 0),
