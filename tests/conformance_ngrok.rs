@@ -914,7 +914,8 @@ async fn a_rejected_key_fails_over_to_the_next_key() {
         "401 code=invalid_api_key",
         "403 code=permission_denied",
         "401 code=authentication_error",
-        // No reason but the status itself, as OpenRouter writes it.
+        // No reason but the status itself, as OpenRouter writes it: a
+        // number (the sim writes a code in digits as one).
         "401 code=401",
     ] {
         replay(

@@ -560,7 +560,18 @@ pub fn error_body(endpoint: Endpoint, status: u16, code: Option<&str>, message: 
             500..=599 => "server_error",
             _ => "invalid_request_error",
         };
-        json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+        json!({"error": {"message": message, "type": kind, "param": null, "code": code_value(code)}})
+    }
+}
+
+/// An OpenAI-format error `code`: a number when written in digits, as
+/// OpenRouter sends its codes (`"code": 401`), else the text.
+fn code_value(code: Option<&str>) -> Json {
+    match code {
+        Some(digits) if digits.bytes().all(|b| b.is_ascii_digit()) => digits
+            .parse::<u64>()
+            .map_or_else(|_| json!(digits), |number| json!(number)),
+        other => json!(other),
     }
 }
 
@@ -580,7 +591,7 @@ pub fn stream_error(
             "error",
             &json!({
                 "type": "error",
-                "code": code,
+                "code": code_value(code),
                 "message": message,
                 "param": null,
                 "sequence_number": events_sent,
@@ -759,6 +770,30 @@ mod tests {
             (&json!("error"), &json!("server_error"), &json!("m"))
         );
         assert_eq!(data["sequence_number"], 6);
+    }
+
+    #[test]
+    fn a_code_in_digits_is_a_number_as_openrouter_sends_it() {
+        let body = error_body(Endpoint::ChatCompletions, 401, Some("401"), "no");
+        assert_eq!(body["error"]["code"], json!(401));
+        let body = error_body(
+            Endpoint::ChatCompletions,
+            401,
+            Some("invalid_api_key"),
+            "no",
+        );
+        assert_eq!(body["error"]["code"], json!("invalid_api_key"));
+        let body = error_body(Endpoint::ChatCompletions, 500, None, "no");
+        assert_eq!(body["error"]["code"], Json::Null);
+        let event = stream_error(Endpoint::Responses, Some("429"), "no", 0);
+        assert!(
+            event.to_text().contains("\"code\":429"),
+            "{}",
+            event.to_text()
+        );
+        // Anthropic's format has no code: it becomes the type, as text.
+        let body = error_body(Endpoint::Messages, 401, Some("401"), "no");
+        assert_eq!(body["error"]["type"], json!("401"));
     }
 
     #[test]
