@@ -228,6 +228,14 @@ cases:
     key: acme-default
     body: {{model: qwen3.8-27b}}
     expect: {{plan: [aki-io@qwen3.8-27c, scaleway]}}
+  - name: a credential the provider does not have
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io/aki-io-platfrm, scaleway]}}
+  - name: no model after the at sign
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io@, scaleway]}}
 "#,
         policy = noirdoc()
     );
@@ -272,6 +280,11 @@ cases:
             "a model the catalog does not have",
             "did you mean `qwen3.8-27b`?",
         ),
+        (
+            "a credential the provider does not have",
+            "did you mean `aki-io-platform`?",
+        ),
+        ("no model after the at sign", "names no model after `@`"),
     ];
     assert_eq!(failures.len(), expected.len(), "{stdout}");
     for ((name, why), (expected_name, expected_why)) in failures.iter().zip(expected) {
@@ -279,7 +292,7 @@ cases:
         assert!(why.contains(expected_why), "{name}: {why}\n{stdout}");
     }
     assert!(stdout.contains("ok    "), "{stdout}");
-    assert!(stdout.ends_with("1 passed, 18 failed\n"), "{stdout}");
+    assert!(stdout.ends_with("1 passed, 20 failed\n"), "{stdout}");
     // The note names the errors no case expects, but not the capacity
     // error, which only the proxy answers.
     assert!(

@@ -643,6 +643,29 @@ fn what_a_shorthand_makes_is_read_as_a_written_object() {
     }
 }
 
+/// A timeout that comes out as no time when a request runs is the
+/// timeout's default: a stream with `idle` of 0 s would race its own first
+/// chunk, and one with `connect` of 0 s could never connect.
+#[test]
+fn a_timeout_that_comes_out_as_no_time_is_its_default() {
+    let snapshot = two_providers(
+        "zero-timeouts",
+        "models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+         failover {\n  attempts 2\n  on any => next, error upstream_failed\n}\n\
+         timeouts {\n  connect 1s - 1s\n  first_token 0 * 1s\n  idle 2s - 2s\n  attempt 5s - 5s\n}",
+    );
+    let body = json!({"model": "small-chat", "messages": []});
+    let plan = decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[])
+        .result
+        .unwrap();
+    let limits = plan.timeouts(&snapshot, &Healthy, 0);
+    assert_eq!(limits.connect_ms, 10_000);
+    assert_eq!(limits.first_token_ms, limits.headers_ms);
+    assert_eq!(limits.idle_ms, 60_000);
+    assert_eq!(limits.silence_before_answer_ms, None);
+    assert_eq!(limits.attempt_ms, None);
+}
+
 /// A retry whose wait comes out absent (a division by zero, or a
 /// `backoff` step that does) waits the default backoff, never nothing: a
 /// provider that keeps failing is not asked again at once.

@@ -466,6 +466,37 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
             "`expect.plan` names `{unknown}`, which is no provider of the catalog{hint}"
         ));
     }
+    // A credential named must be one of its provider's.
+    if let Some((provider, credential)) = expect.plan.iter().flatten().find_map(|entry| {
+        let head = entry
+            .split_once('@')
+            .map_or(entry.as_str(), |(head, _)| head);
+        let (provider, credential) = head.split_once('/')?;
+        let known = snapshot
+            .data
+            .catalog
+            .providers
+            .iter()
+            .find(|p| p.id == provider)?;
+        (!known.credentials.iter().any(|c| c.id == credential)).then_some((known, credential))
+    }) {
+        let ids: Vec<&str> = provider.credentials.iter().map(|c| c.id.as_str()).collect();
+        let hint = closest(credential, &ids);
+        return Some(format!(
+            "`expect.plan` names the credential `{credential}`, which is no credential of `{}`{hint}",
+            provider.id
+        ));
+    }
+    if let Some(bare) = expect
+        .plan
+        .iter()
+        .flatten()
+        .find(|entry| entry.ends_with('@'))
+    {
+        return Some(format!(
+            "`expect.plan` entry `{bare}` names no model after `@`: give one, or leave out the `@`"
+        ));
+    }
     // A plan entry's model is a catalog model's id, unless an `unknown
     // serve` tier may serve any id as it was requested.
     if snapshot.program.models.unknown_serve.is_empty() {

@@ -373,6 +373,9 @@ impl Plan {
         let asked = AskedHealth::new(health, &self.candidates);
         let mut machine = self.machine_asking(snapshot, &asked);
         let focus = &Focus::on(candidate);
+        // A limit that comes out as no time (a setting of 0 s, say) is no
+        // limit anyone means: the timeout's default holds instead, as
+        // where the policy gives none (E0515 refuses one written so).
         let mut get = |kind: TimeoutKind| {
             snapshot
                 .program
@@ -380,6 +383,7 @@ impl Plan {
                 .iter()
                 .find(|(k, _)| *k == kind)
                 .and_then(|(_, term)| machine.eval(term, focus).as_duration())
+                .filter(|ms| *ms > 0)
         };
         let connect_ms = get(TimeoutKind::Connect).unwrap_or(10_000);
         let headers_ms = get(TimeoutKind::Headers).unwrap_or(60_000);

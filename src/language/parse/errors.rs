@@ -208,37 +208,30 @@ fn failed_at(error: &pest::error::Error<Rule>) -> usize {
         .map_or(reported, |attempts| attempts.max_position.max(reported))
 }
 
-/// A line of a block's statement that begins, where the statement itself
-/// began (`column`), with a word no statement of the block begins with,
-/// after a line that left nothing open, and where the parse of the
-/// statement stopped: most likely a statement misnamed (`total 20s` in
-/// `timeouts`), not the rest of the one above, which would be indented
-/// further or follow a line ending in `,`, `=>` or an operator. `text`
-/// starts at byte `offset` of its file.
+/// A line of a block's statement that begins with a word no statement of
+/// the block begins with, where the parse of the statement stopped, after
+/// lines that are a whole statement (`statement` parses them), and no
+/// further in than the statement began (`column`): most likely a statement
+/// misnamed (`total 20s` in `timeouts`). After lines that are not whole,
+/// or indented as their continuation, the line is the rest of theirs,
+/// misspelt (`els`, `whn`, `nd`), and the parser's own "expected …" says
+/// more. `text` starts at byte `offset` of its file.
 pub fn unknown_statement(
     source: SourceId,
     (offset, column): (usize, usize),
     text: &str,
     error: &pest::error::Error<Rule>,
-    (block, keywords): (&str, &[&str]),
+    (block, keywords, statement): (&str, &[&str], Rule),
 ) -> Option<Diagnostic> {
     let position = failed_at(error);
     let before = text.get(..position)?;
     let line_start = before.rfind('\n')? + 1;
     let indent = before.get(line_start..)?;
-    if indent.chars().count() != column || !indent.chars().all(|c| c == ' ' || c == '\t') {
+    if !indent.chars().all(char::is_whitespace) || indent.chars().count() > column {
         return None;
     }
-    let previous = before
-        .get(..line_start)?
-        .lines()
-        .map(|line| line.split('#').next().unwrap_or("").trim_end())
-        .rfind(|line| !line.trim().is_empty())?;
-    let left_open = [
-        ",", "=>", "=", "(", "[", "{", "+", "-", "*", "/", "<", ">", " and", " or", " not", " in",
-        " else", " then", " if", " when", " by", " where", " implies",
-    ];
-    if left_open.iter().any(|end| previous.ends_with(end)) {
+    let above = before.get(..line_start)?;
+    if super::PolicyParser::parse(statement, above).is_err() {
         return None;
     }
     let rest = text.get(position..)?;
@@ -489,8 +482,12 @@ fn unknown_escape_or_letter(
 /// `op_`, `boolean` and `null` rules, whose names are not the words.
 const OPERATOR_WORDS: [&str; 8] = ["and", "or", "not", "in", "implies", "true", "false", "null"];
 
+/// Words the grammar matches inside a rule of its own rather than as a
+/// `kw_` rule: a sort key's direction.
+const DIRECTION_WORDS: [&str; 2] = ["asc", "desc"];
+
 /// The language's keywords: the grammar's `kw_` rules, and the words of its
-/// operators and literals.
+/// operators, literals and directions.
 fn keywords() -> &'static [String] {
     static KEYWORDS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     KEYWORDS.get_or_init(|| {
@@ -498,6 +495,7 @@ fn keywords() -> &'static [String] {
             .iter()
             .filter_map(|rule| format!("{rule:?}").strip_prefix("kw_").map(String::from))
             .chain(OPERATOR_WORDS.iter().map(|word| word.to_string()))
+            .chain(DIRECTION_WORDS.iter().map(|word| word.to_string()))
             .collect()
     })
 }

@@ -228,7 +228,7 @@ impl<'t> Recovery<'t> {
                         continue;
                     };
                     let block_word = chunk.get(..kind_keyword_len(chunk)).unwrap_or("");
-                    // The statement's column: where its line's text begins.
+                    // How far in the statement begins on its line.
                     let line_start = self
                         .text
                         .get(..offset)
@@ -243,7 +243,7 @@ impl<'t> Recovery<'t> {
                         (offset, column),
                         text,
                         &error,
-                        (block_word, keywords),
+                        (block_word, keywords, kind.statement_rule()),
                     ) {
                         Some(diagnostic) if !self.explained(offset, offset + text.len()) => {
                             self.parsed.diagnostics.push(diagnostic);
