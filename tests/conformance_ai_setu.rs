@@ -465,8 +465,9 @@ async fn a_slug_prefix_pins_the_byok_binding() {
     stack.stop().await;
 }
 
-/// [S6] the header is a comma-separated, case-insensitive provider list; a
-/// name that is no provider is 400 invalid_provider_order
+/// [S6] the header is a comma-separated, case-insensitive provider list
+/// (on one line or several); a name that is no provider is 400
+/// invalid_provider_order
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_header_is_a_case_insensitive_list_and_unknown_names_are_refused() {
     let clock = Arc::new(ManualClock::default());
@@ -480,6 +481,21 @@ async fn the_order_header_is_a_case_insensitive_list_and_unknown_names_are_refus
         let (_, tried) = tried_by(&stack, chat_ordered(&stack, INITECH, CLAUDE, order)).await;
         assert_eq!(tried, names(&["bedrock", "anthropic"]), "{order}");
     }
+    // Given on two lines, the header is one list (RFC 9110, section 5.3).
+    let body = chat_body(CLAUDE);
+    let two_lines = stack.post(
+        CHAT,
+        Some(INITECH),
+        &[(ORDER_HEADER, "bedrock"), (ORDER_HEADER, "anthropic")],
+        &body,
+    );
+    let (_, tried) = tried_by(&stack, two_lines).await;
+    assert_eq!(tried, names(&["bedrock", "anthropic"]));
+    // Commas alone name nothing: as good as no header.
+    let unordered = stack.post(CHAT, Some(INITECH), &[], &body);
+    let (_, usual) = tried_by(&stack, unordered).await;
+    let (_, tried) = tried_by(&stack, chat_ordered(&stack, INITECH, CLAUDE, " , ,")).await;
+    assert_eq!(tried, usual);
 
     stack.sim.clear();
     let reply = chat_ordered(&stack, GLOBEX, CLAUDE, "bedrock,nosuch").await;

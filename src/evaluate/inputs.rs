@@ -205,8 +205,9 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
         },
         InputType::Csv(item) => {
             let text = text_of(raw).ok_or_else(|| malformed("a comma-separated list"))?;
-            // An empty header lists nothing: it was as good as not sent.
-            if text.trim().is_empty() {
+            // A header that lists nothing (empty, blank, or commas alone)
+            // was as good as not sent.
+            if text.split(',').all(|part| part.trim().is_empty()) {
                 return Ok(Value::Null);
             }
             let values = text

@@ -521,6 +521,7 @@ fn decide(
     request.settings = resolve_settings(snapshot, &request, model_named);
 
     // Inputs.
+    let mut joined_lines = String::new();
     for spec in &program.inputs {
         if let Some(unless) = &spec.unless
             && Machine::new(snapshot, &request, &[], &[]).truth(unless, &Focus::default())
@@ -532,11 +533,29 @@ fn decide(
             crate::language::ir::InputSourceKind::Body => {
                 body.get(&spec.field).map(inputs::Raw::Json)
             }
-            crate::language::ir::InputSourceKind::Header => context
-                .headers
-                .iter()
-                .find(|(name, _)| *name == spec.field)
-                .map(|(_, value)| inputs::Raw::Text(value.as_str())),
+            crate::language::ir::InputSourceKind::Header => {
+                let mut lines = context
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| *name == spec.field)
+                    .map(|(_, value)| value.as_str());
+                let first = lines.next();
+                let more: Vec<&str> = lines.collect();
+                match (first, &spec.ty) {
+                    // A list given on several lines is one list, its
+                    // lines joined by commas (RFC 9110, section 5.3).
+                    (Some(first), crate::language::ir::InputType::Csv(_)) if !more.is_empty() => {
+                        joined_lines.clear();
+                        joined_lines.push_str(first);
+                        for line in more {
+                            joined_lines.push(',');
+                            joined_lines.push_str(line);
+                        }
+                        Some(inputs::Raw::Text(joined_lines.as_str()))
+                    }
+                    (first, _) => first.map(inputs::Raw::Text),
+                }
+            }
         };
         let mut expand = |spec: &crate::language::ir::InputSpec, value: Value| {
             let Some((_, term)) = &spec.shorthand else {
