@@ -739,7 +739,7 @@ fn explain_says_when_reorder_moved_the_candidates_after_the_first() {
         .expect("reordered");
     let source = json["result"]["reordered_by"]["source"].as_str().unwrap();
     assert!(
-        source.starts_with("reorder by provider.priority"),
+        source.starts_with("reorder by priced desc, provider.priority"),
         "{source}"
     );
     assert!(

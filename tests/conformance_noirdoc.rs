@@ -9,8 +9,8 @@
 //!   (unpriced, prio 5); aki-io is the only starter provider and the only
 //!   one with a capacity limit (4 at a time, 120 a minute).
 //! - `gpt-oss-120b`: together (0.60, prio 5) first; then failover takes
-//!   aki-io (no complete price, prio 10: skipped after a priced one),
-//!   scaleway (1.20, prio 8), ionos (1.50, prio 8), openai (0.90, prio 6).
+//!   scaleway (1.20, prio 8), ionos (1.50, prio 8), openai (0.90, prio 6),
+//!   and aki-io (no complete price, prio 10) last: never after a priced one.
 //! - `gpt-5`: managed openai, and acme's own `acme-openai` (named
 //!   `openai-acme`); the tenants `starter-byok` and `managed-off-byok`
 //!   have their own too (`starter-byok-openai`, `managed-off-byok-openai`).
@@ -972,6 +972,31 @@ async fn n20_n43_n44_a_provider_at_its_concurrency_limit_is_passed_over() {
     for task in hung {
         task.abort();
     }
+    stack.stop().await;
+}
+
+/// [N20] [N33] with the cheapest provider paused, the request goes to the
+/// next free provider in the failover order, and that is a priced one:
+/// gpt-oss-120b's together (0.60) paused after a 429, scaleway serves, not
+/// aki-io, whose priority (10) is the highest but which has no price
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n20_n33_with_the_cheapest_paused_the_next_priced_provider_serves() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = Stack::shipped(
+        "noirdoc",
+        &scenario(&[("together", &["429 retry_after=60s", "200"])]),
+        &[],
+        clock.clone(),
+    )
+    .await;
+
+    let (reply, tried) = chat(&stack, ACME, chat_body(GPT_OSS)).await;
+    assert_eq!(provider_header(&reply), Some("scaleway"), "{}", reply.text);
+    assert_eq!(tried, names(&["together", "scaleway"]));
+    // together is paused now: passed over, for a priced provider.
+    let (reply, tried) = chat(&stack, ACME, chat_body(GPT_OSS)).await;
+    assert_eq!(provider_header(&reply), Some("scaleway"), "{}", reply.text);
+    assert_eq!(tried, names(&["scaleway"]));
     stack.stop().await;
 }
 
