@@ -273,6 +273,53 @@ pub fn listen_failure(
     )
 }
 
+/// How precisely a plan's entries must be shown to tell its candidates
+/// apart: with their credentials when two share a provider and a model,
+/// with their models when they serve more than one.
+pub fn entry_detail(candidates: &[Candidate]) -> (bool, bool) {
+    let with_model = candidates.windows(2).any(
+        |pair| matches!(pair, [a, b] if a.model != b.model || a.requested.id != b.requested.id),
+    );
+    let with_credential = candidates.iter().enumerate().any(|(n, a)| {
+        candidates.iter().skip(n + 1).any(|b| {
+            a.provider == b.provider && a.model == b.model && a.requested.id == b.requested.id
+        })
+    });
+    (with_credential, with_model)
+}
+
+/// A plan entry in the test files' notation, which `explain` shows too:
+/// `provider`, `provider/credential`, `provider@model` or
+/// `provider/credential@model`. The model is its catalog id, or the id
+/// requested of an `unknown serve` tier.
+pub fn plan_entry(
+    snapshot: &Snapshot,
+    candidate: &Candidate,
+    with_credential: bool,
+    with_model: bool,
+) -> String {
+    let mut text = snapshot
+        .provider(candidate.provider)
+        .map_or_else(|| String::from("?"), |p| p.id.clone());
+    if with_credential {
+        text.push('/');
+        text.push_str(
+            snapshot
+                .credential(candidate.provider, candidate.credential)
+                .map_or("?", |c| c.id.as_str()),
+        );
+    }
+    if with_model {
+        text.push('@');
+        let model = candidate
+            .model
+            .and_then(|m| snapshot.data.catalog.models.get(m))
+            .map_or(candidate.requested.id.as_ref(), |m| m.id.as_str());
+        text.push_str(model);
+    }
+    text
+}
+
 #[cfg(all(test, feature = "server"))]
 mod tests {
     use super::*;
@@ -327,51 +374,4 @@ mod tests {
         let error = RequestSpec::from_json(stray).err().unwrap();
         assert!(error.contains("unknown field `model`"), "{error}");
     }
-}
-
-/// How precisely a plan's entries must be shown to tell its candidates
-/// apart: with their credentials when two share a provider and a model,
-/// with their models when they serve more than one.
-pub fn entry_detail(candidates: &[Candidate]) -> (bool, bool) {
-    let with_model = candidates.windows(2).any(
-        |pair| matches!(pair, [a, b] if a.model != b.model || a.requested.id != b.requested.id),
-    );
-    let with_credential = candidates.iter().enumerate().any(|(n, a)| {
-        candidates.iter().skip(n + 1).any(|b| {
-            a.provider == b.provider && a.model == b.model && a.requested.id == b.requested.id
-        })
-    });
-    (with_credential, with_model)
-}
-
-/// A plan entry in the test files' notation, which `explain` shows too:
-/// `provider`, `provider/credential`, `provider@model` or
-/// `provider/credential@model`. The model is its catalog id, or the id
-/// requested of an `unknown serve` tier.
-pub fn plan_entry(
-    snapshot: &Snapshot,
-    candidate: &Candidate,
-    with_credential: bool,
-    with_model: bool,
-) -> String {
-    let mut text = snapshot
-        .provider(candidate.provider)
-        .map_or_else(|| String::from("?"), |p| p.id.clone());
-    if with_credential {
-        text.push('/');
-        text.push_str(
-            snapshot
-                .credential(candidate.provider, candidate.credential)
-                .map_or("?", |c| c.id.as_str()),
-        );
-    }
-    if with_model {
-        text.push('@');
-        let model = candidate
-            .model
-            .and_then(|m| snapshot.data.catalog.models.get(m))
-            .map_or(candidate.requested.id.as_ref(), |m| m.id.as_str());
-        text.push_str(model);
-    }
-    text
 }

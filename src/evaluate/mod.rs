@@ -540,11 +540,13 @@ fn decide(
                     .filter(|(name, _)| *name == spec.field)
                     .map(|(_, value)| value.as_str());
                 let first = lines.next();
-                let more: Vec<&str> = lines.collect();
+                let mut more = lines.peekable();
                 match (first, &spec.ty) {
                     // A list given on several lines is one list, its
                     // lines joined by commas (RFC 9110, section 5.3).
-                    (Some(first), crate::language::ir::InputType::Csv(_)) if !more.is_empty() => {
+                    (Some(first), crate::language::ir::InputType::Csv(_))
+                        if more.peek().is_some() =>
+                    {
                         joined_lines.clear();
                         joined_lines.push_str(first);
                         for line in more {

@@ -195,14 +195,19 @@ fn join_expected(expected: &BTreeSet<String>) -> String {
     }
 }
 
-/// Where the parse of a chunk failed: the furthest point its attempts
-/// reached, which is past the reported position when an enclosing rule
-/// failed.
-fn failed_at(error: &pest::error::Error<Rule>) -> usize {
-    let reported = match error.location {
+/// Where pest reports the parse of a chunk failed.
+fn reported_at(error: &pest::error::Error<Rule>) -> usize {
+    match error.location {
         InputLocation::Pos(at) => at,
         InputLocation::Span((start, _)) => start,
-    };
+    }
+}
+
+/// Where the parse of a chunk failed: the furthest point its attempts
+/// reached, which is past the reported position when an enclosing rule
+/// failed, and there the mistake is.
+fn failed_at(error: &pest::error::Error<Rule>) -> usize {
+    let reported = reported_at(error);
     error
         .parse_attempts()
         .map_or(reported, |attempts| attempts.max_position.max(reported))
@@ -274,31 +279,27 @@ pub fn syntax_error(
     text: &str,
     error: &pest::error::Error<Rule>,
 ) -> Diagnostic {
-    let mut position = match error.location {
-        InputLocation::Pos(at) => at,
-        InputLocation::Span((start, _)) => start,
-    };
+    let reported = reported_at(error);
     // pest stops (instead of overflowing its stack) on text nested beyond
     // what the stack holds; say so rather than "expected …".
     if let ErrorVariant::CustomError { message } = &error.variant
         && (message.contains("stack limit") || message.contains("call limit"))
     {
-        let at = offset + position.min(text.len());
+        let at = offset + reported.min(text.len());
         return Diagnostic::new(codes::TOO_DEEP, "this is nested too deeply to parse")
             .at(source, Span::new(at, at), "too deep here")
             .help("split it into `let` definitions");
     }
+    let mut position = failed_at(error);
     let mut expected = BTreeSet::new();
-    if let ErrorVariant::ParsingError { positives, .. } = &error.variant {
+    // What pest expected where it reports, unless the attempts reached
+    // further: then only what they expected there counts.
+    if let ErrorVariant::ParsingError { positives, .. } = &error.variant
+        && position == reported
+    {
         expected.extend(positives.iter().filter_map(|rule| describe(*rule)));
     }
     if let Some(attempts) = error.parse_attempts() {
-        // The parse attempts reach further than the reported position when
-        // an enclosing rule failed: the furthest point is where the mistake is.
-        if attempts.max_position > position {
-            position = attempts.max_position;
-            expected.clear();
-        }
         for stack in &attempts.call_stacks {
             if let Some(description) = stack.parent.and_then(describe) {
                 expected.insert(description);
