@@ -373,6 +373,64 @@ mod regressions {
         assert_eq!(codes(&report), ["E0107"]);
     }
 
+    /// A policy whose order reads `top`, standing on a chain of `lets`
+    /// definitions (`x0` uses none, each next one the one before), written
+    /// first to last or last to first.
+    fn chain_of_definitions(lets: usize, last_first: bool) -> CheckReport {
+        let header = "policy golden {\n  catalog \"data/catalog.yaml\"\n  tenants \"data/tenants.yaml\"\n}\n\n\
+                      models {\n  credentials one by credential.owned desc else no_model\n  unknown error no_model\n}\n\n\
+                      order {\n  by top\n}\n\n\
+                      failover {\n  attempts 2\n  on any => stop, error provider_failed\n}\n\n\
+                      capacity {\n  error all_busy\n}\n\n\
+                      errors {\n  no_model = 404, \"the model is not available\"\n  \
+                      provider_failed = 502, \"the provider failed\"\n  \
+                      all_busy = 503, \"every provider is at its limit\"\n}\n";
+        let mut lines: Vec<String> = (0..lets)
+            .map(|i| match i {
+                0 => String::from("let x0 = provider.priority"),
+                _ => format!("let x{i} = x{} + 1", i - 1),
+            })
+            .collect();
+        lines.push(format!("let top = x{}", lets - 1));
+        if last_first {
+            lines.reverse();
+        }
+        let text = format!("{header}\n{}\n", lines.join("\n"));
+        let mut sources = switchyard::source::SourceMap::new();
+        let source = sources.add("chain.policy", &text);
+        switchyard::language::check_source(sources, source, Path::new(CASES), Vec::new())
+    }
+
+    /// The limit on chains of definitions held only where a definition was
+    /// checked inside the one using it: written first to last, each
+    /// definition found the one before already checked, and a chain of any
+    /// length passed `check`, while the evaluator gives up past 256 and
+    /// reads null, silently changing the decision.
+    #[test]
+    fn a_chain_of_definitions_is_as_deep_in_any_order() {
+        // `top` stands on 200 definitions: 201 deep.
+        for last_first in [false, true] {
+            let report = chain_of_definitions(199, last_first);
+            assert_eq!(
+                codes(&report),
+                Vec::<&str>::new(),
+                "200 deep, last first: {last_first}"
+            );
+            let report = chain_of_definitions(200, last_first);
+            assert_eq!(
+                codes(&report),
+                ["E0107"],
+                "201 deep, last first: {last_first}"
+            );
+            let report = chain_of_definitions(300, last_first);
+            assert_eq!(
+                codes(&report),
+                ["E0107"],
+                "301 deep, last first: {last_first}"
+            );
+        }
+    }
+
     #[test]
     fn too_deep_nesting_does_not_hide_the_header() {
         let report = check_file(Path::new("tests/diagnostics/E0107-nesting-too-deep.policy"));

@@ -41,7 +41,9 @@ enum DefinitionKind<'a> {
 enum DefinitionState {
     Unchecked,
     Checking,
-    Done(Ty, Usage),
+    /// Checked: its type, what it reads, and how deep the chain of
+    /// definitions it stands on goes (1 for one that uses none).
+    Done(Ty, Usage, usize),
 }
 
 /// Where an error can be raised, which decides what its declaration may read.
@@ -61,9 +63,9 @@ struct InputInfo<'a> {
     used: bool,
 }
 
-/// Deepest chain of definitions using definitions that is accepted; the
-/// evaluator allows a little more (`machine::MAX_DEPTH`), so a checked
-/// policy never reaches its limit.
+/// Deepest chain of definitions using definitions that is accepted,
+/// whatever order they are written in; the evaluator allows a little more
+/// (`machine::MAX_DEPTH`), so a checked policy never reaches its limit.
 const MAX_DEFINITION_DEPTH: usize = 200;
 
 /// Below this much stack left, a definition's check continues on a new
@@ -82,6 +84,13 @@ pub struct Checker<'a> {
     definition_index: HashMap<String, usize>,
     /// How many definitions are being checked, each inside the one before.
     definition_depth: usize,
+    /// The deepest chain of definitions the definition being checked has
+    /// used so far: a definition checked earlier counts with its whole
+    /// chain, so the limit does not depend on the order of the file.
+    deepest_used: usize,
+    /// A definition was refused as too deep before its uses were read, so
+    /// some definitions seem unused that are not.
+    definitions_cut_short: bool,
     broken_names: HashSet<String>,
     /// Declared errors in file order; their index is their `ErrorRef`.
     errors: Vec<&'a ErrorDecl>,
@@ -179,6 +188,8 @@ impl<'a> Checker<'a> {
             definitions: Vec::new(),
             definition_index: HashMap::new(),
             definition_depth: 0,
+            deepest_used: 0,
+            definitions_cut_short: false,
             broken_names: broken_names.iter().cloned().collect(),
             errors: Vec::new(),
             raised: HashMap::new(),
@@ -439,7 +450,10 @@ impl<'a> Checker<'a> {
         definition.used = true;
         let reference = definition.reference;
         match definition.state.clone() {
-            DefinitionState::Done(ty, usage) => Some((ty, usage, reference)),
+            DefinitionState::Done(ty, usage, depth) => {
+                self.deepest_used = self.deepest_used.max(depth);
+                Some((ty, usage, reference))
+            }
             DefinitionState::Checking => {
                 let span = definition.name.span;
                 self.error_at(
@@ -452,30 +466,24 @@ impl<'a> Checker<'a> {
                     )),
                 );
                 if let Some(definition) = self.definitions.get_mut(index) {
-                    definition.state = DefinitionState::Done(Ty::Unknown, Usage::default());
+                    definition.state = DefinitionState::Done(Ty::Unknown, Usage::default(), 0);
                 }
                 Some((Ty::Unknown, Usage::default(), reference))
             }
             DefinitionState::Unchecked if self.definition_depth >= MAX_DEFINITION_DEPTH => {
-                definition.state = DefinitionState::Done(Ty::Unknown, Usage::default());
+                definition.state = DefinitionState::Done(Ty::Unknown, Usage::default(), 0);
                 let span = definition.name.span;
-                self.error_at(
-                    codes::TOO_DEEP,
-                    span,
-                    format!("definitions use one another more than {MAX_DEFINITION_DEPTH} deep here"),
-                    "too deep here",
-                    Some(String::from(
-                        "a definition may use definitions that use definitions, but not this deep; flatten the chain",
-                    )),
-                );
+                self.definitions_cut_short = true;
+                self.definition_too_deep(span);
                 Some((Ty::Unknown, Usage::default(), reference))
             }
             DefinitionState::Unchecked => {
                 definition.state = DefinitionState::Checking;
+                let span = definition.name.span;
                 self.definition_depth += 1;
+                let used_before = std::mem::take(&mut self.deepest_used);
                 let (ty, usage) = match definition.kind {
                     DefinitionKind::Let(decl) => {
-                        // Definitions may use definitions to any depth.
                         let (ty, usage, term) =
                             stacker::maybe_grow(STACK_RED_ZONE, STACK_SEGMENT, || {
                                 self.check_expr(&decl.value, &LET_PLACE, &Scope::default())
@@ -504,14 +512,33 @@ impl<'a> Checker<'a> {
                     }
                 };
                 self.definition_depth -= 1;
+                let mut depth = self.deepest_used.saturating_add(1);
+                if depth > MAX_DEFINITION_DEPTH {
+                    self.definition_too_deep(span);
+                    // Reported once, here: what uses it is not too deep.
+                    depth = 0;
+                }
+                self.deepest_used = used_before.max(depth);
                 if let Some(definition) = self.definitions.get_mut(index)
                     && !matches!(definition.state, DefinitionState::Done(..))
                 {
-                    definition.state = DefinitionState::Done(ty.clone(), usage);
+                    definition.state = DefinitionState::Done(ty.clone(), usage, depth);
                 }
                 Some((ty, usage, reference))
             }
         }
+    }
+
+    fn definition_too_deep(&mut self, span: Span) {
+        self.error_at(
+            codes::TOO_DEEP,
+            span,
+            format!("definitions use one another more than {MAX_DEFINITION_DEPTH} deep here"),
+            "too deep here",
+            Some(String::from(
+                "a definition may use definitions that use definitions, but not this deep; flatten the chain",
+            )),
+        );
     }
 
     /// Checks every definition not checked yet, without counting that as a use.
@@ -550,7 +577,7 @@ impl<'a> Checker<'a> {
     fn candidate_let_names(&self) -> Vec<String> {
         self.definitions
             .iter()
-            .filter(|d| matches!(&d.state, DefinitionState::Done(_, usage) if usage.candidate))
+            .filter(|d| matches!(&d.state, DefinitionState::Done(_, usage, _) if usage.candidate))
             .map(|d| d.name.name.clone())
             .collect()
     }
@@ -858,10 +885,13 @@ impl<'a> Checker<'a> {
     }
 
     fn unused(&mut self, file: &PolicyFile) {
+        // Whether a definition is used is not known past one refused as too
+        // deep; that error is the one to fix first.
+        let cut_short = self.definitions_cut_short;
         let mut unused: Vec<(Span, String)> = self
             .definitions
             .iter()
-            .filter(|d| !d.used)
+            .filter(|d| !d.used && !cut_short)
             .map(|d| (d.name.span, format!("`{}` is never used", d.name.name)))
             .collect();
         for input in &mut self.inputs {
