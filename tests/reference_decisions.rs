@@ -705,6 +705,45 @@ fn a_retry_whose_wait_is_absent_waits_the_default_backoff() {
     }
 }
 
+/// `backoff` is `base × factor^step`, at most `max`: with no base it is no
+/// time, even where the factor's power overflows (0 × ∞ is NaN, which took
+/// the maximum), as a penalty schedule's growth already was.
+#[test]
+fn a_backoff_from_no_time_stays_no_time_when_its_factor_overflows() {
+    let snapshot = two_providers(
+        "zero-backoff",
+        "models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n\
+         failover {\n  attempts 2\n  on 5xx when retries < 5 => retry after backoff(0ms, 1000000000000000, 60s, 0, retries * 100), error upstream_failed\n  \
+         on any => next, error upstream_failed\n}",
+    );
+    let body = json!({"model": "small-chat", "messages": []});
+    let plan = decide(&snapshot, "acme-dev", Endpoint::ChatCompletions, body, &[])
+        .result
+        .unwrap();
+    let outcome = AttemptOutcome {
+        class: OutcomeClass::Status(503),
+        facts: OutcomeFacts {
+            status: Some(503),
+            ..OutcomeFacts::default()
+        },
+    };
+    for retries in 0..4 {
+        let progress = Progress {
+            attempt: 1 + retries,
+            attempts: 1,
+            retries,
+            jitter: 0.5,
+            ..Progress::default()
+        };
+        let reaction = plan.react(&snapshot, &Healthy, 0, &outcome, progress, &|_| retries);
+        assert_eq!(
+            reaction.action,
+            Action::Retry { after_ms: 0 },
+            "after {retries} retries"
+        );
+    }
+}
+
 /// The first candidate's provider penalized, its first event measured at
 /// 2 s over 40 samples; every other candidate healthy.
 struct FirstProviderStruggling(usize);

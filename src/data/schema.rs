@@ -304,8 +304,10 @@ pub fn format_date(days: i64) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-/// The longest duration anything accepts: a year.
-const MAX_DURATION_MS: f64 = 31_536_000_000.0;
+/// The longest duration anything accepts, in milliseconds: a year. It
+/// bounds every timeout and pause a policy or data file can set, and what a
+/// provider's `Retry-After` asks for.
+pub const MAX_DURATION_MS: u64 = 31_536_000_000;
 
 /// The milliseconds `text` writes as a number and a unit, whatever their
 /// range.
@@ -328,7 +330,10 @@ fn written_millis(text: &str) -> Option<f64> {
 /// Parses a duration as data files write it: `250ms`, `10s`, `5m`, `1h`, `1d`.
 pub fn parse_duration(text: &str) -> Option<u64> {
     let millis = written_millis(text)?;
-    (millis.is_finite() && millis >= 0.0 && millis.fract() == 0.0 && millis <= MAX_DURATION_MS)
+    (millis.is_finite()
+        && millis >= 0.0
+        && millis.fract() == 0.0
+        && millis <= MAX_DURATION_MS as f64)
         .then_some(millis as u64)
 }
 
@@ -353,7 +358,9 @@ pub fn duration_text(ms: u64) -> String {
 /// quote in a message: too long, not whole milliseconds, or not one at all.
 pub fn why_not_a_duration(text: &str) -> &'static str {
     match written_millis(text) {
-        Some(millis) if millis > MAX_DURATION_MS => "is longer than a year, the longest duration",
+        Some(millis) if millis > MAX_DURATION_MS as f64 => {
+            "is longer than a year, the longest duration"
+        }
         Some(millis) if millis >= 0.0 && millis.fract() != 0.0 => {
             "is not a whole number of milliseconds"
         }

@@ -18,6 +18,18 @@ pub struct Stats {
     pub throughput: Option<f64>,
 }
 
+/// `base × factor^step`, at most `max`, in milliseconds: how a backoff
+/// and a penalty grow. A zero base times an overflowed factor is NaN, which
+/// is no time here rather than the maximum.
+pub fn grown_ms(base_ms: u64, factor: f64, step: i32, max_ms: u64) -> f64 {
+    let grown = base_ms as f64 * factor.powi(step);
+    if grown.is_nan() {
+        0.0
+    } else {
+        grown.min(max_ms as f64)
+    }
+}
+
 /// The `health { penalty … }` schedule: a failure penalizes for `base`; each
 /// further failure within `reset` multiplies that by `factor`, up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -778,7 +778,7 @@ impl<'a> Machine<'a> {
             },
             None => i32::try_from(self.progress.retries).unwrap_or(i32::MAX),
         };
-        let full = (base as f64 * factor.max(0.0).powi(step)).min(max as f64);
+        let full = super::health::grown_ms(base, factor.max(0.0), step, max);
         let jitter = jitter.clamp(0.0, 1.0);
         // A `jitter` share of the wait is random, the rest fixed.
         duration(full * (1.0 - jitter) + full * jitter * self.progress.jitter.clamp(0.0, 1.0))

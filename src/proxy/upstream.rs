@@ -5,6 +5,7 @@ use super::client_body::ClientBody;
 use super::header_names;
 use crate::compile::Snapshot;
 use crate::data::WireFormat;
+use crate::data::schema::MAX_DURATION_MS;
 use crate::evaluate::OutcomeFacts;
 use crate::evaluate::{Candidate, Endpoint};
 use crate::sync::lock;
@@ -498,13 +499,16 @@ pub fn outcome_facts(
             })
         })
     };
+    // Held to the longest duration a policy can write: one answer asking
+    // for millions of years would otherwise pause a provider until a reload.
     let retry_after_ms = header_text("retry-after-ms")
         .and_then(|text| text.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0)
         .map(|ms| ms as u64)
         .or_else(|| {
             header_text("retry-after").and_then(|text| seconds(text).or_else(|| date(text)))
-        });
+        })
+        .map(|ms| ms.min(MAX_DURATION_MS));
     let json: Option<Json> = serde_json::from_slice(body).ok();
     // OpenAI's and Anthropic's `error`; in a Responses stream, a failed
     // response's `response.error`, or an `error` event's own fields.
@@ -728,6 +732,20 @@ mod tests {
             outcome_facts(429, &dated, b"", later).retry_after_ms,
             Some(0)
         );
+
+        // Beyond a year, in either header, a year.
+        for (name, value) in [
+            ("retry-after", "1000000000000000"),
+            ("retry-after-ms", "1e300"),
+        ] {
+            let mut far = HeaderMap::new();
+            far.insert(name, HeaderValue::from_static(value));
+            assert_eq!(
+                outcome_facts(429, &far, b"", now).retry_after_ms,
+                Some(MAX_DURATION_MS),
+                "{name}: {value}"
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Pauses, penalties and measurements per scope.
 
 use super::ScopeKey;
-use crate::evaluate::health::{CandidateHealth, PenaltySchedule, Stats};
+use crate::evaluate::health::{CandidateHealth, PenaltySchedule, Stats, grown_ms};
 // Keyed by catalog ids, and by ids a client sends only where a policy's
 // `unknown serve` tier routes them: those entries are swept (below), and a
 // fast hash is enough for maps looked up several times per request.
@@ -173,13 +173,12 @@ impl HealthTables {
             _ => 1,
         };
         let exponent = i32::try_from(strikes.saturating_sub(1)).unwrap_or(i32::MAX);
-        let grown = schedule.base_ms as f64 * schedule.factor.max(1.0).powi(exponent);
-        // A zero base times an overflowed factor is NaN, not the maximum.
-        let length = if grown.is_nan() {
-            0.0
-        } else {
-            grown.min(schedule.max_ms as f64)
-        };
+        let length = grown_ms(
+            schedule.base_ms,
+            schedule.factor.max(1.0),
+            exponent,
+            schedule.max_ms,
+        );
         self.penalties.insert(
             scope.clone(),
             Penalty {

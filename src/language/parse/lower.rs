@@ -3,6 +3,7 @@
 //! reported here and the offending node is dropped, so parsing continues.
 
 use super::{PolicyParser, Rule};
+use crate::data::schema::MAX_DURATION_MS;
 use crate::diagnostics::{Diagnostic, codes};
 use crate::language::ast::*;
 use crate::source::{SourceId, Span};
@@ -1353,8 +1354,7 @@ impl Lowerer {
         };
         let millis = number.parse::<f64>().ok().map(|value| value * scale);
         match millis {
-            // A year bounds every timeout and pause a policy can sensibly set.
-            Some(ms) if ms.is_finite() && ms.fract() == 0.0 && ms <= 31_536_000_000.0 => {
+            Some(ms) if ms.is_finite() && ms.fract() == 0.0 && ms <= MAX_DURATION_MS as f64 => {
                 Some(ms as u64)
             }
             Some(ms) if ms.is_finite() && ms.fract() != 0.0 => {
