@@ -140,6 +140,112 @@ cases:
     );
 }
 
+/// `keep` rules never change a plan, only which of its candidates are
+/// tried: a case pins them with `tried_if_each_fails`. Without it, deleting
+/// Noirdoc's `keep prev.priced implies priced` passed every case.
+#[test]
+fn a_case_pins_the_candidates_tried_if_each_fails() {
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: priced after priced
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    health: [{{provider: aki-io, paused_for: 30s}}]
+    expect: {{tried_if_each_fails: [scaleway, ionos]}}
+  - name: the unpriced one as well
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    health: [{{provider: aki-io, paused_for: 30s}}]
+    expect: {{tried_if_each_fails: [scaleway, ionos, together]}}
+  - name: a misspelt provider
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{tried_if_each_fails: [aki-io, scalewey]}}
+  - name: tried and refused
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{error: model_not_available, tried_if_each_fails: [aki-io]}}
+  - name: an attempt never made
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 4, result: "500"}}
+    expect: {{action: next}}
+  - name: an attempt made past a paused one
+    key: acme-default
+    body: {{model: gpt-oss-120b}}
+    health: [{{provider: together, paused_for: 30s}}, {{provider: scaleway, paused_for: 30s}}]
+    outcome: {{attempt: 4, result: "500"}}
+    expect: {{action: next}}
+"#,
+        policy = noirdoc()
+    );
+    let (output, file) = run_cases("tried", "tried.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let shown = file.display();
+    assert!(
+        stdout.contains(&format!("ok    {shown}: priced after priced\n")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  {shown}: the unpriced one as well\n        \
+             expected tried_if_each_fails [scaleway, ionos, together]\n          \
+             actual tried_if_each_fails [scaleway, ionos]\n"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("`expect.tried_if_each_fails` names `scalewey`, which is no provider of the catalog; did you mean `scaleway`?"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  {shown}: tried and refused: `expect` names an error and a plan"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  {shown}: an attempt never made: attempt 4 is never made: the plan makes at most 3 attempts, \
+             and if each fails it tries [aki-io, scaleway, ionos]"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "ok    {shown}: an attempt made past a paused one\n"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 passed, 4 failed"), "{stdout}");
+}
+
+/// `null` for an expected value reads as not given: `status: null` passed
+/// whatever the status was. It is refused where it is written.
+#[test]
+fn an_expectation_written_null_is_refused_at_its_place() {
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: a status of null
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{error: model_not_available, status: null}}
+"#,
+        policy = noirdoc()
+    );
+    let (output, file) = run_cases("null", "null.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("FAIL  {}:6:", file.display()))
+            && stdout
+                .contains("`null` compares nothing here: give a value, or leave the field out"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
+}
+
 #[test]
 fn a_case_that_could_not_fail_fails_and_says_why() {
     let cases = format!(

@@ -13,8 +13,8 @@ use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
-    Action, AttemptOutcome, Decision, Ending, ErrorResponse, OutcomeClass, OutcomeFacts, Plan,
-    Progress, RequestContext, body_as_read, evaluate_traced,
+    Action, AttemptOutcome, Candidate, Decision, Ending, ErrorResponse, OutcomeClass, OutcomeFacts,
+    Plan, Progress, RequestContext, body_as_read, evaluate_traced,
 };
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
@@ -231,19 +231,38 @@ fn chat() -> String {
     String::from("chat_completions")
 }
 
+/// A field of `expect` that is given: written `null`, it would compare
+/// nothing, and the case would pass whatever the policy does.
+fn given<'de, D, T>(field: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    use serde::Deserialize as _;
+    use serde::de::Error as _;
+    Option::<T>::deserialize(field)?.map(Some).ok_or_else(|| {
+        D::Error::custom("`null` compares nothing here: give a value, or leave the field out")
+    })
+}
+
 /// What a case expects: a plan, or an error.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// The plan in order; each entry `provider`, `provider/credential`,
     /// `provider@model` or `provider/credential@model`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given")]
     pub plan: Option<Vec<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given")]
     pub attempts: Option<usize>,
-    #[serde(default)]
+    /// The candidates tried, in order, if every attempt fails: the plan
+    /// walked as `failover` walks it (its attempt limit, its `keep` rules,
+    /// paused candidates passed over), entries written as in `plan`.
+    #[serde(default, deserialize_with = "given")]
+    pub tried_if_each_fails: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "given")]
     pub error: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given")]
     pub status: Option<u16>,
     /// Response headers of the expected error (a refusal, or the end of an
     /// outcome) that must be present with these values, or, written
@@ -251,10 +270,10 @@ pub struct Expect {
     #[serde(default)]
     pub headers: BTreeMap<String, Option<String>>,
     /// For an outcome: `next`, `stop` or `retry`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given")]
     pub action: Option<ExpectedAction>,
     /// For a retry: the wait.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "given")]
     pub retry_after: Option<String>,
     /// Pauses by scope (`provider`, `route`, `credential`) and duration.
     #[serde(default)]
@@ -301,8 +320,48 @@ fn entry_names(written: &str) -> (bool, bool) {
     }
 }
 
+/// `expected` against the candidates `actual`, each entry compared as
+/// precisely as it is written: the two lines that show a difference, if
+/// there is one, `what` naming the sequence.
+fn sequence_difference(
+    snapshot: &Snapshot,
+    what: &str,
+    expected: &[String],
+    actual: &[&Candidate],
+) -> Option<[String; 2]> {
+    let matches = expected.len() == actual.len()
+        && expected.iter().zip(actual).all(|(e, c)| {
+            let (with_credential, with_model) = entry_names(e);
+            plan_entry(snapshot, c, with_credential, with_model) == *e
+        });
+    if matches {
+        return None;
+    }
+    // Shown as precisely as the most precise expected entry.
+    let with_credential = expected.iter().any(|e| entry_names(e).0);
+    let with_model = expected.iter().any(|e| entry_names(e).1);
+    let actual: Vec<String> = actual
+        .iter()
+        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+        .collect();
+    let width = what.len() + "expected ".len();
+    Some([
+        format!("expected {what} [{}]", expected.join(", ")),
+        format!(
+            "{:>width$} [{}]",
+            format!("actual {what}"),
+            actual.join(", ")
+        ),
+    ])
+}
+
 /// Compares a decision with what the case expects; the differences, if any.
-fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec<String> {
+fn differences(
+    snapshot: &Snapshot,
+    health: &HealthTable<'_>,
+    decision: &Decision,
+    expect: &Expect,
+) -> Vec<String> {
     let mut problems = Vec::new();
     match &decision.result {
         Ok(plan) => {
@@ -320,24 +379,24 @@ fn differences(snapshot: &Snapshot, decision: &Decision, expect: &Expect) -> Vec
                 ));
             }
             if let Some(expected) = &expect.plan {
-                // Each entry is compared as precisely as it is written.
-                let matches = expected.len() == plan.candidates.len()
-                    && expected.iter().zip(&plan.candidates).all(|(e, c)| {
-                        let (with_credential, with_model) = entry_names(e);
-                        plan_entry(snapshot, c, with_credential, with_model) == *e
-                    });
-                if !matches {
-                    // Shown as precisely as the most precise expected entry.
-                    let with_credential = expected.iter().any(|e| entry_names(e).0);
-                    let with_model = expected.iter().any(|e| entry_names(e).1);
-                    let actual: Vec<String> = plan
-                        .candidates
-                        .iter()
-                        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
-                        .collect();
-                    problems.push(format!("expected plan [{}]", expected.join(", ")));
-                    problems.push(format!("  actual plan [{}]", actual.join(", ")));
-                }
+                let candidates: Vec<&Candidate> = plan.candidates.iter().collect();
+                problems.extend(
+                    sequence_difference(snapshot, "plan", expected, &candidates)
+                        .into_iter()
+                        .flatten(),
+                );
+            }
+            if let Some(expected) = &expect.tried_if_each_fails {
+                let tried: Vec<&Candidate> = plan
+                    .failover_sequence(snapshot, health)
+                    .iter()
+                    .filter_map(|index| plan.candidates.get(*index))
+                    .collect();
+                problems.extend(
+                    sequence_difference(snapshot, "tried_if_each_fails", expected, &tried)
+                        .into_iter()
+                        .flatten(),
+                );
             }
             if let Some(attempts) = expect.attempts
                 && attempts != plan.attempts
@@ -428,6 +487,75 @@ fn closest(wrong: &str, names: &[&str]) -> String {
 /// an outcome's ending with the provider's own answer.
 const BUILT_IN_ERRORS: [&str; 3] = ["invalid_request_body", "capacity_exhausted", "passthrough"];
 
+/// What is wrong with the entries of `expect.FIELD` (a plan, or the
+/// candidates tried): names that can never match make a mismatch whose
+/// reason is a typo.
+fn entry_problem(snapshot: &Snapshot, field: &str, entries: &[String]) -> Option<String> {
+    let providers: Vec<&str> = snapshot
+        .data
+        .catalog
+        .providers
+        .iter()
+        .map(|p| p.id.as_str())
+        .collect();
+    if let Some(unknown) = entries.iter().find_map(|entry| {
+        let provider = entry.split(['/', '@']).next().unwrap_or_default();
+        (!providers.contains(&provider)).then_some(provider)
+    }) {
+        let hint = closest(unknown, &providers);
+        return Some(format!(
+            "`expect.{field}` names `{unknown}`, which is no provider of the catalog{hint}"
+        ));
+    }
+    // A credential named must be one of its provider's.
+    if let Some((provider, credential)) = entries.iter().find_map(|entry| {
+        let head = entry
+            .split_once('@')
+            .map_or(entry.as_str(), |(head, _)| head);
+        let (provider, credential) = head.split_once('/')?;
+        let known = snapshot
+            .data
+            .catalog
+            .providers
+            .iter()
+            .find(|p| p.id == provider)?;
+        (!known.credentials.iter().any(|c| c.id == credential)).then_some((known, credential))
+    }) {
+        let ids: Vec<&str> = provider.credentials.iter().map(|c| c.id.as_str()).collect();
+        let hint = closest(credential, &ids);
+        return Some(format!(
+            "`expect.{field}` names the credential `{credential}`, which is no credential of `{}`{hint}",
+            provider.id
+        ));
+    }
+    if let Some(bare) = entries.iter().find(|entry| entry.ends_with('@')) {
+        return Some(format!(
+            "`expect.{field}` entry `{bare}` names no model after `@`: give one, or leave out the `@`"
+        ));
+    }
+    // A plan entry's model is a catalog model's id, unless an `unknown
+    // serve` tier may serve any id as it was requested.
+    if snapshot.program.models.unknown_serve.is_empty() {
+        let models: Vec<&str> = snapshot
+            .data
+            .catalog
+            .models
+            .iter()
+            .map(|m| m.id.as_str())
+            .collect();
+        if let Some(unknown) = entries.iter().find_map(|entry| {
+            let (_, model) = entry.split_once('@')?;
+            (!models.contains(&model)).then_some(model)
+        }) {
+            let hint = closest(unknown, &models);
+            return Some(format!(
+                "`expect.{field}` names the model `{unknown}`, which is no model of the catalog{hint}"
+            ));
+        }
+    }
+    None
+}
+
 /// What is wrong with a case as written, before it runs: fields that would
 /// not be compared, or that contradict each other, make a case that passes
 /// whatever the policy does.
@@ -450,71 +578,15 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
             ));
         }
     }
-    let providers: Vec<&str> = snapshot
-        .data
-        .catalog
-        .providers
-        .iter()
-        .map(|p| p.id.as_str())
-        .collect();
-    if let Some(unknown) = expect.plan.iter().flatten().find_map(|entry| {
-        let provider = entry.split(['/', '@']).next().unwrap_or_default();
-        (!providers.contains(&provider)).then_some(provider)
-    }) {
-        let hint = closest(unknown, &providers);
-        return Some(format!(
-            "`expect.plan` names `{unknown}`, which is no provider of the catalog{hint}"
-        ));
-    }
-    // A credential named must be one of its provider's.
-    if let Some((provider, credential)) = expect.plan.iter().flatten().find_map(|entry| {
-        let head = entry
-            .split_once('@')
-            .map_or(entry.as_str(), |(head, _)| head);
-        let (provider, credential) = head.split_once('/')?;
-        let known = snapshot
-            .data
-            .catalog
-            .providers
-            .iter()
-            .find(|p| p.id == provider)?;
-        (!known.credentials.iter().any(|c| c.id == credential)).then_some((known, credential))
-    }) {
-        let ids: Vec<&str> = provider.credentials.iter().map(|c| c.id.as_str()).collect();
-        let hint = closest(credential, &ids);
-        return Some(format!(
-            "`expect.plan` names the credential `{credential}`, which is no credential of `{}`{hint}",
-            provider.id
-        ));
-    }
-    if let Some(bare) = expect
-        .plan
-        .iter()
-        .flatten()
-        .find(|entry| entry.ends_with('@'))
-    {
-        return Some(format!(
-            "`expect.plan` entry `{bare}` names no model after `@`: give one, or leave out the `@`"
-        ));
-    }
-    // A plan entry's model is a catalog model's id, unless an `unknown
-    // serve` tier may serve any id as it was requested.
-    if snapshot.program.models.unknown_serve.is_empty() {
-        let models: Vec<&str> = snapshot
-            .data
-            .catalog
-            .models
-            .iter()
-            .map(|m| m.id.as_str())
-            .collect();
-        if let Some(unknown) = expect.plan.iter().flatten().find_map(|entry| {
-            let (_, model) = entry.split_once('@')?;
-            (!models.contains(&model)).then_some(model)
-        }) {
-            let hint = closest(unknown, &models);
-            return Some(format!(
-                "`expect.plan` names the model `{unknown}`, which is no model of the catalog{hint}"
-            ));
+    for (field, entries) in [
+        ("plan", &expect.plan),
+        ("tried_if_each_fails", &expect.tried_if_each_fails),
+    ] {
+        if let Some(problem) = entries
+            .as_deref()
+            .and_then(|entries| entry_problem(snapshot, field, entries))
+        {
+            return Some(problem);
         }
     }
     if let Some(missing) = case.missing_secrets.iter().find(|name| {
@@ -539,6 +611,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     let for_decisions = [
         ("plan", expect.plan.is_some()),
         ("attempts", expect.attempts.is_some()),
+        ("tried_if_each_fails", expect.tried_if_each_fails.is_some()),
     ];
     let given = |fields: &[(&'static str, bool)]| -> Vec<&'static str> {
         fields
@@ -595,7 +668,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     }
     match (
         &expect.error,
-        expect.plan.is_some() || expect.attempts.is_some(),
+        expect.plan.is_some() || expect.attempts.is_some() || expect.tried_if_each_fails.is_some(),
     ) {
         (Some(_), true) => Some(String::from(
             "`expect` names an error and a plan; a request gets one or the other",
@@ -604,7 +677,7 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
             "`status` and `headers` describe a refusal: give its `error` too",
         )),
         (None, false) => Some(String::from(
-            "`expect` gives nothing to compare: give `plan`, `attempts` or `error`",
+            "`expect` gives nothing to compare: give `plan`, `attempts`, `tried_if_each_fails` or `error`",
         )),
         _ => None,
     }
@@ -659,7 +732,7 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
     };
     let decision = evaluate_traced(snapshot, &context, &health);
     match &case.outcome {
-        None => Ok(differences(snapshot, &decision, &case.expect)),
+        None => Ok(differences(snapshot, &health, &decision, &case.expect)),
         Some(outcome) => {
             let plan = decision.result.as_ref().map_err(|refusal| {
                 format!(
@@ -743,6 +816,25 @@ fn reaction_differences(
                 plan.candidates.len()
             )
         })?;
+    // Past the attempt limit, a candidate is tried only where one before it
+    // was passed over (paused, or refused by a `keep`).
+    if outcome.attempt > plan.attempts {
+        let tried = plan.failover_sequence(snapshot, health);
+        if !tried.contains(&candidate) {
+            let (with_credential, with_model) = entry_detail(&plan.candidates);
+            let tried: Vec<String> = tried
+                .iter()
+                .filter_map(|index| plan.candidates.get(*index))
+                .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+                .collect();
+            return Err(format!(
+                "attempt {} is never made: the plan makes at most {}, and if each fails it tries [{}]",
+                outcome.attempt,
+                count(plan.attempts, "attempt"),
+                tried.join(", ")
+            ));
+        }
+    }
     let text = |t: &Option<String>| t.as_deref().map(std::sync::Arc::from);
     let facts = OutcomeFacts {
         status: match outcome_class(&outcome.result)? {
