@@ -201,14 +201,14 @@ cases:
     );
     assert!(
         stdout.contains(&format!(
-            "FAIL  {shown}: tried and refused: `expect` names an error and a plan"
+            "FAIL  {shown}:17:5: tried and refused: `expect` names an error and a plan"
         )),
         "{stdout}"
     );
     assert!(
         stdout.contains(&format!(
-            "FAIL  {shown}: an attempt never made: attempt 4 is never made: the plan makes at most 3 attempts, \
-             and if each fails it tries [aki-io, scaleway, ionos]"
+            "FAIL  {shown}:21:5: an attempt never made: attempt 4 is never made: the plan makes at most 3 attempts, \
+             and if each fails it tries [aki-io, scaleway, ionos] [E0903]"
         )),
         "{stdout}"
     );
@@ -351,7 +351,13 @@ cases:
         .lines()
         .filter_map(|line| line.strip_prefix("FAIL  "))
         .map(|line| {
-            let (_, rest) = line.split_once(".tests.yaml: ").unwrap();
+            // `FILE:LINE:COLUMN: NAME: WHY [E0903]`, at the case's place.
+            let (_, rest) = line.split_once(".tests.yaml:").unwrap();
+            let (place, rest) = rest.split_once(": ").unwrap();
+            assert!(place.split(':').all(|n| n.parse::<u32>().is_ok()), "{line}");
+            let rest = rest
+                .strip_suffix(" [E0903]")
+                .unwrap_or_else(|| panic!("{line}"));
             rest.split_once(": ").unwrap()
         })
         .collect();
@@ -595,7 +601,7 @@ fn a_cases_file_with_several_mistakes_names_each() {
         ":17:7: `atempts` is not a field here; did you mean `attempts`?",
         ":19:5: `kye` is not a field here; did you mean `key`?",
     ] {
-        let expected = format!("FAIL  {file}{said}\n");
+        let expected = format!("FAIL  {file}{said} [E0902]\n");
         assert!(
             stdout.contains(&expected),
             "expected `{expected}` in:\n{stdout}"
@@ -958,10 +964,30 @@ fn a_health_entry_that_names_nothing_is_shown_at_its_place() {
          expect: {{attempts: 3}}\n",
         policy = noirdoc()
     );
-    let (output, _) = run_cases("health-entry", "health.tests.yaml", &cases);
+    let (output, file) = run_cases("health-entry", "health.tests.yaml", &cases);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("health entry 2: `paused_for: 30` is not a duration"),
+        stdout.contains(&format!(
+            "FAIL  {}:6:51: health: `paused_for: 30` is not a duration",
+            file.display()
+        )),
+        "{stdout}"
+    );
+
+    // A misspelt provider is named with the one meant, at its entry.
+    let cases = format!(
+        "policy: {policy}\ncases:\n  - name: health\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    \
+         health:\n      - {{provider: aki-io, penalized: true}}\n      - {{provider: aki_io, full: true}}\n    \
+         expect: {{attempts: 3}}\n",
+        policy = noirdoc()
+    );
+    let (output, file) = run_cases("health-entry-typo", "health.tests.yaml", &cases);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  {}:8:9: health: no provider has the id `aki_io`; did you mean `aki-io`? [E0903]\n",
+            file.display()
+        )),
         "{stdout}"
     );
 }

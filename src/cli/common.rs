@@ -4,7 +4,7 @@
 use crate::compile::Snapshot;
 use crate::diagnostics::redact::{looks_like_secret, redact};
 use crate::diagnostics::render::{self, Style};
-use crate::diagnostics::{io_reason, suggest};
+use crate::diagnostics::{did_you_mean, io_reason};
 use crate::evaluate::{Caller, Candidate, Endpoint};
 use crate::language::CheckReport;
 use serde_json::Value as Json;
@@ -101,11 +101,10 @@ pub fn resolve_caller(
             // A misspelt id is worth a hint; a pasted key is not compared
             // with ids, and is not repeated.
             let hint = if looks_like_secret(key) {
-                None
+                String::new()
             } else {
-                suggest(key, tenants.keys.iter().map(|k| k.id.as_str()))
+                did_you_mean(key, tenants.keys.iter().map(|k| k.id.as_str()))
             };
-            let hint = hint.map_or_else(String::new, |id| format!("; did you mean `{id}`?"));
             format!(
                 "no key has the id `{}`, and it is not a known key{hint}",
                 redact(key)

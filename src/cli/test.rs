@@ -9,8 +9,8 @@ use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::schema::duration_text;
 use crate::data::{FileProblem, yaml_error};
-use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
+use crate::diagnostics::{codes, io_reason};
 use crate::evaluate::health::{HealthEntry, HealthTable};
 use crate::evaluate::{
     Action, AttemptOutcome, Candidate, Decision, Ending, ErrorResponse, OutcomeClass, OutcomeFacts,
@@ -20,6 +20,7 @@ use crate::language::ast::HealthScope;
 use crate::language::check_file;
 use crate::source::{MAX_FILE_BYTES, read_text};
 use serde_json::Value as Json;
+use serde_saphyr::Spanned;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,7 +41,7 @@ pub struct TestFile {
     /// `NAME.tests.yaml`).
     #[serde(default)]
     pub policy: Option<String>,
-    pub cases: Vec<Case>,
+    pub cases: Vec<Spanned<Case>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -61,7 +62,7 @@ pub struct Case {
     pub headers: BTreeMap<String, String>,
     pub body: Json,
     #[serde(default)]
-    pub health: Vec<HealthEntry>,
+    pub health: Vec<Spanned<HealthEntry>>,
     /// Environment variables of credentials to treat as unset.
     #[serde(default)]
     pub missing_secrets: Vec<String>,
@@ -478,8 +479,7 @@ fn header_differences(
 
 /// "; did you mean `x`?" for the name closest to `wrong`, if one is close.
 fn closest(wrong: &str, names: &[&str]) -> String {
-    crate::diagnostics::suggest(wrong, names.iter().copied())
-        .map_or_else(String::new, |close| format!("; did you mean `{close}`?"))
+    crate::diagnostics::did_you_mean(wrong, names.iter().copied())
 }
 
 /// Errors a case may expect beyond the policy's own: the proxy's when the
@@ -683,10 +683,43 @@ fn case_problem(snapshot: &Snapshot, case: &Case) -> Option<String> {
     }
 }
 
-/// Runs one case; `Err` holds what went wrong.
-fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, String> {
+/// Why a case could not run, and where in its file, when that is more
+/// precise than where the case begins.
+struct CaseProblem {
+    place: Option<(usize, usize)>,
+    message: String,
+}
+
+impl From<String> for CaseProblem {
+    fn from(message: String) -> CaseProblem {
+        CaseProblem {
+            place: None,
+            message,
+        }
+    }
+}
+
+/// `file:line:column`, or the file alone without a place.
+fn located(file: &str, place: Option<(usize, usize)>) -> String {
+    match place {
+        Some((line, column)) => format!("{file}:{line}:{column}"),
+        None => file.to_string(),
+    }
+}
+
+/// Where `spanned` begins: line and column, from 1.
+fn place_of<T>(spanned: &Spanned<T>) -> Option<(usize, usize)> {
+    let whole = |n: u64| usize::try_from(n).ok();
+    Some((
+        whole(spanned.referenced.line())?,
+        whole(spanned.referenced.column())?,
+    ))
+}
+
+/// Runs one case; `Err` holds why it could not.
+fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, CaseProblem> {
     if let Some(problem) = case_problem(base, case) {
-        return Err(problem);
+        return Err(problem.into());
     }
     let rebuilt;
     let snapshot = if case.missing_secrets.is_empty() {
@@ -704,9 +737,9 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
     };
     let endpoint = spec.endpoint()?;
     if case.key.is_none() && case.tenant.is_none() {
-        return Err(String::from(
+        return Err(CaseProblem::from(String::from(
             "say who asks: give the case a `key:` (a key id, or the key itself) or a `tenant:`",
-        ));
+        )));
     }
     let caller = resolve_caller(
         snapshot,
@@ -714,8 +747,20 @@ fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, 
         case.tenant.as_deref(),
         case.workspace.as_deref(),
     )?;
-    let health =
-        HealthTable::written(snapshot, &case.health).map_err(|problem| problem.to_string())?;
+    let entries: Vec<HealthEntry> = case
+        .health
+        .iter()
+        .map(|entry| entry.value.clone())
+        .collect();
+    let health = HealthTable::written(snapshot, &entries).map_err(|problem| {
+        match case.health.get(problem.entry).and_then(place_of) {
+            Some(place) => CaseProblem {
+                place: Some(place),
+                message: problem.message,
+            },
+            None => CaseProblem::from(problem.to_string()),
+        }
+    })?;
     let headers = spec.header_list();
     let body_bytes = spec.body.to_string().len();
     // As the proxy gives it: cases pin what the proxy decides.
@@ -1000,7 +1045,11 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let text = match read_text(file, MAX_FILE_BYTES) {
             Ok(text) => text,
             Err(error) => {
-                say!("FAIL  {shown}: cannot read it: {}", io_reason(&error));
+                say!(
+                    "FAIL  {shown}: cannot read it: {} [{}]",
+                    io_reason(&error),
+                    codes::BAD_CASES_FILE.id
+                );
                 failed += 1;
                 continue;
             }
@@ -1008,10 +1057,14 @@ pub fn run(args: &TestArgs) -> ExitCode {
         let tests: TestFile = match serde_saphyr::from_str(&text) {
             Ok(tests) => tests,
             Err(error) => {
-                say!("FAIL  {}", yaml_error(&shown, &text, &error));
+                say!(
+                    "FAIL  {} [{}]",
+                    yaml_error(&shown, &text, &error),
+                    codes::BAD_CASES_FILE.id
+                );
                 failed += 1;
                 for mistake in other_case_mistakes(&shown, &text, &error) {
-                    say!("FAIL  {mistake}");
+                    say!("FAIL  {mistake} [{}]", codes::BAD_CASES_FILE.id);
                     failed += 1;
                 }
                 continue;
@@ -1020,7 +1073,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
         // A file of no cases tests nothing: it fails, as a case that could
         // not fail does.
         if tests.cases.is_empty() {
-            say!("FAIL  {shown}: it holds no cases; write some under `cases:`");
+            say!(
+                "FAIL  {shown}: it holds no cases; write some under `cases:` [{}]",
+                codes::BAD_CASES_FILE.id
+            );
             failed += 1;
             continue;
         }
@@ -1035,7 +1091,8 @@ pub fn run(args: &TestArgs) -> ExitCode {
             (None, None) => {
                 say!(
                     "FAIL  {shown}: name its policy with `policy:`; only a file named \
-                     NAME.tests.yaml finds NAME.policy by itself"
+                     NAME.tests.yaml finds NAME.policy by itself [{}]",
+                    codes::BAD_CASES_FILE.id
                 );
                 failed += tests.cases.len().max(1);
                 continue;
@@ -1053,7 +1110,10 @@ pub fn run(args: &TestArgs) -> ExitCode {
             } else {
                 "a file named NAME.tests.yaml tests NAME.policy beside it, or names its policy with `policy:`"
             };
-            say!("FAIL  {shown}: its policy: {why} ({named_by})");
+            say!(
+                "FAIL  {shown}: its policy: {why} ({named_by}) [{}]",
+                codes::BAD_CASES_FILE.id
+            );
             failed += tests.cases.len().max(1);
             continue;
         }
@@ -1068,7 +1128,8 @@ pub fn run(args: &TestArgs) -> ExitCode {
         };
         let mut expected_errors = BTreeSet::new();
         let mut names = BTreeSet::new();
-        for (number, case) in tests.cases.iter().enumerate() {
+        for (number, spanned) in tests.cases.iter().enumerate() {
+            let case = &spanned.value;
             // An empty name (refused below) is shown by the case's place.
             let name = if case.name.trim().is_empty() {
                 Cow::Owned(format!("case {}", number + 1))
@@ -1082,9 +1143,9 @@ pub fn run(args: &TestArgs) -> ExitCode {
             let outcome = if names.insert(case.name.as_str()) {
                 run_case(&policy, &base, case)
             } else {
-                Err(String::from(
+                Err(CaseProblem::from(String::from(
                     "an earlier case of this file has the same name",
-                ))
+                )))
             };
             match outcome {
                 // What a case names or expects is echoed masked, as in
@@ -1101,9 +1162,14 @@ pub fn run(args: &TestArgs) -> ExitCode {
                         say!("        {}", redact(&problem));
                     }
                 }
-                Err(message) => {
+                Err(problem) => {
                     failed += 1;
-                    say!("FAIL  {shown}: {name}: {}", redact(&message));
+                    let at = located(&shown, problem.place.or_else(|| place_of(spanned)));
+                    say!(
+                        "FAIL  {at}: {name}: {} [{}]",
+                        redact(&problem.message),
+                        codes::UNSOUND_CASE.id
+                    );
                 }
             }
         }

@@ -4,7 +4,7 @@
 //! reused, even if the check behind it is removed. Bands follow the pipeline:
 //! E01xx syntax, E02xx data files, E03xx names, E04xx types, E05xx structure
 //! and conflicts, W06xx warnings; E09xx files of the other commands (the
-//! sim's scenarios).
+//! sim's scenarios, `test`'s cases).
 
 use super::Severity;
 
@@ -83,6 +83,8 @@ codes! {
     UNUSED_DEFINITION = "W0602", Warning, "a definition, input or sort is never used";
     CONSTANT_CONDITION = "W0603", Warning, "a condition is always true or always false";
     BAD_SCENARIO = "E0901", Error, "a scenario file for `switchyard sim` does not read as docs/sim.md describes";
+    BAD_CASES_FILE = "E0902", Error, "a cases file for `switchyard test` does not read as docs/testing.md describes";
+    UNSOUND_CASE = "E0903", Error, "a test case cannot run as written, or could pass whatever the policy does";
 }
 
 /// Looks a code up by its id, such as `E0302`.

@@ -203,6 +203,13 @@ pub fn io_reason(error: &std::io::Error) -> String {
     }
 }
 
+/// "; did you mean `x`?" for the candidate closest to `wrong`, if one is
+/// close enough to be meant; nothing otherwise. Ends a message.
+pub fn did_you_mean<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> String {
+    suggest(wrong, candidates)
+        .map_or_else(String::new, |close| format!("; did you mean `{close}`?"))
+}
+
 /// The closest candidate to a misspelled name, if one is close enough to be
 /// what the user meant.
 pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {

@@ -3,6 +3,7 @@
 //! health and capacity state; `explain` and policy tests from files.
 
 use super::Candidate;
+use crate::diagnostics::did_you_mean;
 
 /// Measurements of a candidate over the policy's health window.
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
@@ -215,19 +216,25 @@ impl<'s> HealthTable<'s> {
                 .iter()
                 .position(|p| p.id == entry.provider)
             else {
+                let hint = did_you_mean(
+                    &entry.provider,
+                    catalog.providers.iter().map(|p| p.id.as_str()),
+                );
                 return Err(problem(format!(
-                    "no provider has the id `{}`",
+                    "no provider has the id `{}`{hint}",
                     entry.provider
                 )));
             };
+            let credentials = catalog.providers.get(provider).map(|p| &p.credentials);
             if let Some(credential) = &entry.credential
-                && catalog
-                    .providers
-                    .get(provider)
-                    .is_none_or(|p| p.credentials.iter().all(|c| &c.id != credential))
+                && credentials.is_none_or(|all| all.iter().all(|c| &c.id != credential))
             {
+                let hint = did_you_mean(
+                    credential,
+                    credentials.into_iter().flatten().map(|c| c.id.as_str()),
+                );
                 return Err(problem(format!(
-                    "provider `{}` has no credential `{credential}`",
+                    "provider `{}` has no credential `{credential}`{hint}",
                     entry.provider
                 )));
             }
@@ -236,8 +243,14 @@ impl<'s> HealthTable<'s> {
                     &m.id == model && m.routes.iter().any(|route| route.provider == provider)
                 })
             {
+                let served = catalog
+                    .models
+                    .iter()
+                    .filter(|m| m.routes.iter().any(|route| route.provider == provider))
+                    .map(|m| m.id.as_str());
+                let hint = did_you_mean(model, served);
                 return Err(problem(format!(
-                    "provider `{}` serves no catalog model `{model}`",
+                    "provider `{}` serves no catalog model `{model}`{hint}",
                     entry.provider
                 )));
             }
