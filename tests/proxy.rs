@@ -4196,6 +4196,17 @@ async fn a_client_that_stops_reading_a_stream_loses_it_when_the_attempt_time_is_
     Ok(())
 }
 
+/// Without an attempt time or a budget, a client that stops reading a
+/// stream loses it once it has taken no event for the stream's `idle`
+/// limit and a second more: before, it held the stream and its provider's
+/// room for as long as it kept the connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_stream_loses_it_after_the_idle_limit() -> TestResult {
+    assert!(PATIENT_STREAMS.contains("  idle 10s\n"));
+    let sections = PATIENT_STREAMS.replace("  idle 10s\n", "  idle 1s\n");
+    stop_reading_a_stream(&sections).await
+}
+
 /// Opens a stream under `sections` whose provider sends far more than the
 /// sockets hold, reads its first bytes only, and expects the request to end
 /// as cancelled within 8 s.

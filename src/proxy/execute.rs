@@ -12,6 +12,7 @@ use super::wire::{self, EventKind, EventReader, FinishedChoices};
 use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::{Secret, Snapshot};
 use crate::data::WireFormat;
+use crate::data::schema::MAX_DURATION_MS;
 use crate::evaluate::{
     Action, AfterCommit, AttemptOutcome, Ending, Endpoint, ErrorResponse, NextCandidate,
     OutcomeClass, OutcomeFacts, Plan, Progress, Timeouts,
@@ -192,24 +193,29 @@ pub struct Exchange {
     connection: Option<Arc<ConnectionCut>>,
 }
 
-/// While a committed stream is sent: its deadline, known to its connection,
-/// which closes if the stream outlives it (a client that stopped reading).
+/// While a committed stream is sent: its deadline, if it has one, and how
+/// long it may be silent, known to its connection, which closes if its
+/// client stops taking events past either (a client that stopped reading).
 /// The time left is counted on the proxy's clock and watched on the
 /// runtime's: under a test's manual clock, only a stream that takes no
 /// event for a real second past its deadline's real time is cut.
-struct StreamDeadline(Arc<ConnectionCut>);
+struct StreamWatch(Arc<ConnectionCut>);
 
-impl StreamDeadline {
-    fn set(connection: Option<&Arc<ConnectionCut>>, in_ms: Option<u64>) -> Option<StreamDeadline> {
-        let (connection, in_ms) = (connection?, in_ms?);
-        connection.stream_ends_by(Some(in_ms));
-        Some(StreamDeadline(connection.clone()))
+impl StreamWatch {
+    fn set(
+        connection: Option<&Arc<ConnectionCut>>,
+        ends_in_ms: Option<u64>,
+        stalls_after_ms: u64,
+    ) -> Option<StreamWatch> {
+        let connection = connection?;
+        connection.watch_stream(ends_in_ms, stalls_after_ms);
+        Some(StreamWatch(connection.clone()))
     }
 }
 
-impl Drop for StreamDeadline {
+impl Drop for StreamWatch {
     fn drop(&mut self) {
-        self.0.stream_ends_by(None);
+        self.0.stream_ended();
     }
 }
 
@@ -1366,11 +1372,14 @@ impl Exchange {
         // The watchdog only cuts a client that stopped taking events. With
         // no limit after the commit it still watches from the attempt's own
         // limit on: a client that reads goes on, and one that stopped
-        // cannot hold the stream and its room forever.
+        // cannot hold the stream and its room forever. Without any limit,
+        // a client that takes nothing for as long as the stream may be
+        // silent has stopped all the same.
         let watched = committed_deadline.or(attempt_deadline);
-        let _deadline = StreamDeadline::set(
+        let _watch = StreamWatch::set(
             self.connection.as_ref(),
             watched.map(|limit| limit.saturating_sub(clock.now_ms())),
+            timeouts.idle_ms.min(MAX_DURATION_MS),
         );
         let attempt_deadline = committed_deadline;
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));

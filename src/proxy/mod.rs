@@ -152,7 +152,9 @@ impl DrainFlag {
 ///
 /// It also closes a connection whose client stopped reading a stream: the
 /// exchange runs as hyper takes the stream's events, so while they wait to
-/// be written it cannot end the attempt itself when its time runs out.
+/// be written it cannot end the attempt itself when its time runs out, nor
+/// notice that the client has taken nothing for longer than the stream may
+/// be silent.
 pub struct ConnectionCut {
     over: AtomicBool,
     /// The proxy's: a request woken by room that a cut request freed may
@@ -165,16 +167,21 @@ pub struct ConnectionCut {
     /// attempt's time or the request's budget. [`NO_STREAM_DEADLINE`] when
     /// there is none.
     stream_deadline_ms: AtomicU64,
+    /// How long the client of the stream being sent may take no event: the
+    /// stream's `idle` limit. [`NO_STREAM_DEADLINE`] when no stream is sent.
+    stream_stall_ms: AtomicU64,
     deadline_waker: futures_util::task::AtomicWaker,
     /// Events of the stream being sent that its client has made room for.
     events_taken: AtomicU64,
 }
 
-/// Where the watchdog of a stream's deadline is: waiting for the deadline,
-/// or, past it, for a grace period that must see the client take an event.
-enum StallWatch {
-    ToDeadline,
-    Grace { events_taken: u64 },
+/// What the watchdog of the stream being sent has seen: its limits as set,
+/// and the last time its client was seen to have taken an event.
+struct StallWatch {
+    limits: (u64, u64),
+    events_taken: u64,
+    progress_at: tokio::time::Instant,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 const NO_STREAM_DEADLINE: u64 = u64::MAX;
@@ -187,6 +194,7 @@ impl ConnectionCut {
             waker: futures_util::task::AtomicWaker::new(),
             began: tokio::time::Instant::now(),
             stream_deadline_ms: AtomicU64::new(NO_STREAM_DEADLINE),
+            stream_stall_ms: AtomicU64::new(NO_STREAM_DEADLINE),
             deadline_waker: futures_util::task::AtomicWaker::new(),
             events_taken: AtomicU64::new(0),
         }
@@ -194,16 +202,30 @@ impl ConnectionCut {
 }
 
 impl ConnectionCut {
-    /// Sets (or, `None`, clears) when the stream being sent must have
-    /// ended, `in_ms` from now.
-    pub fn stream_ends_by(&self, in_ms: Option<u64>) {
-        let deadline = in_ms.map_or(NO_STREAM_DEADLINE, |in_ms| {
+    /// Watches the stream being sent: it must have ended `ends_in_ms` from
+    /// now, if it has such a limit, and its client may take no event for
+    /// `stalls_after_ms`.
+    pub fn watch_stream(&self, ends_in_ms: Option<u64>, stalls_after_ms: u64) {
+        let deadline = ends_in_ms.map_or(NO_STREAM_DEADLINE, |in_ms| {
             let since_began = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
             since_began
                 .saturating_add(in_ms)
                 .min(NO_STREAM_DEADLINE - 1)
         });
         self.stream_deadline_ms.store(deadline, Ordering::SeqCst);
+        self.stream_stall_ms.store(
+            stalls_after_ms.min(NO_STREAM_DEADLINE - 1),
+            Ordering::SeqCst,
+        );
+        self.deadline_waker.wake();
+    }
+
+    /// No stream is being sent any more.
+    pub fn stream_ended(&self) {
+        self.stream_deadline_ms
+            .store(NO_STREAM_DEADLINE, Ordering::SeqCst);
+        self.stream_stall_ms
+            .store(NO_STREAM_DEADLINE, Ordering::SeqCst);
         self.deadline_waker.wake();
     }
 
@@ -212,50 +234,69 @@ impl ConnectionCut {
         self.events_taken.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Ready once a stream outlived its deadline and then a whole
-    /// [`CUT_GRACE`] passed without its client taking an event: an exchange
-    /// still being polled ends the stream itself at its deadline (its error
-    /// event written), and one whose client reads slowly goes on, so one
-    /// that does neither has a client that stopped reading. Polled at each
-    /// wake-up of its connection's task: when no stream is being sent, it
-    /// costs a waker registration and an atomic load.
+    /// Ready once the stream being sent has a client that stopped reading:
+    /// one that took no event for a whole [`CUT_GRACE`] after the stream's
+    /// deadline, or for its stall limit and a [`CUT_GRACE`] more. An
+    /// exchange still being polled ends the stream itself at its deadline,
+    /// or when its provider is silent past the limit, its error event
+    /// written; and one whose client reads slowly goes on. Progress is looked
+    /// at when the watchdog wakes, so a client is cut between one and two
+    /// such spans after it stopped. Polled at each wake-up of its
+    /// connection's task: when no stream is being sent, it costs a waker
+    /// registration and two atomic loads.
     async fn stream_stalled(&self) {
-        type Timer = (u64, StallWatch, std::pin::Pin<Box<tokio::time::Sleep>>);
-        let mut timer: Option<Timer> = None;
+        let mut watch: Option<StallWatch> = None;
         std::future::poll_fn(|cx| {
             self.deadline_waker.register(cx.waker());
-            let deadline = self.stream_deadline_ms.load(Ordering::SeqCst);
-            if deadline == NO_STREAM_DEADLINE {
-                timer = None;
+            let limits = (
+                self.stream_deadline_ms.load(Ordering::SeqCst),
+                self.stream_stall_ms.load(Ordering::SeqCst),
+            );
+            if limits == (NO_STREAM_DEADLINE, NO_STREAM_DEADLINE) {
+                watch = None;
                 return std::task::Poll::Pending;
             }
-            if timer
-                .as_ref()
-                .is_none_or(|(set_for, ..)| *set_for != deadline)
-            {
-                let at = self.began + Duration::from_millis(deadline);
-                let sleep = Box::pin(tokio::time::sleep_until(at));
-                timer = Some((deadline, StallWatch::ToDeadline, sleep));
-            }
+            let now = tokio::time::Instant::now();
+            let events_taken = self.events_taken.load(Ordering::Relaxed);
+            let watch = match &mut watch {
+                Some(watch) if watch.limits == limits => watch,
+                unwatched => unwatched.insert(StallWatch {
+                    limits,
+                    events_taken,
+                    progress_at: now,
+                    sleep: Box::pin(tokio::time::sleep_until(now)),
+                }),
+            };
             loop {
-                let Some((_, watch, sleep)) = timer.as_mut() else {
+                if watch.sleep.as_mut().poll(cx).is_pending() {
+                    return std::task::Poll::Pending;
+                }
+                let now = tokio::time::Instant::now();
+                let events_taken = self.events_taken.load(Ordering::Relaxed);
+                if events_taken != watch.events_taken {
+                    watch.events_taken = events_taken;
+                    watch.progress_at = now;
+                }
+                let (deadline_ms, stall_ms) = watch.limits;
+                let deadline = (deadline_ms != NO_STREAM_DEADLINE)
+                    .then(|| self.began + Duration::from_millis(deadline_ms));
+                let stall = Duration::from_millis(stall_ms) + CUT_GRACE;
+                // Past the deadline, a grace without an event; or a whole
+                // stall limit and grace without one.
+                let cut_at = [
+                    deadline.map(|deadline| deadline.max(watch.progress_at) + CUT_GRACE),
+                    (stall_ms != NO_STREAM_DEADLINE).then(|| watch.progress_at + stall),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                let Some(cut_at) = cut_at else {
                     return std::task::Poll::Pending;
                 };
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return std::task::Poll::Pending;
-                }
-                let events_taken = self.events_taken.load(Ordering::Relaxed);
-                if let StallWatch::Grace {
-                    events_taken: before,
-                } = watch
-                    && *before == events_taken
-                {
+                if now >= cut_at {
                     return std::task::Poll::Ready(());
                 }
-                *watch = StallWatch::Grace { events_taken };
-                sleep
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + CUT_GRACE);
+                watch.sleep.as_mut().reset(cut_at);
             }
         })
         .await;
