@@ -3898,6 +3898,83 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
     Ok(())
 }
 
+/// Keep-alives before an answer begins (Anthropic's `ping`, SSE comments)
+/// are not held for it: they reached the client all at once when the
+/// answer came, and a provider sending them as fast as it could grew the
+/// proxy's memory for as long as the first token's limit. What announces
+/// the answer is held up to 4 MiB; a stream that announces more before any
+/// of it is malformed and fails over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alives_before_the_answer_are_not_held_and_announcements_are_bounded() -> TestResult {
+    const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":\
+         {\"id\":\"msg_from_a\",\"type\":\"message\",\"role\":\"assistant\",\
+         \"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n";
+    const PING: &str = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
+    const ANSWER: [&str; 5] = [
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\
+         \"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\
+         \"delta\":{\"type\":\"text_delta\",\"text\":\"hello from a\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":\
+         {\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    ];
+    let start = |pieces: Vec<(u64, &'static str)>| async move {
+        let a = scripted_provider(&pieces, Then::Cut).await;
+        Setup::new(
+            PATIENT_STREAMS,
+            STREAM_ERRORS,
+            catalog(
+                &[
+                    provider_at("a", "anthropic", &a),
+                    provider("b", "anthropic", ""),
+                ],
+                &[model("m", &["a", "b"])],
+            ),
+        )
+        .start("providers:\n  b: {}\n")
+        .await
+    };
+    let body = json!({"model": "m", "max_tokens": 16, "stream": true, "messages": []});
+
+    // 200 pings and comments, then the answer: it comes with none of them.
+    let mut pieces = vec![(0, START)];
+    for _ in 0..100 {
+        pieces.extend([(0, PING), (0, ": keep-alive\n\n")]);
+    }
+    pieces.extend(ANSWER.map(|event| (0, event)));
+    let gateway = start(pieces).await;
+    let reply = gateway.api.messages(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from a", "{}", reply.text);
+    assert!(reply.text.contains("msg_from_a"), "{}", reply.text);
+    assert!(!reply.text.contains("ping"), "{}", reply.text);
+    assert!(!reply.text.contains("keep-alive"), "{}", reply.text);
+    gateway.stop().await;
+
+    // More than 4 MiB of announcements before the answer: b answers.
+    let padded: &'static str = Box::leak(
+        format!(
+            "event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\
+             \"content_block\":{{\"type\":\"text\",\"text\":\"{}\"}}}}\n\n",
+            "x".repeat(64 << 10)
+        )
+        .into_boxed_str(),
+    );
+    let mut pieces = vec![(0, START)];
+    pieces.extend(std::iter::repeat_n((0, padded), 80));
+    pieces.extend(ANSWER.map(|event| (0, event)));
+    let gateway = start(pieces).await;
+    let reply = gateway.api.messages(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
+    assert!(!reply.text.contains("msg_from_a"), "{}", reply.text);
+    assert_eq!(gateway.sim.requests().len(), 1);
+    gateway.stop().await;
+    Ok(())
+}
+
 /// Events that only announce an answer (Anthropic's `message_start`, the
 /// Responses API's `response.created`) come at once, before the provider
 /// generates anything: they are held with the answer's first event, so a

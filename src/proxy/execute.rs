@@ -1252,8 +1252,12 @@ impl Exchange {
             }
         };
 
-        // Before the first event: nothing reached the client yet.
+        // Before the first event: nothing reached the client yet. What
+        // announces the answer is held for it, up to as much as one event
+        // may hold; keep-alives are not, as they would reach the client all
+        // at once with the answer.
         let mut held: Vec<Bytes> = Vec::new();
+        let mut held_bytes = 0usize;
         let mut pending: VecDeque<wire::Event> = VecDeque::new();
         let mut usage = None;
         // The answer is complete once each choice asked for finished; a
@@ -1277,11 +1281,20 @@ impl Exchange {
             while let Some(event) = pending.pop_front() {
                 let (kind, reported) = event.meaning(endpoint);
                 match kind {
-                    EventKind::Comment => held.push(event.raw),
+                    EventKind::Comment => {}
                     // Held with the first event of the answer itself: until
                     // that came, a stall or an error can still fail over,
                     // and the first token's limit still runs.
                     EventKind::Opening => {
+                        held_bytes = held_bytes.saturating_add(event.raw.len());
+                        if held_bytes > wire::MAX_EVENT_BYTES {
+                            return failed(
+                                OutcomeClass::Malformed,
+                                Some(String::from(
+                                    "the provider's stream announced more than 4 MiB before any answer",
+                                )),
+                            );
+                        }
                         usage = wire::accumulated_usage(usage, reported);
                         opened = true;
                         held.push(event.raw);

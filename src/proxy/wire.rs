@@ -86,8 +86,8 @@ pub struct Event {
 pub enum EventKind {
     /// Content or metadata.
     Content,
-    /// Announces the answer before any of it: Anthropic's `message_start`,
-    /// `content_block_start` and `ping`, the Responses API's
+    /// Announces the answer before any of it: Anthropic's `message_start`
+    /// and `content_block_start`, the Responses API's
     /// `response.created`, `response.queued`, `response.in_progress`,
     /// `response.output_item.added` and `response.content_part.added`.
     /// Providers send these at once, before generating anything, so they
@@ -99,7 +99,7 @@ pub enum EventKind {
     Finished(FinishedChoices),
     /// The completion sentinel itself.
     Sentinel,
-    /// A comment or keep-alive without data.
+    /// A comment or a keep-alive: an SSE comment, or Anthropic's `ping`.
     Comment,
     /// The provider reports an error in the stream.
     Error,
@@ -278,7 +278,8 @@ impl Facts<'_> {
                 Some("message_delta") if self.delta_stopped => {
                     EventKind::Finished(FinishedChoices::FIRST)
                 }
-                Some("message_start" | "content_block_start" | "ping") => EventKind::Opening,
+                Some("message_start" | "content_block_start") => EventKind::Opening,
+                Some("ping") => EventKind::Comment,
                 Some(_) => EventKind::Content,
                 None => EventKind::Malformed,
             },
@@ -442,7 +443,7 @@ pub struct EventReader {
 
 /// Longest event kept while waiting for its end; a provider sending more
 /// without a blank line is not speaking SSE.
-const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// An event grew past [`MAX_EVENT_BYTES`] without ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -739,7 +740,7 @@ mod tests {
         for (endpoint, kind, expected) in [
             (messages, "message_start", EventKind::Opening),
             (messages, "content_block_start", EventKind::Opening),
-            (messages, "ping", EventKind::Opening),
+            (messages, "ping", EventKind::Comment),
             (messages, "content_block_delta", EventKind::Content),
             (responses, "response.created", EventKind::Opening),
             (responses, "response.queued", EventKind::Opening),
