@@ -26,11 +26,12 @@ pub enum OutcomeClass {
 
 impl OutcomeClass {
     /// The provider answered that the request itself is at fault (malformed,
-    /// too large, unprocessable): the answer says nothing of the provider's
+    /// too large, its headers too large, unprocessable): the answer says
+    /// nothing of the provider's
     /// health, so it is no failure of the route's measured success rate;
     /// otherwise one tenant's bad requests would rank a route lower for all.
     pub fn blames_the_request(self) -> bool {
-        matches!(self, OutcomeClass::Status(400 | 413 | 422))
+        matches!(self, OutcomeClass::Status(400 | 413 | 422 | 431))
     }
 
     fn matches(self, pattern: OutcomeKind) -> bool {
@@ -726,5 +727,29 @@ pub fn refusal_with(
     Refusal {
         error: error_response(snapshot, error, machine, focus),
         headers: headers(snapshot, machine, served),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route's success rate counts what the provider did, not what one
+    /// tenant's requests were: a 431 answers headers the client sent.
+    #[test]
+    fn answers_that_blame_the_request_are_not_the_providers_failures() {
+        for status in [400, 413, 422, 431] {
+            assert!(
+                OutcomeClass::Status(status).blames_the_request(),
+                "{status}"
+            );
+        }
+        for status in [401, 403, 404, 408, 429, 500, 503] {
+            assert!(
+                !OutcomeClass::Status(status).blames_the_request(),
+                "{status}"
+            );
+        }
+        assert!(!OutcomeClass::Reset.blames_the_request());
     }
 }

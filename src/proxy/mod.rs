@@ -957,9 +957,25 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
     })
 }
 
+/// Whether the client sent a credential that cannot be read as one key: a
+/// credential header given twice, or with bytes other than visible ASCII.
+/// Such a key was sent, so it is not valid rather than missing.
+fn unreadable_credential(headers: &HeaderMap) -> bool {
+    [header::AUTHORIZATION, header_names::API_KEY]
+        .iter()
+        .any(|name| {
+            let mut lines = headers.get_all(name).iter();
+            let first = lines.next();
+            lines.next().is_some() || first.is_some_and(|value| value.to_str().is_err())
+        })
+}
+
 /// The caller a key belongs to. Keys are stored as SHA-256 hashes; the
 /// table finds the candidate and a constant-time comparison confirms it.
 fn authenticate(snapshot: &Snapshot, headers: &HeaderMap) -> Result<Caller, Unauthorized> {
+    if unreadable_credential(headers) {
+        return Err(Unauthorized::Unknown);
+    }
     let key = presented_key(headers).ok_or(Unauthorized::Missing)?;
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let index = snapshot.key_by_hash(&digest).ok_or(Unauthorized::Unknown)?;
@@ -1743,6 +1759,34 @@ impl RequestLog {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A key that was sent but cannot be read as one is not valid, rather
+    /// than missing: `missing_api_key` told such a client to send a key.
+    #[test]
+    fn a_credential_given_twice_or_not_in_visible_ascii_is_unreadable() {
+        let with = |lines: &[(&hyper::header::HeaderName, &[u8])]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in lines {
+                headers.append((*name).clone(), HeaderValue::from_bytes(value).unwrap());
+            }
+            unreadable_credential(&headers)
+        };
+        let api_key = &header_names::API_KEY;
+        let authorization = &header::AUTHORIZATION;
+        assert!(!unreadable_credential(&HeaderMap::new()));
+        assert!(!with(&[(authorization, b"Bearer sk-a")]));
+        assert!(!with(&[
+            (authorization, b"Bearer sk-a"),
+            (api_key, b"sk-b")
+        ]));
+        assert!(with(&[(authorization, b"Bearer sk-a\xc3\xa9")]));
+        assert!(with(&[(api_key, b"sk-a\xc3\xa9")]));
+        assert!(with(&[
+            (authorization, b"Bearer sk-a"),
+            (authorization, b"Bearer sk-b")
+        ]));
+        assert!(with(&[(api_key, b"sk-a"), (api_key, b"sk-a")]));
+    }
 
     #[test]
     fn generated_request_ids_are_sixteen_hex_digits() {

@@ -83,6 +83,14 @@ const FORWARDED_HEADERS: [HeaderName; 6] = [
     header_names::REQUEST_ID,
 ];
 
+/// Those of them whose value is a list, which a client may give over
+/// several lines (`anthropic-beta` once per feature).
+const LIST_HEADERS: [HeaderName; 3] = [
+    header::ACCEPT,
+    header_names::ANTHROPIC_BETA,
+    header_names::OPENAI_BETA,
+];
+
 /// The Anthropic API version sent when the client names none.
 const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
@@ -135,11 +143,27 @@ impl Outgoing {
             if input_headers.contains(&name.as_str()) {
                 continue;
             }
-            // Every line of a repeated header goes on (`anthropic-beta`
-            // given once per feature), in the client's order.
-            for value in client_headers.get_all(&name) {
-                headers.append(name.clone(), value.clone());
+            // A list given over several lines goes on as one line, its
+            // items in the client's order (RFC 9110, section 5.3); a value
+            // that is not a list goes on from its first line. However many
+            // lines a client sends, the provider gets one of each, so none
+            // can make it refuse the request for its headers.
+            let mut lines = client_headers.get_all(&name).iter();
+            let Some(first) = lines.next() else {
+                continue;
+            };
+            let mut value = first.clone();
+            if LIST_HEADERS.contains(&name) {
+                for more in lines {
+                    let mut joined = value.as_bytes().to_vec();
+                    joined.extend_from_slice(b", ");
+                    joined.extend_from_slice(more.as_bytes());
+                    if let Ok(combined) = HeaderValue::from_bytes(&joined) {
+                        value = combined;
+                    }
+                }
             }
+            headers.insert(name.clone(), value);
         }
         if let Ok(value) = HeaderValue::from_str(request_id) {
             headers.insert(header_names::REQUEST_ID, value);
@@ -783,8 +807,23 @@ mod tests {
         assert!(outgoing.headers.get("x-route-hint").is_none());
         assert_eq!(outgoing.headers["anthropic-version"], "2024-01-01");
         assert_eq!(outgoing.headers["x-request-id"], "req-1");
+        // A list over several lines goes on as one; a value that is not a
+        // list, from its first line.
         let betas: Vec<_> = outgoing.headers.get_all("anthropic-beta").iter().collect();
-        assert_eq!(betas, ["prompt-caching", "output-128k"]);
+        assert_eq!(betas, ["prompt-caching, output-128k"]);
+        let mut repeated = HeaderMap::new();
+        for agent in ["first/1.0", "second/2.0", "third/3.0"] {
+            repeated.append("user-agent", HeaderValue::from_static(agent));
+            repeated.append("accept", HeaderValue::from_static("text/event-stream"));
+        }
+        let outgoing = Outgoing::new(Some(&body), &repeated, &[], &[], "req-1");
+        let agents: Vec<_> = outgoing.headers.get_all("user-agent").iter().collect();
+        assert_eq!(agents, ["first/1.0"]);
+        let accepted: Vec<_> = outgoing.headers.get_all("accept").iter().collect();
+        assert_eq!(
+            accepted,
+            ["text/event-stream, text/event-stream, text/event-stream"]
+        );
     }
 
     #[test]
