@@ -92,6 +92,28 @@ fn the_reference_policies_check_cleanly() {
     assert!(err.contains("no problems found"), "{err}");
 }
 
+/// A cases file or a data file named to `check` is a usage error that
+/// says which command reads it: checked as a policy, a cases file gave 18
+/// grammar errors.
+#[test]
+fn a_file_that_is_no_policy_is_refused_with_the_command_for_it() {
+    let cases = check(&["policies/noirdoc.tests.yaml"]);
+    assert_eq!(code(&cases), 2, "{}", stderr(&cases));
+    assert!(
+        stderr(&cases).contains("`switchyard test policies/noirdoc.tests.yaml` runs them"),
+        "{}",
+        stderr(&cases)
+    );
+    let data = check(&["policies/noirdoc/catalog.yaml"]);
+    assert_eq!(code(&data), 2, "{}", stderr(&data));
+    assert!(
+        stderr(&data).contains("is not a policy (a `.yaml` file)"),
+        "{}",
+        stderr(&data)
+    );
+    assert!(!stderr(&data).contains("E0101"), "{}", stderr(&data));
+}
+
 #[test]
 fn without_a_path_check_reads_policies() {
     let output = check(&[]);

@@ -6,7 +6,7 @@ use crate::diagnostics::render::{self, Style};
 use crate::diagnostics::{Diagnostic, Severity};
 use crate::language::{CheckReport, check_file};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
@@ -22,7 +22,38 @@ pub struct CheckArgs {
     pub deny_warnings: bool,
 }
 
+/// Why `path`, named on the command line, is not a policy to check, when
+/// its name says it is another kind of file: checking it as a policy would
+/// only list grammar errors.
+fn not_a_policy(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_string_lossy();
+    let shown = path.display();
+    if name.ends_with(".tests.yaml") {
+        return Some(format!(
+            "`{shown}` holds test cases; `switchyard test {shown}` runs them (and checks their policy)"
+        ));
+    }
+    let extension = path.extension()?.to_string_lossy().to_ascii_lowercase();
+    ["yaml", "yml", "json", "md"]
+        .contains(&extension.as_str())
+        .then(|| {
+            format!(
+                "`{shown}` is not a policy (a `.{extension}` file); data files are checked with \
+                 the policy that names them: `switchyard check POLICY.policy`"
+            )
+        })
+}
+
 pub fn run(args: &CheckArgs) -> ExitCode {
+    if let Some(reason) = args
+        .paths
+        .iter()
+        .filter(|path| path.is_file())
+        .find_map(|path| not_a_policy(path))
+    {
+        say_err!("error: {reason}");
+        return ExitCode::from(exit::USAGE);
+    }
     let files = match files_named(&args.paths, ".policy") {
         Ok(files) => files,
         Err(message) => {
