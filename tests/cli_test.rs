@@ -734,6 +734,22 @@ fn plans_name_the_credential_and_model_that_tell_candidates_apart() {
         ),
         "{stdout}"
     );
+    let json: serde_json::Value = serde_json::from_slice(&explain_output(
+        "ngrok",
+        "sk-ngrok-tunnelco",
+        "gpt-4o",
+        &["--format", "json"],
+    ))
+    .unwrap();
+    assert_eq!(
+        json["result"]["plan_entries"],
+        serde_json::json!([
+            "openai/openai-primary@gpt-4o",
+            "openai/openai-secondary@gpt-4o",
+            "openrouter/openrouter-primary@gpt-4o",
+            "openrouter/openrouter-primary@claude-sonnet-4-5"
+        ])
+    );
     let stdout =
         String::from_utf8(explain_output("noirdoc", "sk-noirdoc-acme", "gpt-5", &[])).unwrap();
     assert!(stdout.contains("plan   acme-openai (at most"), "{stdout}");

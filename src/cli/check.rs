@@ -2,8 +2,8 @@
 
 use super::common::files_named;
 use super::{Format, exit};
+use crate::diagnostics::Severity;
 use crate::diagnostics::render::{self, Style};
-use crate::diagnostics::{Diagnostic, Severity};
 use crate::language::{CheckReport, check_file};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -73,18 +73,15 @@ pub fn run(args: &CheckArgs) -> ExitCode {
 
     match args.format {
         Format::Json => {
-            // One array for all files: each report renders with its own sources.
-            let mut items: Vec<serde_json::Value> = Vec::new();
-            for report in &reports {
-                let diagnostics: Vec<&Diagnostic> = report.diagnostics.iter().collect();
-                let text = render::json(diagnostics, &report.sources);
-                if let Ok(serde_json::Value::Array(values)) = serde_json::from_str(&text) {
-                    items.extend(values);
-                }
-            }
+            // One array for all files: each report renders with its own
+            // sources, its members in the order `explain` gives them too.
             say!(
                 "{}",
-                serde_json::to_string_pretty(&items).unwrap_or_else(|_| String::from("[]"))
+                render::json_of_files(
+                    reports
+                        .iter()
+                        .map(|report| (report.diagnostics.iter(), &report.sources))
+                )
             );
         }
         Format::Human => {

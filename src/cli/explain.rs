@@ -9,7 +9,7 @@ use crate::data::{FileProblem, yaml_error};
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable, HealthView};
-use crate::evaluate::{Decision, RequestContext, StepTrace, evaluate_traced};
+use crate::evaluate::{Candidate, Decision, RequestContext, StepTrace, evaluate_traced};
 use crate::language::check_file;
 use crate::language::ir::{StepKind, StepSpec};
 use crate::source::{MAX_FILE_BYTES, SourceMap, Span, read_text};
@@ -394,12 +394,7 @@ fn human(
     line(String::new());
     match &decision.result {
         Ok(plan) => {
-            let (with_credential, with_model) = entry_detail(&plan.candidates);
-            let names: Vec<String> = plan
-                .candidates
-                .iter()
-                .map(|c| plan_entry(snapshot, c, with_credential, with_model))
-                .collect();
+            let names = plan_entries(snapshot, &plan.candidates);
             line(format!(
                 "plan   {} (at most {} attempt{})",
                 names.join(" -> "),
@@ -531,6 +526,7 @@ fn as_json(
     let result = match &decision.result {
         Ok(plan) => json!({
             "plan": plan.candidates.iter().map(|c| snapshot.provider(c.provider).map(|p| p.id.clone())).collect::<Vec<_>>(),
+            "plan_entries": plan_entries(snapshot, &plan.candidates),
             "attempts": plan.attempts,
             "tried_if_each_fails": plan
                 .failover_sequence(snapshot, health)
@@ -589,6 +585,16 @@ fn as_json(
         "result": result,
         "plans": plans_json(snapshot, sources),
     })
+}
+
+/// The plan's candidates as the text shows them and test cases write them:
+/// with the credential and model where they tell candidates apart.
+fn plan_entries(snapshot: &Snapshot, candidates: &[Candidate]) -> Vec<String> {
+    let (with_credential, with_model) = entry_detail(candidates);
+    candidates
+        .iter()
+        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+        .collect()
 }
 
 /// Whether the proxy makes this policy's plans once per caller, model,

@@ -322,11 +322,25 @@ pub fn one_line(diagnostic: &Diagnostic, sources: &SourceMap) -> String {
 /// `labels`. Words that look like API keys are masked, as in [`human`].
 pub fn json<'a>(
     diagnostics: impl IntoIterator<Item = &'a Diagnostic>,
-    sources: &SourceMap,
+    sources: &'a SourceMap,
 ) -> String {
-    let items: Vec<JsonDiagnostic<'_>> = diagnostics
+    json_of_files([(diagnostics, sources)])
+}
+
+/// The diagnostics of several files, each with its own sources, as one
+/// JSON array in the same form as [`json`].
+pub fn json_of_files<'a, D>(files: impl IntoIterator<Item = (D, &'a SourceMap)>) -> String
+where
+    D: IntoIterator<Item = &'a Diagnostic>,
+{
+    let items: Vec<JsonDiagnostic<'_>> = files
         .into_iter()
-        .map(|diagnostic| {
+        .flat_map(|(diagnostics, sources)| {
+            diagnostics
+                .into_iter()
+                .map(move |diagnostic| (diagnostic, sources))
+        })
+        .map(|(diagnostic, sources)| {
             let primary = diagnostic
                 .primary
                 .as_ref()
