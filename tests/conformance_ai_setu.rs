@@ -393,7 +393,8 @@ async fn a_provider_prefix_hard_overrides_everything_below() {
 }
 
 /// [S5] `@<slug>/<model>` serves from that BYOK binding only, whatever the
-/// header says; another tenant's slug is no usable credential
+/// header says; another tenant's slug is answered as an unknown one, so
+/// the answer does not tell a caller that another tenant's binding exists
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slug_prefix_pins_the_byok_binding() {
     let clock = Arc::new(ManualClock::default());
@@ -439,19 +440,25 @@ async fn a_slug_prefix_pins_the_byok_binding() {
     assert_eq!(reply.status, 503);
     assert_eq!(tried, names(&["anthropic"]));
 
-    // initech cannot use globex's binding.
+    // initech cannot use globex's binding, and is not told it exists: it
+    // gets what a slug no tenant has gets.
     stack.sim.clear();
-    let reply = stack
+    let theirs = stack
         .chat(INITECH, chat_body("@globex-anthropic/claude-sonnet-4-5"))
         .await;
-    reply.openai_error(503, "no_provider_available", "api_error");
+    theirs.openai_error(404, "model_not_found", "not_found_error");
+    let nobodys = stack
+        .chat(INITECH, chat_body("@nosuch-binding/claude-sonnet-4-5"))
+        .await;
+    let error = |reply: &Reply| reply.json["error"].clone();
+    assert_eq!(error(&theirs), error(&nobodys));
     let reply = stack
         .messages(
             INITECH,
             messages_body("@globex-anthropic/claude-sonnet-4-5"),
         )
         .await;
-    reply.anthropic_error(503, "api_error");
+    reply.anthropic_error(404, "not_found_error");
     // A slug names a BYOK binding: an unknown one, or the id of a platform
     // key, names no model.
     for model in [

@@ -759,6 +759,16 @@ impl Snapshot {
         self.credential_ids.get(id).copied()
     }
 
+    /// Whether a caller of `tenant` may use the credential: the platform's
+    /// keys, and its own tenant's.
+    pub fn credential_usable_by(&self, provider: usize, credential: usize, tenant: usize) -> bool {
+        self.interned
+            .credential_owner
+            .get(provider)
+            .and_then(|owners| owners.get(credential))
+            .is_some_and(|owner| *owner == Owner::Platform || owner.is(tenant))
+    }
+
     pub fn routes_of(&self, model: usize) -> &[RouteEntry] {
         self.routes.get(model).map_or(&[], Vec::as_slice)
     }

@@ -6,7 +6,7 @@ use super::health::CandidateHealth;
 use super::machine::{Focus, Machine};
 use super::order::{first_by_keys, sort_by_keys};
 use super::{Candidate, RequestState, Requested, ResolutionKind};
-use crate::compile::{ModelName, Owner, Snapshot};
+use crate::compile::{ModelName, Snapshot};
 use crate::diagnostics::redact::redact;
 use crate::language::ast::PinTarget;
 use crate::language::ir::{CredentialSpec, ErrorRef, Read, SortKeySpec, TermKind};
@@ -105,8 +105,13 @@ pub fn resolve(
             routes += 1;
             with_credentials(snapshot, request, choice, &mut candidates);
         };
-        if !resolve_pin(snapshot, id, &mut position, &mut choose)?
-            && !resolve_name(snapshot, id, named, &mut position, &mut choose)
+        if !resolve_pin(
+            snapshot,
+            id,
+            request.caller.tenant,
+            &mut position,
+            &mut choose,
+        )? && !resolve_name(snapshot, id, named, &mut position, &mut choose)
         {
             resolve_unknown(snapshot, request, id, &mut position, &mut choose);
         }
@@ -151,15 +156,28 @@ pub(crate) struct Pinned<'s, 'i> {
     pub model_id: &'i str,
 }
 
-/// The first pin template `id` matches, naming a provider or credential.
-pub(crate) fn match_pin<'s, 'i>(snapshot: &'s Snapshot, id: &'i str) -> Option<Pinned<'s, 'i>> {
+/// The first pin template `id` matches, naming a provider or credential;
+/// asked by a caller of `tenant`. A credential pin names only a credential
+/// that caller may use, the platform's or its own tenant's: another
+/// tenant's is as unknown to it as one that does not exist, so that its
+/// answer does not tell it one exists.
+pub(crate) fn match_pin<'s, 'i>(
+    snapshot: &'s Snapshot,
+    id: &'i str,
+    tenant: usize,
+) -> Option<Pinned<'s, 'i>> {
     snapshot.program.models.pins.iter().find_map(|pin| {
         let rest = id.strip_prefix(pin.prefix.as_str())?;
         let (target, model_id) = split_at_separator(rest, &pin.separator)?;
         let (providers, credential) = match pin.target {
             PinTarget::Provider => (Cow::Borrowed(snapshot.providers_named(target)), None),
             PinTarget::Credential => {
-                let (provider, credential) = snapshot.credential_with_id(target)?;
+                let (provider, credential) =
+                    snapshot
+                        .credential_with_id(target)
+                        .filter(|(provider, credential)| {
+                            snapshot.credential_usable_by(*provider, *credential, tenant)
+                        })?;
                 (Cow::Owned(vec![provider]), Some(credential))
             }
         };
@@ -175,6 +193,7 @@ pub(crate) fn match_pin<'s, 'i>(snapshot: &'s Snapshot, id: &'i str) -> Option<P
 fn resolve_pin(
     snapshot: &Snapshot,
     id: &Arc<str>,
+    tenant: usize,
     position: &mut usize,
     choose: &mut impl FnMut(RouteChoice),
 ) -> Result<bool, Unresolved> {
@@ -182,7 +201,7 @@ fn resolve_pin(
         providers,
         credential,
         model_id,
-    }) = match_pin(snapshot, id)
+    }) = match_pin(snapshot, id, tenant)
     else {
         return Ok(false);
     };
@@ -394,19 +413,11 @@ fn with_credentials(
     let Some(provider) = snapshot.provider(choice.provider) else {
         return;
     };
-    let owners = snapshot
-        .interned
-        .credential_owner
-        .get(choice.provider)
-        .map_or(&[][..], Vec::as_slice);
     let (only, provider_index) = (choice.credential, choice.provider);
     let usable = (0..provider.credentials.len())
         .filter(move |index| only.is_none_or(|only| only == *index))
-        // The platform's keys, and the caller's own.
         .filter(|index| {
-            owners
-                .get(*index)
-                .is_some_and(|owner| *owner == Owner::Platform || owner.is(request.caller.tenant))
+            snapshot.credential_usable_by(provider_index, *index, request.caller.tenant)
         })
         .filter(move |index| snapshot.secret(provider_index, *index).is_some());
     // A model's routes are distinct, and so are a route's credentials:

@@ -878,9 +878,10 @@ impl<'a> Machine<'a> {
         let value = match read {
             Read::RequestId => Value::String(request.id.clone()),
             Read::RequestModel => Value::String(request.model.clone()),
-            Read::RequestPinned => {
-                Value::Bool(super::candidates::match_pin(snapshot, &request.model).is_some())
-            }
+            Read::RequestPinned => Value::Bool(
+                super::candidates::match_pin(snapshot, &request.model, request.caller.tenant)
+                    .is_some(),
+            ),
             Read::RequestEndpoint => return Cow::Borrowed(endpoint_member(request.endpoint)),
             Read::RequestWire => return Cow::Borrowed(wire_member(request.endpoint.wire())),
             Read::RequestKind => return Cow::Borrowed(kind_member(request.endpoint.kind())),

@@ -85,7 +85,11 @@ impl Turns for u64 {
 /// an alias (its first model) or a pin; `""` for any other text, which
 /// shares one counter. `None` when the policy balances by no `round_robin`,
 /// so no counter is needed.
-pub fn round_robin_model<'s>(snapshot: &'s Snapshot, requested: &str) -> Option<&'s str> {
+pub fn round_robin_model<'s>(
+    snapshot: &'s Snapshot,
+    requested: &str,
+    caller: Caller,
+) -> Option<&'s str> {
     let rotates = |spec: &BalanceSpec| matches!(spec.strategy, StrategySpec::RoundRobin);
     if !snapshot.program.balance.iter().any(rotates) {
         return None;
@@ -95,7 +99,10 @@ pub fn round_robin_model<'s>(snapshot: &'s Snapshot, requested: &str) -> Option<
         ModelName::Alias(models) => models.first().copied(),
     };
     let model = named(requested)
-        .or_else(|| candidates::match_pin(snapshot, requested).and_then(|pin| named(pin.model_id)))
+        .or_else(|| {
+            candidates::match_pin(snapshot, requested, caller.tenant)
+                .and_then(|pin| named(pin.model_id))
+        })
         .and_then(|model| snapshot.data.catalog.models.get(model));
     Some(model.map_or("", |model| model.id.as_str()))
 }
@@ -928,9 +935,13 @@ fn requested_model<'s>(snapshot: &'s Snapshot, name: &str) -> (Arc<str>, Option<
 /// The catalog model whose settings the per-model layers give: the
 /// requested model by its id, by an alias for it alone, or by a pin. An
 /// alias for several models, or an id the catalog does not know, has none.
-fn settings_model(snapshot: &Snapshot, name: &str, named: Option<&ModelName>) -> Option<usize> {
+fn settings_model(
+    snapshot: &Snapshot,
+    request: &RequestState,
+    named: Option<&ModelName>,
+) -> Option<usize> {
     // Pins first, as candidates are resolved.
-    let named = match candidates::match_pin(snapshot, name) {
+    let named = match candidates::match_pin(snapshot, &request.model, request.caller.tenant) {
         Some(pinned) => snapshot.model_named(pinned.model_id)?,
         None => named?,
     };
@@ -953,7 +964,7 @@ fn resolve_settings(
     let tenant = data.tenants.tenants.get(request.caller.tenant);
     let workspace = tenant.and_then(|t| t.workspaces.get(request.caller.workspace));
     let key = request.caller.key.and_then(|k| data.tenants.keys.get(k));
-    let model = settings_model(snapshot, &request.model, model_named)
+    let model = settings_model(snapshot, request, model_named)
         .and_then(|model| data.catalog.models.get(model))
         .map(|model| model.id.as_str());
     data.schema
@@ -1053,12 +1064,20 @@ pub(crate) mod tests {
     #[test]
     fn round_robin_counts_per_catalog_model_and_only_when_the_policy_rotates() {
         let setu = shipped("ai-setu");
-        let model = |requested| round_robin_model(&setu, requested);
+        let caller = Caller {
+            tenant: 0,
+            workspace: 0,
+            key: None,
+        };
+        let model = |requested| round_robin_model(&setu, requested, caller);
         assert_eq!(model("claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
         assert_eq!(model("vertex/claude-sonnet-4-5"), Some("claude-sonnet-4-5"));
         assert_eq!(model("no-such-model"), Some(""));
         assert_eq!(model("vertex/no-such-model"), Some(""));
-        assert_eq!(round_robin_model(&shipped("noirdoc"), "gpt-5"), None);
+        assert_eq!(
+            round_robin_model(&shipped("noirdoc"), "gpt-5", caller),
+            None
+        );
     }
 
     #[test]

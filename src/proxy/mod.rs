@@ -1015,6 +1015,7 @@ struct ModelTurns<'a> {
     snapshot: &'a Snapshot,
     /// The body's `model`.
     requested: Option<&'a str>,
+    caller: Caller,
 }
 
 impl std::fmt::Debug for ModelTurns<'_> {
@@ -1027,7 +1028,7 @@ impl std::fmt::Debug for ModelTurns<'_> {
 
 impl Turns for ModelTurns<'_> {
     fn next_turn(&self) -> u64 {
-        round_robin_model(self.snapshot, self.requested.unwrap_or(""))
+        round_robin_model(self.snapshot, self.requested.unwrap_or(""), self.caller)
             .map_or(0, |model| self.state.next_rotation(model))
     }
 }
@@ -1441,6 +1442,7 @@ fn prepare(
                 .as_ref()
                 .ok()
                 .and_then(|body| body.get("model")?.as_str()),
+            caller,
         },
     };
     let deciding = Instant::now();
