@@ -1594,10 +1594,10 @@ fn sized(model: &str, provider: Value, bytes: usize) -> Value {
 }
 
 /// [A47] [A48] decided: a route whose context window is smaller than the
-/// request's estimate goes behind the routes that fit (under Default after
-/// the tier preference, under `privacy` after the tier), never ahead of a
-/// pin or an explicit order, and is never removed: the provider decides
-/// whether the prompt fits
+/// request's estimate goes behind the routes of its tier that fit (under
+/// Default out of the weighing, under `privacy` after the tier), never
+/// ahead of a pin or an explicit order, and is never removed: the provider
+/// decides whether the prompt fits
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a47_a48_context_estimates_order_routes_but_never_reject() {
     let clock = Arc::new(ManualClock::default());
@@ -1608,9 +1608,16 @@ async fn a47_a48_context_estimates_order_routes_but_never_reject() {
     const LARGE: usize = 600_000;
 
     for (key, provider, bytes, expected) in [
-        // Default: TEE tinfoil keeps its preference over Private venice,
-        // and a fallback stays at its tier (near-ai-us).
-        (LUMEN, Value::Null, MEDIUM, &["tinfoil", "near-ai-us"][..]),
+        // Default: TEE tinfoil is too small while TEE near-ai-us fits, so
+        // it is left out of the weighing and goes behind near-ai-us, which
+        // Private venice still outweighs (it costs more than 1.5 times as
+        // much); a fallback from venice may go up to a TEE route.
+        (
+            LUMEN,
+            Value::Null,
+            MEDIUM,
+            &["venice", "near-ai-us", "tinfoil"][..],
+        ),
         // Among the two TEE routes, the one that fits first.
         (
             LUMEN,
@@ -1630,8 +1637,9 @@ async fn a47_a48_context_estimates_order_routes_but_never_reject() {
             MEDIUM,
             &["venice", "near-ai-us", "tinfoil"][..],
         ),
-        // Only Anonymous deepinfra fits, but Default never leaves a more
-        // private tier for an estimate.
+        // Only Anonymous deepinfra fits, but while no route of its tier
+        // fits a route keeps its place: Default never leaves a more private
+        // tier for an estimate.
         (LUMEN, Value::Null, LARGE, &["tinfoil", "near-ai-us"][..]),
         (
             RESEARCH,
@@ -1655,6 +1663,106 @@ async fn a47_a48_context_estimates_order_routes_but_never_reject() {
     assert_eq!(tried, names(&["venice"]));
     let (reply, _) = chat(&stack, LUMEN, sized(DEEPSEEK, json!("tinfoil"), LARGE)).await;
     assert_served(&reply, "tinfoil");
+    stack.stop().await;
+}
+
+/// [A47] [A64] a route too small for the estimate refuses with a context
+/// error, which stops failover: under Default a route of its tier that
+/// fits, or one a route that fits outweighs, serves before it is asked.
+/// About 75,000 tokens: TEE tinfoil (65,536) is left out of the weighing,
+/// so Private venice (cheaper than 1.5 times TEE near-ai-us) leads and
+/// near-ai-us follows; a small request still goes to tinfoil
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a47_a_route_that_fits_serves_before_a_too_small_one_refuses() {
+    let clock = Arc::new(ManualClock::default());
+    const TOO_LONG: &str = "400 code=context_length_exceeded";
+    const MEDIUM: usize = 300_000;
+    let stack = shipped(&scenario(&[("tinfoil", &[TOO_LONG])]), &clock).await;
+
+    let (reply, tried) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, MEDIUM)).await;
+    assert_served(&reply, "venice");
+    assert_eq!(tried, names(&["venice"]));
+    // venice fails: the TEE route that fits serves, tinfoil is not asked.
+    replay(
+        &stack,
+        &scenario(&[("tinfoil", &[TOO_LONG]), ("venice", &["500"])]),
+    );
+    let (reply, tried) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, MEDIUM)).await;
+    assert_served(&reply, "near-ai-us");
+    assert_eq!(tried, names(&["venice", "near-ai-us"]));
+    forget_failures(&clock);
+    // Both fail: tinfoil last, whose context error ends the request.
+    replay(
+        &stack,
+        &scenario(&[
+            ("tinfoil", &[TOO_LONG]),
+            ("venice", &["500"]),
+            ("near-ai-us", &["500"]),
+        ]),
+    );
+    let (reply, tried) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, MEDIUM)).await;
+    policy_error(&reply, 503, "provider_fallback_exhausted");
+    assert_eq!(tried, names(&["venice", "near-ai-us", "tinfoil"]));
+    forget_failures(&clock);
+    // A small request: tinfoil keeps its TEE preference.
+    replay(&stack, &scenario(HEALTHY));
+    let (reply, _) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, 1_000)).await;
+    assert_served(&reply, "tinfoil");
+
+    // tinfoil made a cheap Private route (typical price 1.15): while it fits
+    // it outweighs near-ai-us, repriced to 2.25, 1.5 times venice's 1.50.
+    // Too small, it outweighs no route: near-ai-us keeps its TEE
+    // preference and leads.
+    reconfigure(
+        &stack,
+        "catalog.yaml",
+        &[
+            (
+                "attributes: {tier: tee, context_window: 65536}",
+                "attributes: {tier: private, context_window: 65536}",
+            ),
+            (
+                "price: {input: 0.50, output: 1.50, cache_read: 0.12}",
+                "price: {input: 0.30, output: 0.90, cache_read: 0.10}",
+            ),
+            (NEAR_AI_PRICE, "price: {input: 0.50, output: 1.50}"),
+        ],
+        &[],
+    );
+    let (reply, _) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, 1_000)).await;
+    assert_served(&reply, "tinfoil");
+    replay(&stack, &scenario(&[("tinfoil", &[TOO_LONG])]));
+    let (reply, tried) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, MEDIUM)).await;
+    assert_served(&reply, "near-ai-us");
+    assert_eq!(tried, names(&["near-ai-us"]));
+
+    // tinfoil made a cheap Anonymous route (typical price 0.30, under a
+    // third of every more private one), near-ai-us at its own price again:
+    // tinfoil is preferred while it fits; too small while Anonymous
+    // deepinfra fits, it is not, and the Private route leads.
+    reconfigure(
+        &stack,
+        "catalog.yaml",
+        &[
+            (
+                "attributes: {tier: private, context_window: 65536}",
+                "attributes: {tier: anonymous, context_window: 65536}",
+            ),
+            (
+                "price: {input: 0.30, output: 0.90, cache_read: 0.10}",
+                "price: {input: 0.10, output: 0.10, cache_read: 0.05}",
+            ),
+            ("price: {input: 0.50, output: 1.50}", NEAR_AI_PRICE),
+        ],
+        &[],
+    );
+    replay(&stack, &scenario(HEALTHY));
+    let (reply, _) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, 1_000)).await;
+    assert_served(&reply, "tinfoil");
+    replay(&stack, &scenario(&[("tinfoil", &[TOO_LONG])]));
+    let (reply, tried) = chat(&stack, LUMEN, sized(DEEPSEEK, Value::Null, MEDIUM)).await;
+    assert_served(&reply, "venice");
+    assert_eq!(tried, names(&["venice"]));
     stack.stop().await;
 }
 
