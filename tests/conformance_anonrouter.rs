@@ -1905,6 +1905,52 @@ async fn a88_after_output_started_a_failure_is_reported_not_retried() {
     stack.stop().await;
 }
 
+/// [A88] [A65] [A126] a stream that breaks after output started, after a
+/// fallback, reports the serving provider's failure: its sanitized error
+/// (`provider_error`), not `provider_fallback_exhausted`, which says every
+/// attempt failed before output; an output-limit error there too, and
+/// without a penalty
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a88_a126_a_stream_broken_after_a_fallback_is_the_providers_own_error() {
+    let clock = Arc::new(ManualClock::default());
+    let stack = shipped(&scenario(HEALTHY), &clock).await;
+
+    for (step, penalized) in [
+        ("cut_after=2", true),
+        ("error_after=2 code=server_error", true),
+        ("error_after=2 code=max_tokens_exceeded", false),
+    ] {
+        replay(
+            &stack,
+            &scenario(&[("tinfoil", &["500"]), ("near-ai-us", &[step])]),
+        );
+        let reply = stack.chat(RESEARCH, streamed(body(DEEPSEEK))).await;
+        assert_eq!(reply.header(PROVIDER), Some("near-ai"), "{step}");
+        assert!(
+            "hello from near-ai-us".starts_with(&reply.answer_text()),
+            "{step}: {}",
+            reply.text
+        );
+        let (_, error) = reply.broken_stream();
+        assert_eq!(error["error"]["code"], "provider_error", "{step}");
+        assert_eq!(error["error"]["type"], "api_error", "{step}");
+        assert_eq!(
+            stack.providers_tried(),
+            names(&["tinfoil", "near-ai-us"]),
+            "{step}"
+        );
+        // tinfoil is penalized for its 500: the next request goes to
+        // near-ai-us unless its broken stream penalized it too (then the
+        // cheaper tinfoil leads the two penalized TEE routes).
+        replay(&stack, &scenario(HEALTHY));
+        let (reply, _) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
+        let next = if penalized { "tinfoil" } else { "near-ai-us" };
+        assert_served(&reply, next);
+        forget_failures(&clock);
+    }
+    stack.stop().await;
+}
+
 /// What the failover table says of one result.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum Penalty {
