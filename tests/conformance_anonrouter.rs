@@ -2224,7 +2224,8 @@ async fn a62_a67_a69_a93_a_400_stops_with_a_sanitized_400() {
         assert_eq!(message, "the provider could not serve this request");
         assert!(!reply.text.contains("internals"), "{}", reply.text);
         assert!(!reply.text.contains("invalid_parameter"), "{}", reply.text);
-        assert_eq!(reply.header(PROVIDER), Some("tinfoil"));
+        // An error, even the provider's own, was served by no provider.
+        assert_eq!(reply.header(PROVIDER), None);
     }
     stack.stop().await;
 }
@@ -3469,7 +3470,8 @@ async fn a3_a107_a108_a110_a111_request_settings_only_tighten_the_workspaces() {
 /// that served it (public ids: NEAR AI as `near-ai`), the routing (`exact`,
 /// or `auto` when /auto chose the model), the providers tried, whether a
 /// fallback served it, and the serving route's privacy tier — streams and
-/// Anthropic answers too
+/// Anthropic answers too; an error, which no provider served, names no
+/// provider and no tier
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a113_to_a117_responses_report_the_route_that_served() {
     let clock = Arc::new(ManualClock::default());
@@ -3536,14 +3538,33 @@ async fn a113_to_a117_responses_report_the_route_that_served() {
         expect(["tinfoil", "auto", "1", "false", "tee"])
     );
 
-    // Errors: no provider served; after attempts the last one tried is
-    // named, before any none is.
+    // Errors: no provider served, so none is named, nor a tier, whether
+    // attempts were made (after a fallback, or one) or not; the providers
+    // tried are counted.
     replay(&stack, &all("500"));
     let (reply, _) = chat(&stack, RESEARCH, body(DEEPSEEK)).await;
     assert_eq!(reply.status, 503);
-    assert_eq!(reply.header(PROVIDER), Some("venice"));
+    assert_eq!(reply.header(PROVIDER), None);
+    assert_eq!(reply.header(PRIVACY), None);
     assert_eq!(reply.header(ATTEMPTS), Some("3"));
     assert_eq!(reply.header(FALLBACK), Some("false"));
+    forget_failures(&clock);
+    let (reply, _) = chat(&stack, LUMEN, routed(DEEPSEEK, json!("venice"))).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(reply.header(PROVIDER), None);
+    assert_eq!(reply.header(PRIVACY), None);
+    assert_eq!(reply.header(ATTEMPTS), Some("1"));
+    forget_failures(&clock);
+    // A stream that breaks after output was served: its headers went out
+    // with its first event and name the provider.
+    replay(&stack, &scenario(&[("tinfoil", &["cut_after=2"])]));
+    let reply = stack.chat(LUMEN, streamed(body(DEEPSEEK))).await;
+    reply.broken_stream();
+    assert_eq!(
+        headers(&reply),
+        expect(["tinfoil", "exact", "1", "false", "tee"])
+    );
+    forget_failures(&clock);
     let (reply, _) = chat(&stack, LUMEN, routed(GLM, json!({"only": ["tinfoil"]}))).await;
     assert_eq!(reply.status, 400);
     assert_eq!(reply.header(PROVIDER), None);
