@@ -20,7 +20,7 @@ use reqwest::RequestBuilder;
 use serde_json::{Value as Json, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use switchyard::proxy::Options;
+use switchyard::proxy::{Limits, Options};
 use switchyard::sim::RecordedRequest;
 use switchyard::state::{Clock, ManualClock, SystemClock};
 
@@ -3902,8 +3902,10 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
 /// are not held for it: they reached the client all at once when the
 /// answer came, and a provider sending them as fast as it could grew the
 /// proxy's memory for as long as the first token's limit. What announces
-/// the answer is held up to 4 MiB; a stream that announces more before any
-/// of it is malformed and fails over.
+/// the answer is held up to 64 MiB, as much as a whole answer may hold (a
+/// Responses stream repeats large instructions in several announcements);
+/// a stream that announces more before any of it is malformed and fails
+/// over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alives_before_the_answer_are_not_held_and_announcements_are_bounded() -> TestResult {
     const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":\
@@ -3953,18 +3955,31 @@ async fn keep_alives_before_the_answer_are_not_held_and_announcements_are_bounde
     assert!(!reply.text.contains("keep-alive"), "{}", reply.text);
     gateway.stop().await;
 
-    // More than 4 MiB of announcements before the answer: b answers.
+    // Announcements of 3 MiB each (under the 4 MiB an event may hold).
     let padded: &'static str = Box::leak(
         format!(
             "event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\
              \"content_block\":{{\"type\":\"text\",\"text\":\"{}\"}}}}\n\n",
-            "x".repeat(64 << 10)
+            "x".repeat(3 << 20)
         )
         .into_boxed_str(),
     );
-    let mut pieces = vec![(0, START)];
-    pieces.extend(std::iter::repeat_n((0, padded), 80));
-    pieces.extend(ANSWER.map(|event| (0, event)));
+    let announced = |count: usize| {
+        let mut pieces = vec![(0, START)];
+        pieces.extend(std::iter::repeat_n((0, padded), count));
+        pieces.extend(ANSWER.map(|event| (0, event)));
+        pieces
+    };
+
+    // Two of them, 6 MiB in all: the answer is served.
+    let gateway = start(announced(2)).await;
+    let reply = gateway.api.messages(&body).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from a", "{}", reply.text);
+    gateway.stop().await;
+
+    // 22 of them, more than 64 MiB, before the answer: b answers.
+    let pieces = announced(22);
     let gateway = start(pieces).await;
     let reply = gateway.api.messages(&body).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
@@ -4275,30 +4290,38 @@ async fn a_client_that_stops_reading_a_stream_loses_it_when_the_attempt_time_is_
 
 /// Without an attempt time or a budget, a client that stops reading a
 /// stream loses it once it has taken no event for the stream's `idle`
-/// limit and a second more: before, it held the stream and its provider's
+/// limit (at least the proxy's floor for it, a minute unless lowered, as
+/// here) and a second more: before, it held the stream and its provider's
 /// room for as long as it kept the connection open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_a_stream_loses_it_after_the_idle_limit() -> TestResult {
     assert!(PATIENT_STREAMS.contains("  idle 10s\n"));
     let sections = PATIENT_STREAMS.replace("  idle 10s\n", "  idle 1s\n");
-    stop_reading_a_stream(&sections).await
+    stop_reading_a_stream_under(&sections, Duration::from_millis(500)).await
 }
 
 /// Opens a stream under `sections` whose provider sends far more than the
 /// sockets hold, reads its first bytes only, and expects the request to end
 /// as cancelled within 8 s.
 async fn stop_reading_a_stream(sections: &str) -> TestResult {
+    stop_reading_a_stream_under(sections, Limits::default().stream_client_stall).await
+}
+
+/// [`stop_reading_a_stream`], with the proxy's floor for a stream client's
+/// stall at `stall`.
+async fn stop_reading_a_stream_under(sections: &str, stall: Duration) -> TestResult {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // Far more than the sockets between provider, proxy and client hold.
     let event = choice_chunk(0, Some(&"x".repeat(16 << 10)));
     let pieces: Vec<(u64, &str)> = (0..2_000).map(|_| (0, event.as_str())).collect();
-    let gateway = scripted_then_b_under(
+    let a = scripted_provider(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let mut setup = Setup::new(
         sections,
         STREAM_ERRORS,
-        &pieces,
-        Then::EndAfter(Duration::ZERO),
-    )
-    .await;
+        a_then_b().replace("http://{sim}/a/v1", &a),
+    );
+    setup.options.limits.stream_client_stall = stall;
+    let gateway = setup.start("providers:\n  b: {}\n").await;
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.set_recv_buffer_size(4096)?;
     let mut stream = socket

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// The most of a provider's non-streamed answer that is accepted.
 const MAX_ANSWER_BODY: usize = 64 * 1024 * 1024;
+
 /// How long a stream that has finished its answer may take to close, ms.
 const FINISHED_GRACE_MS: u64 = 500;
 /// How long a finished stream may take to send the usage the request asked
@@ -205,7 +206,7 @@ impl StreamWatch {
     fn set(
         connection: Option<&Arc<ConnectionCut>>,
         ends_in_ms: Option<u64>,
-        stalls_after_ms: u64,
+        stalls_after_ms: Option<u64>,
     ) -> Option<StreamWatch> {
         let connection = connection?;
         connection.watch_stream(ends_in_ms, stalls_after_ms);
@@ -1253,9 +1254,11 @@ impl Exchange {
         };
 
         // Before the first event: nothing reached the client yet. What
-        // announces the answer is held for it, up to as much as one event
-        // may hold; keep-alives are not, as they would reach the client all
-        // at once with the answer.
+        // announces the answer is held for it, up to as much as a whole
+        // answer may hold (a Responses stream repeats the request's
+        // instructions and tools in several of its announcements);
+        // keep-alives are not, as they would reach the client all at once
+        // with the answer.
         let mut held: Vec<Bytes> = Vec::new();
         let mut held_bytes = 0usize;
         let mut pending: VecDeque<wire::Event> = VecDeque::new();
@@ -1287,11 +1290,11 @@ impl Exchange {
                     // and the first token's limit still runs.
                     EventKind::Opening => {
                         held_bytes = held_bytes.saturating_add(event.raw.len());
-                        if held_bytes > wire::MAX_EVENT_BYTES {
+                        if held_bytes > MAX_ANSWER_BODY {
                             return failed(
                                 OutcomeClass::Malformed,
                                 Some(String::from(
-                                    "the provider's stream announced more than 4 MiB before any answer",
+                                    "the provider's stream announced more than 64 MiB before any answer",
                                 )),
                             );
                         }
@@ -1385,14 +1388,19 @@ impl Exchange {
         // The watchdog only cuts a client that stopped taking events. With
         // no limit after the commit it still watches from the attempt's own
         // limit on: a client that reads goes on, and one that stopped
-        // cannot hold the stream and its room forever. Without any limit,
-        // a client that takes nothing for as long as the stream may be
-        // silent has stopped all the same.
+        // cannot hold the stream and its room forever. With no limit at
+        // all, a client that takes nothing for as long as the stream may be
+        // silent (and at least the proxy's floor for it) has stopped all
+        // the same.
         let watched = committed_deadline.or(attempt_deadline);
+        let stall_floor_ms =
+            u64::try_from(self.proxy.limits.stream_client_stall.as_millis()).unwrap_or(u64::MAX);
         let _watch = StreamWatch::set(
             self.connection.as_ref(),
             watched.map(|limit| limit.saturating_sub(clock.now_ms())),
-            timeouts.idle_ms.min(MAX_DURATION_MS),
+            watched
+                .is_none()
+                .then(|| timeouts.idle_ms.max(stall_floor_ms).min(MAX_DURATION_MS)),
         );
         let attempt_deadline = committed_deadline;
         let by_attempt = |at: u64| attempt_deadline.map_or(at, |limit| at.min(limit));

@@ -70,6 +70,12 @@ pub struct Limits {
     pub body_idle_timeout: Duration,
     /// The longest a whole body may take to arrive, a trickle included.
     pub body_timeout: Duration,
+    /// The least time the client of a stream with no deadline may take no
+    /// event before it counts as gone (more where the stream's `idle` limit
+    /// is longer): the proxy sees a slow reader's progress only as the
+    /// kernel frees a good part of the connection's buffers, so a short
+    /// span would cut clients that read.
+    pub stream_client_stall: Duration,
 }
 
 impl Default for Limits {
@@ -79,6 +85,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             body_idle_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(300),
+            stream_client_stall: Duration::from_secs(60),
         }
     }
 }
@@ -167,8 +174,9 @@ pub struct ConnectionCut {
     /// attempt's time or the request's budget. [`NO_STREAM_DEADLINE`] when
     /// there is none.
     stream_deadline_ms: AtomicU64,
-    /// How long the client of the stream being sent may take no event: the
-    /// stream's `idle` limit. [`NO_STREAM_DEADLINE`] when no stream is sent.
+    /// How long the client of the stream being sent may take no event, when
+    /// the stream has no deadline. [`NO_STREAM_DEADLINE`] when there is no
+    /// such limit.
     stream_stall_ms: AtomicU64,
     deadline_waker: futures_util::task::AtomicWaker,
     /// Events of the stream being sent that its client has made room for.
@@ -204,8 +212,8 @@ impl ConnectionCut {
 impl ConnectionCut {
     /// Watches the stream being sent: it must have ended `ends_in_ms` from
     /// now, if it has such a limit, and its client may take no event for
-    /// `stalls_after_ms`.
-    pub fn watch_stream(&self, ends_in_ms: Option<u64>, stalls_after_ms: u64) {
+    /// `stalls_after_ms`, if that is limited.
+    pub fn watch_stream(&self, ends_in_ms: Option<u64>, stalls_after_ms: Option<u64>) {
         let deadline = ends_in_ms.map_or(NO_STREAM_DEADLINE, |in_ms| {
             let since_began = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
             since_began
@@ -213,10 +221,8 @@ impl ConnectionCut {
                 .min(NO_STREAM_DEADLINE - 1)
         });
         self.stream_deadline_ms.store(deadline, Ordering::SeqCst);
-        self.stream_stall_ms.store(
-            stalls_after_ms.min(NO_STREAM_DEADLINE - 1),
-            Ordering::SeqCst,
-        );
+        let stall = stalls_after_ms.map_or(NO_STREAM_DEADLINE, |ms| ms.min(NO_STREAM_DEADLINE - 1));
+        self.stream_stall_ms.store(stall, Ordering::SeqCst);
         self.deadline_waker.wake();
     }
 
@@ -236,12 +242,12 @@ impl ConnectionCut {
 
     /// Ready once the stream being sent has a client that stopped reading:
     /// one that took no event for a whole [`CUT_GRACE`] after the stream's
-    /// deadline, or for its stall limit and a [`CUT_GRACE`] more. An
-    /// exchange still being polled ends the stream itself at its deadline,
-    /// or when its provider is silent past the limit, its error event
-    /// written; and one whose client reads slowly goes on. Progress is looked
-    /// at when the watchdog wakes, so a client is cut between one and two
-    /// such spans after it stopped. Polled at each wake-up of its
+    /// deadline or, for a stream with no deadline, for its stall limit and
+    /// a [`CUT_GRACE`] more. An exchange still being polled ends the stream
+    /// itself at its deadline, or when its provider is silent past its
+    /// `idle` limit, its error event written; and one whose client reads
+    /// slowly goes on. Progress is looked at when the watchdog wakes, so a
+    /// client is cut between one and two such spans after it stopped. Polled at each wake-up of its
     /// connection's task: when no stream is being sent, it costs a waker
     /// registration and two atomic loads.
     async fn stream_stalled(&self) {

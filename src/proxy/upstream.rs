@@ -148,22 +148,20 @@ impl Outgoing {
             // that is not a list goes on from its first line. However many
             // lines a client sends, the provider gets one of each, so none
             // can make it refuse the request for its headers.
+            // Empty lines add no item (RFC 9110, section 5.6.1).
             let mut lines = client_headers.get_all(&name).iter();
-            let Some(first) = lines.next() else {
-                continue;
+            let value = if LIST_HEADERS.contains(&name) {
+                let items: Vec<&[u8]> = lines
+                    .map(|line| line.as_bytes().trim_ascii())
+                    .filter(|item| !item.is_empty())
+                    .collect();
+                HeaderValue::from_bytes(&items.join(&b", "[..])).ok()
+            } else {
+                lines.next().cloned()
             };
-            let mut value = first.clone();
-            if LIST_HEADERS.contains(&name) {
-                for more in lines {
-                    let mut joined = value.as_bytes().to_vec();
-                    joined.extend_from_slice(b", ");
-                    joined.extend_from_slice(more.as_bytes());
-                    if let Ok(combined) = HeaderValue::from_bytes(&joined) {
-                        value = combined;
-                    }
-                }
+            if let Some(value) = value.filter(|value| !value.is_empty()) {
+                headers.insert(name.clone(), value);
             }
-            headers.insert(name.clone(), value);
         }
         if let Ok(value) = HeaderValue::from_str(request_id) {
             headers.insert(header_names::REQUEST_ID, value);
@@ -815,6 +813,7 @@ mod tests {
         for agent in ["first/1.0", "second/2.0", "third/3.0"] {
             repeated.append("user-agent", HeaderValue::from_static(agent));
             repeated.append("accept", HeaderValue::from_static("text/event-stream"));
+            repeated.append("anthropic-beta", HeaderValue::from_static(""));
         }
         let outgoing = Outgoing::new(Some(&body), &repeated, &[], &[], "req-1");
         let agents: Vec<_> = outgoing.headers.get_all("user-agent").iter().collect();
@@ -824,6 +823,8 @@ mod tests {
             accepted,
             ["text/event-stream, text/event-stream, text/event-stream"]
         );
+        // Lines with nothing on them add nothing.
+        assert!(outgoing.headers.get("anthropic-beta").is_none());
     }
 
     #[test]

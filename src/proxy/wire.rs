@@ -443,7 +443,7 @@ pub struct EventReader {
 
 /// Longest event kept while waiting for its end; a provider sending more
 /// without a blank line is not speaking SSE.
-pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
 /// An event grew past [`MAX_EVENT_BYTES`] without ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
