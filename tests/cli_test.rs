@@ -222,7 +222,8 @@ cases:
 }
 
 /// `null` for an expected value reads as not given: `status: null` passed
-/// whatever the status was. It is refused where it is written.
+/// whatever the status was. It is refused where it is written, in every
+/// case that writes one.
 #[test]
 fn an_expectation_written_null_is_refused_at_its_place() {
     let cases = format!(
@@ -232,6 +233,10 @@ cases:
     key: acme-default
     body: {{model: qwen3.8-27b}}
     expect: {{error: model_not_available, status: null}}
+  - name: a plan of null
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: ~}}
 "#,
         policy = noirdoc()
     );
@@ -243,7 +248,11 @@ cases:
                 .contains("`null` compares nothing here: give a value, or leave the field out"),
         "{stdout}"
     );
-    assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("FAIL  {}:10:", file.display())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("0 passed, 2 failed"), "{stdout}");
 }
 
 #[test]

@@ -167,6 +167,7 @@ fn made_by_the_case(mistake: &serde_saphyr::Error, whole: bool) -> bool {
     use serde_saphyr::Error;
     match mistake.without_snippet() {
         Error::SerdeUnknownField { .. } | Error::DuplicateMappingKey { .. } => true,
+        Error::Message { msg, .. } => msg == NULL_EXPECTED,
         Error::SerdeMissingField { .. }
         | Error::SerdeInvalidType { .. }
         | Error::SerdeInvalidValue { .. }
@@ -241,10 +242,13 @@ where
 {
     use serde::Deserialize as _;
     use serde::de::Error as _;
-    Option::<T>::deserialize(field)?.map(Some).ok_or_else(|| {
-        D::Error::custom("`null` compares nothing here: give a value, or leave the field out")
-    })
+    Option::<T>::deserialize(field)?
+        .map(Some)
+        .ok_or_else(|| D::Error::custom(NULL_EXPECTED))
 }
+
+/// Why an expected field written `null` is refused.
+const NULL_EXPECTED: &str = "`null` compares nothing here: give a value, or leave the field out";
 
 /// What a case expects: a plan, or an error.
 #[derive(Debug, Default, serde::Deserialize)]
@@ -861,24 +865,25 @@ fn reaction_differences(
                 plan.candidates.len()
             )
         })?;
-    // Past the attempt limit, a candidate is tried only where one before it
-    // was passed over (paused, or refused by a `keep`).
-    if outcome.attempt > plan.attempts {
-        let tried = plan.failover_sequence(snapshot, health);
-        if !tried.contains(&candidate) {
-            let (with_credential, with_model) = entry_detail(&plan.candidates);
-            let tried: Vec<String> = tried
-                .iter()
-                .filter_map(|index| plan.candidates.get(*index))
-                .map(|c| plan_entry(snapshot, c, with_credential, with_model))
-                .collect();
-            return Err(format!(
-                "attempt {} is never made: the plan makes at most {}, and if each fails it tries [{}]",
-                outcome.attempt,
-                count(plan.attempts, "attempt"),
-                tried.join(", ")
-            ));
-        }
+    // The candidates tried up to this one when each before it failed: its
+    // place in the walk, which passes over paused candidates and those a
+    // `keep` refuses. Past the attempt limit, a candidate the walk does not
+    // reach is never tried at all.
+    let tried = plan.failover_sequence(snapshot, health);
+    let walked = tried.iter().position(|index| *index == candidate);
+    if outcome.attempt > plan.attempts && walked.is_none() {
+        let (with_credential, with_model) = entry_detail(&plan.candidates);
+        let tried: Vec<String> = tried
+            .iter()
+            .filter_map(|index| plan.candidates.get(*index))
+            .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+            .collect();
+        return Err(format!(
+            "attempt {} is never made: the plan makes at most {}, and if each fails it tries [{}]",
+            outcome.attempt,
+            count(plan.attempts, "attempt"),
+            tried.join(", ")
+        ));
     }
     let text = |t: &Option<String>| t.as_deref().map(std::sync::Arc::from);
     let facts = OutcomeFacts {
@@ -895,9 +900,11 @@ fn reaction_differences(
         class: outcome_class(&outcome.result)?,
         facts,
     };
-    // The candidate's place in the plan is how many were tried; every try
-    // so far, this rule's retries included, is the attempt's number.
-    let candidates_tried = u32::try_from(outcome.attempt).unwrap_or(u32::MAX);
+    // Every try so far, this rule's retries included, is the attempt's
+    // number. A candidate the walk does not reach (a `keep` that reads the
+    // provider's answer may let it be tried) counts by its place.
+    let candidates_tried =
+        u32::try_from(walked.map_or(outcome.attempt, |k| k + 1)).unwrap_or(u32::MAX);
     let progress = Progress {
         attempt: candidates_tried.saturating_add(outcome.retries),
         attempts: candidates_tried,
