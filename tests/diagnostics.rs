@@ -377,6 +377,17 @@ mod regressions {
     /// definitions (`x0` uses none, each next one the one before), written
     /// first to last or last to first.
     fn chain_of_definitions(lets: usize, last_first: bool) -> CheckReport {
+        chain_of_definitions_from(lets, last_first, "provider.priority", "")
+    }
+
+    /// [`chain_of_definitions`] with `x0 = first`, and `more` (such as an
+    /// input) after the header.
+    fn chain_of_definitions_from(
+        lets: usize,
+        last_first: bool,
+        first: &str,
+        more: &str,
+    ) -> CheckReport {
         let header = "policy golden {\n  catalog \"data/catalog.yaml\"\n  tenants \"data/tenants.yaml\"\n}\n\n\
                       models {\n  credentials one by credential.owned desc else no_model\n  unknown error no_model\n}\n\n\
                       order {\n  by top\n}\n\n\
@@ -387,7 +398,7 @@ mod regressions {
                       all_busy = 503, \"every provider is at its limit\"\n}\n";
         let mut lines: Vec<String> = (0..lets)
             .map(|i| match i {
-                0 => String::from("let x0 = provider.priority"),
+                0 => format!("let x0 = {first}"),
                 _ => format!("let x{i} = x{} + 1", i - 1),
             })
             .collect();
@@ -395,7 +406,7 @@ mod regressions {
         if last_first {
             lines.reverse();
         }
-        let text = format!("{header}\n{}\n", lines.join("\n"));
+        let text = format!("{header}{more}\n{}\n", lines.join("\n"));
         let mut sources = switchyard::source::SourceMap::new();
         let source = sources.add("chain.policy", &text);
         switchyard::language::check_source(sources, source, Path::new(CASES), Vec::new())
@@ -429,6 +440,16 @@ mod regressions {
                 "301 deep, last first: {last_first}"
             );
         }
+        // What a definition refused before it was read reads is not known
+        // to be unused: an input it reads is not reported as never used.
+        // Here the one refused is `x0`, which reads the input.
+        let report = chain_of_definitions_from(
+            200,
+            true,
+            "coalesce(input.n, 1)",
+            "\ninput n from body \"n\" : int 1..10\n  malformed error no_model\n",
+        );
+        assert_eq!(codes(&report), ["E0107"]);
     }
 
     #[test]

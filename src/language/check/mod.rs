@@ -897,12 +897,17 @@ impl<'a> Checker<'a> {
         for input in &mut self.inputs {
             input.used = self.input_reads.contains(&input.decl.name.name);
         }
-        unused.extend(self.inputs.iter().filter(|input| !input.used).map(|input| {
-            (
-                input.decl.name.span,
-                format!("input `{}` is never used", input.decl.name.name),
-            )
-        }));
+        unused.extend(
+            self.inputs
+                .iter()
+                .filter(|input| !input.used && !cut_short)
+                .map(|input| {
+                    (
+                        input.decl.name.span,
+                        format!("input `{}` is never used", input.decl.name.name),
+                    )
+                }),
+        );
         for item in &file.items {
             if let Item::Sort(sort) = item
                 && !self.selectable_sorts.contains(&sort.name.name)
