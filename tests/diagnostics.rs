@@ -39,10 +39,20 @@ use switchyard::language::check_file;
 const CASES: &str = "tests/diagnostics";
 
 /// Codes no policy or data file can produce, each with the reason.
-const UNREACHABLE_FROM_FILES: &[(&str, &str)] = &[(
-    "E0901",
-    "scenario files are read by `switchyard sim`, not by `check`; tests/cli_listen.rs renders one",
-)];
+const UNREACHABLE_FROM_FILES: &[(&str, &str)] = &[
+    (
+        "E0901",
+        "scenario files are read by `switchyard sim`, not by `check`; tests/cli_listen.rs renders one",
+    ),
+    (
+        "E0902",
+        "cases files are read by `switchyard test`, not by `check`; tests/cli_test.rs prints them",
+    ),
+    (
+        "E0903",
+        "test cases are run by `switchyard test`, not by `check`; tests/cli_test.rs prints them",
+    ),
+];
 
 /// Fewest distinct codes the golden cases must cover.
 const MIN_COVERED: usize = 25;
