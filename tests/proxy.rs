@@ -4290,7 +4290,7 @@ async fn a_client_that_stops_reading_a_stream_loses_it_when_the_attempt_time_is_
 
 /// Without an attempt time or a budget, a client that stops reading a
 /// stream loses it once it has taken no event for the stream's `idle`
-/// limit (at least the proxy's floor for it, a minute unless lowered, as
+/// limit (at least the proxy's floor for it, five minutes unless lowered, as
 /// here) and a second more: before, it held the stream and its provider's
 /// room for as long as it kept the connection open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

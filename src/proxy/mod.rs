@@ -85,7 +85,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             body_idle_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(300),
-            stream_client_stall: Duration::from_secs(60),
+            stream_client_stall: Duration::from_secs(300),
         }
     }
 }
