@@ -177,6 +177,12 @@ cases:
     health: [{{provider: together, paused_for: 30s}}, {{provider: scaleway, paused_for: 30s}}]
     outcome: {{attempt: 4, result: "500"}}
     expect: {{action: next}}
+  - name: an attempt at a paused one
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    health: [{{provider: aki-io, paused_for: 30s}}]
+    outcome: {{attempt: 1, result: "500"}}
+    expect: {{action: next}}
 "#,
         policy = noirdoc()
     );
@@ -218,7 +224,14 @@ cases:
         )),
         "{stdout}"
     );
-    assert!(stdout.contains("2 passed, 4 failed"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL  {shown}:32:5: an attempt at a paused one: attempt 1 is never made: the plan makes \
+             at most 3 attempts, and if each fails it tries [scaleway, ionos] [E0903]"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 passed, 5 failed"), "{stdout}");
 }
 
 /// `null` for an expected value reads as not given: `status: null` passed

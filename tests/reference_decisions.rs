@@ -744,6 +744,29 @@ fn a_backoff_from_no_time_stays_no_time_when_its_factor_overflows() {
     }
 }
 
+/// A `keep` that reads the previous attempt's failure lets candidates the
+/// failure-blind walk passes over be tried: `switchyard test` then allows
+/// an outcome at one of them.
+#[test]
+fn a_keep_reading_upstream_is_told_apart() {
+    let models = "models {\n  credentials one by credential.owned desc else no_route\n  unknown error unknown_model\n}\n";
+    let with_keep = |name: &str, keep: &str| {
+        two_providers(
+            name,
+            &format!(
+                "{models}\nfailover {{\n  attempts 2\n  keep {keep}\n  on any => next, error upstream_failed\n}}"
+            ),
+        )
+    };
+    let reading = with_keep(
+        "keep-upstream",
+        "prev.provider.id == provider.id or coalesce(upstream.error.code, \"\") != \"context_length_exceeded\"",
+    );
+    assert!(Plan::keep_reads_upstream(&reading));
+    let blind = with_keep("keep-blind", "prev.provider.id != provider.id");
+    assert!(!Plan::keep_reads_upstream(&blind));
+}
+
 /// The first candidate's provider penalized, its first event measured at
 /// 2 s over 40 samples; every other candidate healthy.
 struct FirstProviderStruggling(usize);

@@ -867,11 +867,14 @@ fn reaction_differences(
         })?;
     // The candidates tried up to this one when each before it failed: its
     // place in the walk, which passes over paused candidates and those a
-    // `keep` refuses. Past the attempt limit, a candidate the walk does not
-    // reach is never tried at all.
+    // `keep` refuses. A candidate the walk does not reach is never tried,
+    // unless a `keep` reads the failure before it (the walk sees none), and
+    // then only within the attempt limit.
     let tried = plan.failover_sequence(snapshot, health);
     let walked = tried.iter().position(|index| *index == candidate);
-    if outcome.attempt > plan.attempts && walked.is_none() {
+    let reachable = walked.is_some()
+        || (outcome.attempt <= plan.attempts && Plan::keep_reads_upstream(snapshot));
+    if !reachable {
         let (with_credential, with_model) = entry_detail(&plan.candidates);
         let tried: Vec<String> = tried
             .iter()
@@ -902,7 +905,7 @@ fn reaction_differences(
     };
     // Every try so far, this rule's retries included, is the attempt's
     // number. A candidate the walk does not reach (a `keep` that reads the
-    // provider's answer may let it be tried) counts by its place.
+    // provider's answer lets it be tried) counts by its place.
     let candidates_tried =
         u32::try_from(walked.map_or(outcome.attempt, |k| k + 1)).unwrap_or(u32::MAX);
     let progress = Progress {

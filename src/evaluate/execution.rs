@@ -365,6 +365,39 @@ impl Plan {
             .all(|constraint| machine.truth(constraint, focus))
     }
 
+    /// Whether a `keep` rule reads the previous attempt's failure
+    /// (`upstream`): then the walk [`Plan::failover_sequence`] makes, which
+    /// sees no failure, is not the only one the proxy may make. Only a
+    /// `keep` itself can read it; definitions cannot (E0307).
+    pub fn keep_reads_upstream(snapshot: &Snapshot) -> bool {
+        fn without_upstream(term: &ir::Term) -> bool {
+            use ir::{Read, TermKind};
+            super::compiled::reads_only(term, &|term| match &term.kind {
+                TermKind::Read(read) => Some(!matches!(
+                    read,
+                    Read::UpstreamStatus
+                        | Read::UpstreamRetryAfter
+                        | Read::UpstreamErrorCode
+                        | Read::UpstreamErrorType
+                        | Read::UpstreamErrorMessage
+                )),
+                TermKind::Let(_) | TermKind::Merge(_) | TermKind::Static(..) => Some(true),
+                TermKind::Hoisted(_, inner) | TermKind::At(_, inner) => {
+                    Some(without_upstream(inner))
+                }
+                TermKind::Aggregate(_, scored, filter) => {
+                    Some(without_upstream(scored) && filter.as_deref().is_none_or(without_upstream))
+                }
+                TermKind::Grouped(_, parts, aggregate) => {
+                    Some(parts.iter().all(without_upstream) && without_upstream(aggregate))
+                }
+                TermKind::Call(_, args) => Some(args.iter().all(without_upstream)),
+                _ => None,
+            })
+        }
+        !snapshot.program.failover.keep.iter().all(without_upstream)
+    }
+
     pub fn timeouts(
         &self,
         snapshot: &Snapshot,
