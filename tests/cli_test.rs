@@ -1291,6 +1291,31 @@ fn a_cases_file_without_cases_fails() {
     assert!(stdout.contains("0 passed, 1 failed"), "{stdout}");
 }
 
+/// `--filter` runs the cases whose name holds its text (ignoring case); one
+/// that matches nothing tested nothing, and is a usage error.
+#[test]
+fn a_filter_runs_the_cases_it_names_and_matching_none_is_an_error() {
+    let run = |filter: &str| {
+        Command::new(BIN)
+            .args(["test", "policies/", "--filter", filter])
+            .current_dir(PACKAGE_ROOT)
+            .output()
+            .expect("the switchyard binary runs")
+    };
+    let some = run("failover: n33");
+    let stdout = String::from_utf8_lossy(&some.stdout);
+    assert_eq!(some.status.code(), Some(0), "{stdout}");
+    assert_eq!(stdout.matches("ok    ").count(), 1, "{stdout}");
+    assert!(stdout.contains("1 passed, 0 failed, "), "{stdout}");
+    assert!(stdout.contains(" filtered out"), "{stdout}");
+    assert!(!stdout.contains("note  "), "{stdout}");
+    let none = run("no case is named like this");
+    assert_eq!(none.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no case's name holds the filter's text")
+    );
+}
+
 #[test]
 fn a_cases_file_named_twice_runs_once() {
     let file = format!("{PACKAGE_ROOT}/policies/noeta.tests.yaml");

@@ -31,6 +31,9 @@ pub struct TestArgs {
     /// Test files, or directories whose `*.tests.yaml` files run. Defaults
     /// to `policies/`.
     pub paths: Vec<PathBuf>,
+    /// Runs only the cases whose name holds this text (ignoring case).
+    #[arg(long, value_name = "TEXT")]
+    pub filter: Option<String>,
 }
 
 /// A file of cases for one policy.
@@ -1049,7 +1052,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
-    let (mut passed, mut failed) = (0usize, 0usize);
+    let (mut passed, mut failed, mut filtered_out) = (0usize, 0usize, 0usize);
     for file in &files {
         let shown = file.display().to_string();
         let text = match read_text(file, MAX_FILE_BYTES) {
@@ -1138,8 +1141,16 @@ pub fn run(args: &TestArgs) -> ExitCode {
         };
         let mut expected_errors = BTreeSet::new();
         let mut names = BTreeSet::new();
+        let filter = args.filter.as_deref().map(str::to_lowercase);
         for (number, spanned) in tests.cases.iter().enumerate() {
             let case = &spanned.value;
+            if filter
+                .as_deref()
+                .is_some_and(|wanted| !case.name.to_lowercase().contains(wanted))
+            {
+                filtered_out += 1;
+                continue;
+            }
             // An empty name (refused below) is shown by the case's place.
             let name = if case.name.trim().is_empty() {
                 Cow::Owned(format!("case {}", number + 1))
@@ -1198,11 +1209,22 @@ pub fn run(args: &TestArgs) -> ExitCode {
             .map(|(_, e)| e.name.as_str())
             .filter(|name| !expected_errors.contains(*name))
             .collect();
-        if !untested.is_empty() {
+        // With a filter, the cases left out may expect them.
+        if !untested.is_empty() && filter.is_none() {
             say!("note  {shown}: no case expects {}", untested.join(", "));
         }
     }
-    say!("{passed} passed, {failed} failed");
+    if args.filter.is_some() {
+        say!("{passed} passed, {failed} failed, {filtered_out} filtered out");
+        // A filter that matches nothing has tested nothing: a mistyped
+        // name in CI must not pass.
+        if passed + failed == 0 {
+            say_err!("error: no case's name holds the filter's text");
+            return ExitCode::from(exit::USAGE);
+        }
+    } else {
+        say!("{passed} passed, {failed} failed");
+    }
     if failed > 0 {
         ExitCode::from(exit::PROBLEMS)
     } else {
