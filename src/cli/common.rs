@@ -287,6 +287,16 @@ pub fn entry_detail(candidates: &[Candidate]) -> (bool, bool) {
     (with_credential, with_model)
 }
 
+/// A plan's candidates as `explain` shows them and test cases write them:
+/// with the credential and model where they tell candidates apart.
+pub fn plan_entries(snapshot: &Snapshot, candidates: &[Candidate]) -> Vec<String> {
+    let (with_credential, with_model) = entry_detail(candidates);
+    candidates
+        .iter()
+        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
+        .collect()
+}
+
 /// A plan entry in the test files' notation, which `explain` shows too:
 /// `provider`, `provider/credential`, `provider@model` or
 /// `provider/credential@model`. The model is its catalog id, or the id

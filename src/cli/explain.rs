@@ -1,15 +1,13 @@
 //! `switchyard explain`: the decision for one request, and why.
 
-use super::common::{
-    RequestSpec, entry_detail, not_a_policy_file, plan_entry, print_report, resolve_caller,
-};
+use super::common::{RequestSpec, not_a_policy_file, plan_entries, print_report, resolve_caller};
 use super::exit;
 use crate::compile::{AllSecrets, Snapshot, compile_report};
 use crate::data::{FileProblem, yaml_error};
 use crate::diagnostics::io_reason;
 use crate::diagnostics::redact::redact;
 use crate::evaluate::health::{HealthEntry, HealthTable, HealthView};
-use crate::evaluate::{Candidate, Decision, RequestContext, StepTrace, evaluate_traced};
+use crate::evaluate::{Decision, RequestContext, StepTrace, evaluate_traced};
 use crate::language::check_file;
 use crate::language::ir::{StepKind, StepSpec};
 use crate::source::{MAX_FILE_BYTES, SourceMap, Span, read_text};
@@ -487,9 +485,7 @@ fn key_source(sources: &SourceMap, key: &crate::evaluate::KeyTrace) -> (usize, S
 fn entry_place(text: &str, index: usize) -> Option<(usize, usize)> {
     let entries: Vec<serde_saphyr::Spanned<serde::de::IgnoredAny>> =
         serde_saphyr::from_str(text).ok()?;
-    let referenced = &entries.get(index)?.referenced;
-    let whole = |n: u64| usize::try_from(n).ok();
-    Some((whole(referenced.line())?, whole(referenced.column())?))
+    crate::data::place_of(entries.get(index)?)
 }
 
 fn as_json(
@@ -585,16 +581,6 @@ fn as_json(
         "result": result,
         "plans": plans_json(snapshot, sources),
     })
-}
-
-/// The plan's candidates as the text shows them and test cases write them:
-/// with the credential and model where they tell candidates apart.
-fn plan_entries(snapshot: &Snapshot, candidates: &[Candidate]) -> Vec<String> {
-    let (with_credential, with_model) = entry_detail(candidates);
-    candidates
-        .iter()
-        .map(|c| plan_entry(snapshot, c, with_credential, with_model))
-        .collect()
 }
 
 /// Whether the proxy makes this policy's plans once per caller, model,

@@ -3,12 +3,13 @@
 //! the providers' health in; the expected plan or error out.
 
 use super::common::{
-    RequestSpec, entry_detail, files_named, plan_entry, print_report, resolve_caller, why_no_file,
+    RequestSpec, entry_detail, files_named, plan_entries, plan_entry, print_report, resolve_caller,
+    why_no_file,
 };
 use super::exit;
 use crate::compile::{SecretSource, Snapshot, compile_report};
 use crate::data::schema::duration_text;
-use crate::data::{FileProblem, yaml_error};
+use crate::data::{FileProblem, place_of, yaml_error};
 use crate::diagnostics::redact::redact;
 use crate::diagnostics::{codes, io_reason};
 use crate::evaluate::health::{HealthEntry, HealthTable};
@@ -374,12 +375,7 @@ fn differences(
     match &decision.result {
         Ok(plan) => {
             if let Some(error) = &expect.error {
-                let (with_credential, with_model) = entry_detail(&plan.candidates);
-                let actual: Vec<String> = plan
-                    .candidates
-                    .iter()
-                    .map(|c| plan_entry(snapshot, c, with_credential, with_model))
-                    .collect();
+                let actual = plan_entries(snapshot, &plan.candidates);
                 problems.push(format!(
                     "expected error `{error}`, got a plan of {}: [{}]",
                     count(plan.candidates.len(), "candidate"),
@@ -704,23 +700,6 @@ impl From<String> for CaseProblem {
             message,
         }
     }
-}
-
-/// `file:line:column`, or the file alone without a place.
-fn located(file: &str, place: Option<(usize, usize)>) -> String {
-    match place {
-        Some((line, column)) => format!("{file}:{line}:{column}"),
-        None => file.to_string(),
-    }
-}
-
-/// Where `spanned` begins: line and column, from 1.
-fn place_of<T>(spanned: &Spanned<T>) -> Option<(usize, usize)> {
-    let whole = |n: u64| usize::try_from(n).ok();
-    Some((
-        whole(spanned.referenced.line())?,
-        whole(spanned.referenced.column())?,
-    ))
 }
 
 /// Runs one case; `Err` holds why it could not.
@@ -1185,12 +1164,13 @@ pub fn run(args: &TestArgs) -> ExitCode {
                 }
                 Err(problem) => {
                     failed += 1;
-                    let at = located(&shown, problem.place.or_else(|| place_of(spanned)));
-                    say!(
-                        "FAIL  {at}: {name}: {} [{}]",
+                    let place = problem.place.or_else(|| place_of(spanned));
+                    let message = format!(
+                        "{name}: {} [{}]",
                         redact(&problem.message),
                         codes::UNSOUND_CASE.id
                     );
+                    say!("FAIL  {}", FileProblem::at(&shown, place, message));
                 }
             }
         }

@@ -15,4 +15,4 @@ pub use tenants::DEFAULT_WORKSPACE;
 pub use yaml::FileProblem;
 #[cfg(feature = "server")]
 pub(crate) use yaml::SpannedMap;
-pub(crate) use yaml::yaml_error;
+pub(crate) use yaml::{place_of, yaml_error};

@@ -92,6 +92,15 @@ pub struct FileProblem {
     pub message: String,
 }
 
+/// Where `spanned` begins in its file: line and column, from 1.
+pub(crate) fn place_of<T>(spanned: &Spanned<T>) -> Option<(usize, usize)> {
+    let whole = |n: u64| usize::try_from(n).ok();
+    Some((
+        whole(spanned.referenced.line())?,
+        whole(spanned.referenced.column())?,
+    ))
+}
+
 impl FileProblem {
     pub fn at(file: &str, place: Option<(usize, usize)>, message: impl fmt::Display) -> Self {
         FileProblem {
