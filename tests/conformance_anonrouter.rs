@@ -1073,6 +1073,12 @@ async fn a28_a119_an_invalid_provider_id_is_invalid_provider_policy() {
         json!({"only": ["openai"]}),
         json!({"order": ["venice", "not-a-provider"]}),
         json!({"ignore": ["near-ai-west"]}),
+        // The catalog's ids of NEAR AI's regions are no public provider
+        // ids: "NEAR AI routes ... appear as near-ai". Taken as near-ai,
+        // one would silently widen to the other region.
+        json!("near-ai-us"),
+        json!({"only": ["near-ai-eu"]}),
+        json!({"order": ["NEAR-AI-US"]}),
     ] {
         let (reply, tried) = chat(&stack, LUMEN, routed(DEEPSEEK, invalid.clone())).await;
         let message = policy_error(&reply, 400, "invalid_provider_policy");

@@ -424,11 +424,14 @@ fn settings_yaml(settings: &Settings) -> String {
 // ---------------------------------------------------------------------------
 // Requests
 
-/// A provider as a request names it.
+/// A provider as a request names it (in upper case when the flag is set:
+/// names ignore case).
 #[derive(Debug, Clone)]
 enum ProviderRef {
-    /// By id, in upper case when the flag is set (names ignore case).
-    Known(usize, bool),
+    /// By name: its id, or the name it shares with others.
+    Name(usize, bool),
+    /// By id, which names no provider when the provider shares a name.
+    Id(usize, bool),
     Unknown,
 }
 
@@ -528,7 +531,11 @@ impl RequestSpec {
                 let names: Vec<Json> = only
                     .iter()
                     .map(|reference| match reference {
-                        ProviderRef::Known(p, upper) => {
+                        ProviderRef::Name(p, upper) => {
+                            let name = world.provider_name(p % world.providers.len());
+                            Json::String(if *upper { name.to_uppercase() } else { name })
+                        }
+                        ProviderRef::Id(p, upper) => {
                             let id = World::provider_id(p % world.providers.len());
                             Json::String(if *upper { id.to_uppercase() } else { id })
                         }
@@ -716,8 +723,10 @@ fn world_strategy(lenient: bool) -> impl Strategy<Value = World> {
 
 fn provider_ref_strategy() -> impl Strategy<Value = ProviderRef> {
     prop_oneof![
-        12 => (0usize..8, prop::bool::weighted(0.2))
-            .prop_map(|(p, upper)| ProviderRef::Known(p, upper)),
+        8 => (0usize..8, prop::bool::weighted(0.2))
+            .prop_map(|(p, upper)| ProviderRef::Name(p, upper)),
+        4 => (0usize..8, prop::bool::weighted(0.2))
+            .prop_map(|(p, upper)| ProviderRef::Id(p, upper)),
         1 => Just(ProviderRef::Unknown),
     ]
 }
@@ -1036,8 +1045,16 @@ fn request_values(world: &World, route: Option<&RouteInput>) -> Result<Merged, &
             let mut names = Vec::new();
             for reference in references {
                 match reference {
-                    ProviderRef::Known(p, _) => {
+                    ProviderRef::Name(p, _) => {
                         names.push(world.provider_name(p % world.providers.len()));
+                    }
+                    // Its id is its name, unless it shares one.
+                    ProviderRef::Id(p, _) => {
+                        let p = p % world.providers.len();
+                        if world.providers[p].shared_name {
+                            return Err("unknown_provider");
+                        }
+                        names.push(world.provider_name(p));
                     }
                     ProviderRef::Unknown => return Err("unknown_provider"),
                 }
@@ -1596,7 +1613,7 @@ proptest! {
         // Every other input is well-formed, so only the merge can refuse.
         let mut route = request.route.take().unwrap_or_default();
         if let Some(only) = &mut route.only {
-            only.retain(|p| matches!(p, ProviderRef::Known(..)));
+            only.retain(|p| matches!(p, ProviderRef::Name(..)));
         }
         route.max_attempts = route.max_attempts.map(|n| n.clamp(1, 9));
         route.regions = Some(asked.clone());

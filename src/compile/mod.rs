@@ -341,6 +341,9 @@ pub struct Snapshot {
     models: foldhash::HashMap<String, ModelName>,
     /// Lowercase provider ids, names and aliases → providers answering to them.
     provider_names: foldhash::HashMap<String, Vec<usize>>,
+    /// Lowercase provider names and aliases (not ids) → the first provider
+    /// of that name: what a request's `provider` input may say.
+    public_provider_names: foldhash::HashMap<String, usize>,
     /// Credential ids → (provider, credential index).
     credential_ids: foldhash::HashMap<String, (usize, usize)>,
     /// Per model, its routes with their credentials.
@@ -479,8 +482,15 @@ impl Snapshot {
 
         let mut provider_names: foldhash::HashMap<String, Vec<usize>> =
             foldhash::HashMap::default();
+        let mut public_provider_names: foldhash::HashMap<String, usize> =
+            foldhash::HashMap::default();
         let mut credential_ids = foldhash::HashMap::default();
         for (index, provider) in catalog.providers.iter().enumerate() {
+            for public in std::iter::once(&provider.name).chain(provider.aliases.iter()) {
+                public_provider_names
+                    .entry(public.to_ascii_lowercase())
+                    .or_insert(index);
+            }
             let mut names: Vec<String> = std::iter::once(&provider.id)
                 .chain(std::iter::once(&provider.name))
                 .chain(provider.aliases.iter())
@@ -569,6 +579,7 @@ impl Snapshot {
             data,
             models,
             provider_names,
+            public_provider_names,
             credential_ids,
             routes,
             secrets,
@@ -753,6 +764,19 @@ impl Snapshot {
             self.provider_names.get(text)
         };
         found.map_or(&[], Vec::as_slice)
+    }
+
+    /// The name of the provider a request's `provider` input means: one
+    /// named or aliased so, ignoring case. An id that is not also a name
+    /// means none: the value is a name, so a region's id would silently
+    /// widen to every provider of its name.
+    pub fn provider_called(&self, text: &str) -> Option<&Value> {
+        let found = if text.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.public_provider_names.get(&text.to_ascii_lowercase())
+        } else {
+            self.public_provider_names.get(text)
+        };
+        found.and_then(|index| self.interned.provider_name.get(*index))
     }
 
     pub fn credential_with_id(&self, id: &str) -> Option<(usize, usize)> {

@@ -141,13 +141,17 @@ fn parse(snapshot: &Snapshot, ty: &InputType, raw: &Raw<'_>) -> Result<Value, Pr
             .map(Value::Duration)
             .ok_or_else(|| malformed("a duration such as \"10s\"")),
         InputType::Provider => {
-            let name = text_of(raw).ok_or_else(|| malformed("a provider id"))?;
-            snapshot
-                .providers_named(name.trim())
-                .first()
-                .and_then(|index| snapshot.interned.provider_name.get(*index))
-                .cloned()
-                .ok_or_else(|| Problem::Unknown(format!("no provider is named `{name}`")))
+            let name = text_of(raw).ok_or_else(|| malformed("a provider name"))?;
+            let name = name.trim();
+            match snapshot.provider_called(name) {
+                Some(value) => Ok(value.clone()),
+                None if !snapshot.providers_named(name).is_empty() => {
+                    Err(Problem::Unknown(format!(
+                        "no provider is named `{name}` (a provider's id; requests name providers by name or alias)"
+                    )))
+                }
+                None => Err(Problem::Unknown(format!("no provider is named `{name}`"))),
+            }
         }
         InputType::Model => {
             let id = text_of(raw).ok_or_else(|| malformed("a model id"))?;
@@ -306,5 +310,43 @@ mod tests {
             error_for(json!({"only": ["venice"], "max_attempts": 3})),
             None
         );
+    }
+
+    /// The value of AnonRouter's `provider` input for a raw value.
+    fn value_of(raw: Json) -> Result<Value, String> {
+        let snapshot = shipped("anonrouter");
+        let spec = snapshot
+            .program
+            .inputs
+            .iter()
+            .find(|spec| spec.name == "provider")
+            .expect("anonrouter declares `provider`");
+        parse_input(&snapshot, spec, Some(Raw::Json(&raw)), &mut |_, value| {
+            value
+        })
+        .map_err(|problem| problem.detail)
+    }
+
+    #[test]
+    fn a_provider_is_named_by_its_name_or_alias_never_by_an_id_that_is_no_name() {
+        use serde_json::json;
+        // NEAR AI's two regions are the catalog's near-ai-us and near-ai-eu,
+        // both named near-ai, with the alias `other`.
+        for (public, name) in [
+            ("near-ai", "near-ai"),
+            ("NEAR-AI", "near-ai"),
+            ("other", "near-ai"),
+            (" venice ", "venice"),
+        ] {
+            let only = value_of(json!({"only": [public]})).expect("a provider's name");
+            let only = format!("{only:?}");
+            assert!(only.contains(&format!("{name:?}")), "{public}: {only}");
+        }
+        for region in ["near-ai-us", "near-ai-eu", "NEAR-AI-EU"] {
+            let detail = value_of(json!({"only": [region]})).expect_err("a region's id");
+            assert!(detail.contains("a provider's id"), "{region}: {detail}");
+        }
+        let detail = value_of(json!("nobody")).expect_err("no such provider");
+        assert!(!detail.contains("a provider's id"), "{detail}");
     }
 }
