@@ -159,13 +159,6 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    /// The provider a name, alias or id refers to, ignoring case.
-    pub fn provider_named(&self, text: &str) -> Option<&Provider> {
-        self.providers
-            .iter()
-            .find(|provider| provider.answers_to(text))
-    }
-
     pub fn model(&self, id: &str) -> Option<&Model> {
         self.models.iter().find(|model| model.id == id)
     }
@@ -200,17 +193,6 @@ pub struct Provider {
 impl Provider {
     pub fn serves(&self, endpoint: Endpoint) -> bool {
         self.endpoints.contains(&endpoint)
-    }
-
-    /// Whether a requested provider reference means this provider: its id,
-    /// its public name or one of its aliases, ignoring case.
-    pub fn answers_to(&self, text: &str) -> bool {
-        self.id.eq_ignore_ascii_case(text)
-            || self.name.eq_ignore_ascii_case(text)
-            || self
-                .aliases
-                .iter()
-                .any(|alias| alias.eq_ignore_ascii_case(text))
     }
 }
 
