@@ -264,8 +264,9 @@ struct JsonLabel<'a> {
     message: Cow<'a, str>,
 }
 
+/// A diagnostic as `check --format json` gives it.
 #[derive(Serialize)]
-struct JsonDiagnostic<'a> {
+pub struct JsonDiagnostic<'a> {
     code: &'a str,
     severity: Severity,
     message: Cow<'a, str>,
@@ -335,12 +336,21 @@ where
 {
     let items: Vec<JsonDiagnostic<'_>> = files
         .into_iter()
-        .flat_map(|(diagnostics, sources)| {
-            diagnostics
-                .into_iter()
-                .map(move |diagnostic| (diagnostic, sources))
-        })
-        .map(|(diagnostic, sources)| {
+        .flat_map(|(diagnostics, sources)| json_items(diagnostics, sources))
+        .collect();
+    serde_json::to_string_pretty(&items).unwrap_or_else(|_| String::from("[]"))
+}
+
+/// The items of [`json`]'s array, for a command that embeds diagnostics in
+/// a JSON document of its own: serialized as they are, they keep their
+/// members in the same order.
+pub fn json_items<'a>(
+    diagnostics: impl IntoIterator<Item = &'a Diagnostic>,
+    sources: &'a SourceMap,
+) -> Vec<JsonDiagnostic<'a>> {
+    diagnostics
+        .into_iter()
+        .map(|diagnostic| {
             let primary = diagnostic
                 .primary
                 .as_ref()
@@ -370,8 +380,7 @@ where
                 help: diagnostic.help.as_deref().map(redact),
             }
         })
-        .collect();
-    serde_json::to_string_pretty(&items).unwrap_or_else(|_| String::from("[]"))
+        .collect()
 }
 
 #[cfg(test)]
