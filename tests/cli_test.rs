@@ -20,19 +20,37 @@ const PACKAGE_ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// Writes `text` as a cases file in a directory of its own and runs
 /// `switchyard test` on it.
 fn run_cases(name: &str, file_name: &str, text: &str) -> (Output, PathBuf) {
+    let (output, mut paths) = run_files(name, &[(file_name, text)], &[]);
+    (output, paths.remove(0))
+}
+
+/// Writes `files` (each a name and its text) in a directory of their own
+/// and runs `switchyard test` with `more` arguments on those that are not
+/// policies; the paths of the files written.
+fn run_files(name: &str, files: &[(&str, &str)], more: &[&str]) -> (Output, Vec<PathBuf>) {
     let dir =
         std::env::temp_dir().join(format!("switchyard-cli-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(file_name);
-    std::fs::write(&file, text).unwrap();
+    let paths: Vec<PathBuf> = files
+        .iter()
+        .map(|(file_name, text)| {
+            let file = dir.join(file_name);
+            std::fs::write(&file, text).unwrap();
+            file
+        })
+        .collect();
     let output = Command::new(BIN)
         .arg("test")
-        .arg(&file)
+        .args(paths.iter().filter(|path| {
+            path.extension()
+                .is_none_or(|extension| extension != "policy")
+        }))
+        .args(more)
         .current_dir(PACKAGE_ROOT)
         .output()
         .expect("the switchyard binary runs");
     std::fs::remove_dir_all(&dir).unwrap();
-    (output, file)
+    (output, paths)
 }
 
 fn noirdoc() -> String {
@@ -502,7 +520,7 @@ const PASTED_KEY: &str = "sk-proj-AbCdEf1234567890XyZ";
 #[test]
 fn a_pasted_key_is_never_echoed() {
     let cases = format!(
-        "policy: {policy}\ncases:\n  - name: pasted\n    key: {PASTED_KEY}\n    body: {{model: qwen3.8-27b}}\n    expect: {{plan: [aki-io]}}\n  - name: model\n    key: acme-default\n    body: {{model: {PASTED_KEY}}}\n    expect: {{plan: [aki-io]}}\n  - name: named {PASTED_KEY}\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    missing_secrets: [{PASTED_KEY}]\n    expect: {{plan: [{PASTED_KEY}]}}\n  - name: expected error\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    expect: {{error: {PASTED_KEY}}}\n",
+        "policy: {policy}\ncases:\n  - name: pasted\n    key: {PASTED_KEY}\n    body: {{model: qwen3.8-27b}}\n    expect: {{plan: [aki-io]}}\n  - name: model\n    key: acme-default\n    body: {{model: {PASTED_KEY}}}\n    expect: {{plan: [aki-io]}}\n  - name: named {PASTED_KEY}\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    missing_secrets: [{PASTED_KEY}]\n    expect: {{plan: [{PASTED_KEY}]}}\n  - name: expected error\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    expect: {{error: {PASTED_KEY}}}\n  - name: header\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    outcome: {{attempt: 1, result: \"429\"}}\n    expect: {{pause: {{provider: 10s}}, error: resource_exhausted, headers: {{x-noirdoc-provider: {PASTED_KEY}}}}}\n",
         policy = noirdoc()
     );
     let (output, _) = run_cases("pasted-key", "pasted.tests.yaml", &cases);
@@ -511,6 +529,14 @@ fn a_pasted_key_is_never_echoed() {
     assert!(!output.status.success(), "{stdout}{stderr}");
     assert!(!stdout.contains(PASTED_KEY), "{stdout}");
     assert!(!stderr.contains(PASTED_KEY), "{stderr}");
+    assert!(stdout.contains("sk-*****"), "{stdout}");
+    let (json, _) = run_files(
+        "pasted-key-json",
+        &[("pasted.tests.yaml", &cases)],
+        &["--format", "json"],
+    );
+    let stdout = String::from_utf8_lossy(&json.stdout);
+    assert!(!stdout.contains(PASTED_KEY), "{stdout}");
     assert!(stdout.contains("sk-*****"), "{stdout}");
 
     let dir = std::env::temp_dir().join(format!("switchyard-cli-pasted-{}", std::process::id()));
@@ -1364,4 +1390,356 @@ fn explain_leaves_out_a_header_value_http_cannot_carry() {
     assert!(broken.contains("input  note = two\\nlines\n"), "{broken}");
     assert!(escape.contains("input  note = \\u{1b}[2J\n"), "{escape}");
     assert!(!escape.contains('\u{1b}'), "{escape}");
+}
+
+/// The one JSON document `switchyard test --format json` printed.
+fn json_of(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|error| {
+        panic!(
+            "not one JSON document ({error}):\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// `switchyard test --format json` on `files`, as [`run_files`] runs them,
+/// the text output of the same run without `--format json`, and the paths.
+fn json_and_text(name: &str, files: &[(&str, &str)]) -> (Output, String, Vec<PathBuf>) {
+    let (output, paths) = run_files(name, files, &["--format", "json"]);
+    let (text, _) = run_files(name, files, &[]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    (output, text, paths)
+}
+
+/// `switchyard test ARGS` in the package's directory.
+fn run_test(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("test")
+        .args(args)
+        .current_dir(PACKAGE_ROOT)
+        .output()
+        .expect("the switchyard binary runs")
+}
+
+/// The members `line` and `column` of a case or a problem.
+fn place(item: &serde_json::Value) -> (u64, u64) {
+    (
+        item["line"].as_u64().unwrap(),
+        item["column"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn json_gives_each_case_of_a_passing_file_and_the_counts() {
+    let file = "policies/noeta.tests.yaml";
+    let output = run_test(&[file, "--format", "json"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    let document = json_of(&output);
+    let files = document["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1);
+    let tested = &files[0];
+    assert_eq!(tested["file"], file);
+    assert_eq!(tested["policy"], "policies/noeta.policy");
+    assert_eq!(tested["problems"], serde_json::json!([]));
+    assert_eq!(tested["diagnostics"], serde_json::json!([]));
+    // Every error of the policy is expected by a case: the text has no note.
+    assert_eq!(tested["errors_no_case_expects"], serde_json::json!([]));
+    let text = String::from_utf8_lossy(&run_test(&[file]).stdout).to_string();
+    let cases = tested["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), text.matches("ok    ").count(), "{text}");
+    let mut previous_line = 0;
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        assert!(text.contains(&format!("ok    {file}: {name}\n")), "{name}");
+        assert_eq!(case["status"], "passed", "{case}");
+        assert_eq!(case["file"], file);
+        let (line, column) = place(case);
+        assert!(line > previous_line && column > 0, "{case}");
+        previous_line = line;
+        assert_eq!(case["differences"], serde_json::json!([]));
+        assert_eq!(case["problem"], serde_json::Value::Null);
+    }
+    let counts = serde_json::json!({"passed": cases.len(), "failed": 0, "filtered_out": 0});
+    for counted in [tested, &document] {
+        for member in ["passed", "failed", "filtered_out"] {
+            assert_eq!(counted[member], counts[member], "{member}");
+        }
+    }
+}
+
+#[test]
+fn json_gives_what_a_failing_case_expected_and_what_it_got() {
+    let cases = format!(
+        r#"policy: {policy}
+cases:
+  - name: a wrong plan
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [scaleway, aki-io], attempts: 2}}
+  - name: a wrong answer to a 429
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    outcome: {{attempt: 1, result: "429"}}
+    expect:
+      pause: {{provider: 30s}}
+      error: resource_exhausted
+      status: 503
+      headers: {{x-noirdoc-provider: scaleway, x-should-retry: "false"}}
+  - name: a right plan
+    key: acme-default
+    body: {{model: qwen3.8-27b}}
+    expect: {{plan: [aki-io, scaleway, ionos, together]}}
+"#,
+        policy = noirdoc()
+    );
+    let files = [("failing.tests.yaml", cases.as_str())];
+    let (output, text, paths) = json_and_text("json-failing", &files);
+    assert_eq!(output.status.code(), Some(1));
+    let document = json_of(&output);
+    let cases = document["files"][0]["cases"].as_array().unwrap();
+    let statuses: Vec<&str> = cases
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["failed", "failed", "passed"]);
+    let differences = |case: &serde_json::Value| {
+        case["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                (
+                    d["field"].clone(),
+                    d["expected"].clone(),
+                    d["actual"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    use serde_json::json;
+    assert_eq!(
+        differences(&cases[0]),
+        [
+            (
+                json!("plan"),
+                json!(["scaleway", "aki-io"]),
+                json!(["aki-io", "scaleway", "ionos", "together"])
+            ),
+            (json!("attempts"), json!(2), json!(3)),
+        ]
+    );
+    assert_eq!(
+        differences(&cases[1]),
+        [
+            (
+                json!("pause"),
+                json!({"provider": "30s"}),
+                json!({"provider": "10s"})
+            ),
+            (json!("status"), json!(503), json!(429)),
+            (
+                json!("headers"),
+                json!({"x-noirdoc-provider": "scaleway"}),
+                json!({"x-noirdoc-provider": "aki-io"})
+            ),
+            (
+                json!("headers"),
+                json!({"x-should-retry": "false"}),
+                json!({"x-should-retry": null})
+            ),
+        ]
+    );
+    // Each difference says what the text says, below its case's line.
+    let file = paths[0].display();
+    for case in &cases[..2] {
+        let mut shown = format!("FAIL  {file}: {}\n", case["name"].as_str().unwrap());
+        for difference in case["differences"].as_array().unwrap() {
+            for line in difference["message"].as_str().unwrap().lines() {
+                shown.push_str(&format!("        {line}\n"));
+            }
+        }
+        assert!(text.contains(&shown), "expected `{shown}` in:\n{text}");
+    }
+    assert_eq!(
+        (&document["passed"], &document["failed"]),
+        (&json!(1), &json!(2))
+    );
+}
+
+#[test]
+fn json_gives_a_case_that_cannot_run_its_code_and_place() {
+    let cases = format!(
+        "policy: {policy}\ncases:\n\
+         \x20 - name: a misspelt provider\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    \
+         health: [{{provider: aki_io, full: true}}]\n    expect: {{plan: [aki-io]}}\n\
+         \x20 - name: a misspelt provider\n    key: acme-default\n    body: {{model: qwen3.8-27b}}\n    \
+         expect: {{plan: [aki-io]}}\n",
+        policy = noirdoc()
+    );
+    let files = [("invalid.tests.yaml", cases.as_str())];
+    let (output, text, paths) = json_and_text("json-invalid", &files);
+    assert_eq!(output.status.code(), Some(1));
+    let document = json_of(&output);
+    let cases = document["files"][0]["cases"].as_array().unwrap();
+    // The health entry at fault, then the case itself for its name.
+    for (case, at, problem_at) in [(&cases[0], (3, 5), (6, 14)), (&cases[1], (8, 5), (8, 5))] {
+        assert_eq!(case["status"], "invalid", "{case}");
+        assert_eq!(case["differences"], serde_json::json!([]));
+        assert_eq!(place(case), at, "{case}");
+        let problem = &case["problem"];
+        assert_eq!(problem["code"], "E0903");
+        assert_eq!(place(problem), problem_at, "{problem}");
+        let shown = format!(
+            "FAIL  {}:{}:{}: {}: {} [E0903]\n",
+            problem["file"].as_str().unwrap(),
+            problem_at.0,
+            problem_at.1,
+            case["name"].as_str().unwrap(),
+            problem["message"].as_str().unwrap()
+        );
+        assert!(text.contains(&shown), "expected `{shown}` in:\n{text}");
+    }
+    assert_eq!(
+        cases[0]["problem"]["message"],
+        "no provider has the id `aki_io`; did you mean `aki-io`?"
+    );
+    assert_eq!(cases[0]["problem"]["file"], paths[0].display().to_string());
+    assert_eq!(document["failed"], 2);
+}
+
+#[test]
+fn json_gives_a_files_problems_with_their_code_and_place() {
+    let policy = noirdoc();
+    let misspelt = format!("policy: {policy}\ncases:\n  - name: a\n    kye: acme-default\n");
+    let case =
+        "  - name: a\n    key: acme-default\n    body: {model: m}\n    expect: {attempts: 1}\n";
+    let missing = format!(
+        "policy: nothere.policy\ncases:\n{case}{}",
+        case.replace("a\n", "b\n")
+    );
+    let broken = format!("cases:\n{case}");
+    let files = [
+        ("misspelt.tests.yaml", misspelt.as_str()),
+        ("missing.tests.yaml", missing.as_str()),
+        ("broken.tests.yaml", broken.as_str()),
+        ("broken.policy", "providers: [\n"),
+    ];
+    let (output, paths) = run_files("json-file-problems", &files, &["--format", "json"]);
+    assert_eq!(output.status.code(), Some(1));
+    let document = json_of(&output);
+    let tested = document["files"].as_array().unwrap();
+    assert_eq!(tested.len(), 3);
+    let [misspelt, missing, broken] = [&tested[0], &tested[1], &tested[2]];
+    let problem = &misspelt["problems"][0];
+    assert_eq!(problem["code"], "E0902");
+    assert_eq!(
+        problem["message"],
+        "`kye` is not a field here; did you mean `key`?"
+    );
+    assert_eq!(problem["file"], paths[0].display().to_string());
+    assert_eq!(place(problem), (4, 5));
+    assert_eq!(misspelt["policy"], serde_json::Value::Null);
+    assert_eq!(misspelt["cases"], serde_json::json!([]));
+    assert_eq!(misspelt["failed"], 1);
+    // A policy its cases cannot run against fails each of them.
+    let problem = &missing["problems"][0];
+    assert_eq!(problem["code"], "E0902");
+    assert!(
+        problem["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothere.policy` does not exist"),
+        "{problem}"
+    );
+    assert_eq!(
+        (&problem["line"], &problem["column"]),
+        (&serde_json::Value::Null, &serde_json::Value::Null)
+    );
+    assert!(
+        missing["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("nothere.policy")
+    );
+    assert_eq!(missing["failed"], 2);
+    // A policy that does not check: its diagnostics as `check --format
+    // json` gives them, which say why; the problem has no code of its own.
+    assert_eq!(broken["problems"][0]["code"], serde_json::Value::Null);
+    let diagnostics = broken["diagnostics"].as_array().unwrap();
+    assert!(!diagnostics.is_empty(), "{broken}");
+    // The policy again where it was, for `check` to name it the same.
+    std::fs::create_dir_all(paths[3].parent().unwrap()).unwrap();
+    std::fs::write(&paths[3], files[3].1).unwrap();
+    let check = Command::new(BIN)
+        .args(["check", "--format", "json"])
+        .arg(&paths[3])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(paths[3].parent().unwrap()).unwrap();
+    assert_eq!(broken["diagnostics"], json_of(&check));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    assert_eq!(document["failed"], 4);
+}
+
+#[test]
+fn json_counts_the_cases_a_filter_leaves_out() {
+    let filter = "failover: n33";
+    let output = run_test(&["policies/", "--filter", filter, "--format", "json"]);
+    assert_eq!(output.status.code(), Some(0));
+    let document = json_of(&output);
+    let files = document["files"].as_array().unwrap();
+    let cases: Vec<&serde_json::Value> = files
+        .iter()
+        .flat_map(|file| file["cases"].as_array().unwrap())
+        .collect();
+    assert_eq!(cases.len(), 1, "{cases:?}");
+    let name = cases[0]["name"].as_str().unwrap().to_lowercase();
+    assert!(name.contains(filter), "{name}");
+    // The cases left out may expect the errors: no file says which none do.
+    for file in files {
+        assert_eq!(file["errors_no_case_expects"], serde_json::Value::Null);
+    }
+    let left_out: u64 = files
+        .iter()
+        .map(|file| file["filtered_out"].as_u64().unwrap())
+        .sum();
+    assert!(left_out > 400, "{left_out}");
+    assert_eq!(
+        (
+            &document["passed"],
+            &document["failed"],
+            &document["filtered_out"]
+        ),
+        (&1.into(), &0.into(), &left_out.into())
+    );
+    let text = run_test(&["policies/", "--filter", filter]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.ends_with(&format!("1 passed, 0 failed, {left_out} filtered out\n")),
+        "{text}"
+    );
+}
+
+/// Usage errors stay text on standard error, with nothing on standard
+/// output, as `check --format json` leaves them.
+#[test]
+fn json_leaves_usage_errors_to_standard_error() {
+    for (args, said) in [
+        (
+            &["policies/", "--filter", "no case is named like this"][..],
+            "no case's name holds the filter's text",
+        ),
+        (&["policies/nothere.tests.yaml"][..], "does not exist"),
+        (&["policies/noirdoc.policy"][..], "`noirdoc.tests.yaml`"),
+    ] {
+        let output = run_test(&[args, &["--format", "json"]].concat());
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(said),
+            "{stderr}"
+        );
+    }
 }

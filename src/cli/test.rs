@@ -2,6 +2,8 @@
 //! (`NAME.tests.yaml` next to `NAME.policy`): a request, who sends it and
 //! the providers' health in; the expected plan or error out.
 
+mod report;
+
 use super::common::{
     RequestSpec, entry_detail, files_named, plan_entries, plan_entry, print_report, resolve_caller,
     why_no_file,
@@ -20,9 +22,9 @@ use crate::evaluate::{
 use crate::language::ast::HealthScope;
 use crate::language::check_file;
 use crate::source::{MAX_FILE_BYTES, read_text};
-use serde_json::Value as Json;
+use report::{CaseRun, Difference, FileRun, Summary, Verdict};
+use serde_json::{Value as Json, json};
 use serde_saphyr::Spanned;
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,6 +37,20 @@ pub struct TestArgs {
     /// Runs only the cases whose name holds this text (ignoring case).
     #[arg(long, value_name = "TEXT")]
     pub filter: Option<String>,
+    #[arg(long, value_enum, default_value_t = TestFormat::Text)]
+    pub format: TestFormat,
+}
+
+/// How `test` prints its results, on standard output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TestFormat {
+    /// A line per case (what differs indented below a failure), then
+    /// `N passed, M failed`: for a person.
+    #[value(alias = "human")]
+    Text,
+    /// One JSON document with every file, case, difference and count: for
+    /// CI. Usage errors stay text on standard error.
+    Json,
 }
 
 /// A file of cases for one policy.
@@ -330,14 +346,14 @@ fn entry_names(written: &str) -> (bool, bool) {
 }
 
 /// `expected` against the candidates `actual`, each entry compared as
-/// precisely as it is written: the two lines that show a difference, if
-/// there is one, `what` naming the sequence.
+/// precisely as it is written: the difference, if there is one, `what`
+/// naming the sequence, shown on two lines.
 fn sequence_difference(
     snapshot: &Snapshot,
-    what: &str,
+    what: &'static str,
     expected: &[String],
     actual: &[&Candidate],
-) -> Option<[String; 2]> {
+) -> Option<Difference> {
     let matches = expected.len() == actual.len()
         && expected.iter().zip(actual).all(|(e, c)| {
             let (with_credential, with_model) = entry_names(e);
@@ -354,14 +370,18 @@ fn sequence_difference(
         .map(|c| plan_entry(snapshot, c, with_credential, with_model))
         .collect();
     let width = what.len() + "expected ".len();
-    Some([
-        format!("expected {what} [{}]", expected.join(", ")),
-        format!(
-            "{:>width$} [{}]",
-            format!("actual {what}"),
-            actual.join(", ")
-        ),
-    ])
+    let message = format!(
+        "expected {what} [{}]\n{:>width$} [{}]",
+        expected.join(", "),
+        format!("actual {what}"),
+        actual.join(", ")
+    );
+    Some(Difference::new(
+        what,
+        json!(expected),
+        json!(actual),
+        &message,
+    ))
 }
 
 /// Compares a decision with what the case expects; the differences, if any.
@@ -370,25 +390,22 @@ fn differences(
     health: &HealthTable<'_>,
     decision: &Decision,
     expect: &Expect,
-) -> Vec<String> {
+) -> Vec<Difference> {
     let mut problems = Vec::new();
     match &decision.result {
         Ok(plan) => {
             if let Some(error) = &expect.error {
                 let actual = plan_entries(snapshot, &plan.candidates);
-                problems.push(format!(
+                let message = format!(
                     "expected error `{error}`, got a plan of {}: [{}]",
                     count(plan.candidates.len(), "candidate"),
                     actual.join(", ")
-                ));
+                );
+                problems.push(Difference::new("error", json!(error), Json::Null, &message));
             }
             if let Some(expected) = &expect.plan {
                 let candidates: Vec<&Candidate> = plan.candidates.iter().collect();
-                problems.extend(
-                    sequence_difference(snapshot, "plan", expected, &candidates)
-                        .into_iter()
-                        .flatten(),
-                );
+                problems.extend(sequence_difference(snapshot, "plan", expected, &candidates));
             }
             if let Some(expected) = &expect.tried_if_each_fails {
                 let tried: Vec<&Candidate> = plan
@@ -396,48 +413,53 @@ fn differences(
                     .iter()
                     .filter_map(|index| plan.candidates.get(*index))
                     .collect();
-                problems.extend(
-                    sequence_difference(snapshot, "tried_if_each_fails", expected, &tried)
-                        .into_iter()
-                        .flatten(),
-                );
+                problems.extend(sequence_difference(
+                    snapshot,
+                    "tried_if_each_fails",
+                    expected,
+                    &tried,
+                ));
             }
             if let Some(attempts) = expect.attempts
                 && attempts != plan.attempts
             {
-                problems.push(format!(
+                let message = format!(
                     "expected at most {}, the plan allows {}",
                     count(attempts, "attempt"),
                     plan.attempts
+                );
+                problems.push(Difference::new(
+                    "attempts",
+                    json!(attempts),
+                    json!(plan.attempts),
+                    &message,
                 ));
             }
         }
         Err(refusal) => {
+            let actual = &refusal.error.code;
             match &expect.error {
-                Some(code) if *code == refusal.error.code => {}
-                Some(code) => problems.push(format!(
-                    "expected error `{code}`, got `{}`",
-                    refusal.error.code
-                )),
-                None => problems.push(format!(
-                    "expected a plan, got error `{}` ({}){}",
-                    refusal.error.code,
-                    refusal.error.status,
-                    decision
-                        .trace
-                        .refused
-                        .as_ref()
-                        .map_or_else(String::new, |why| format!(": {why}"))
-                )),
+                Some(code) if code == actual => {}
+                Some(code) => problems.push(error_difference(code, actual)),
+                None => {
+                    let message = format!(
+                        "expected a plan, got error `{actual}` ({}){}",
+                        refusal.error.status,
+                        decision
+                            .trace
+                            .refused
+                            .as_ref()
+                            .map_or_else(String::new, |why| format!(": {why}"))
+                    );
+                    problems.push(Difference::new(
+                        "error",
+                        Json::Null,
+                        json!(actual),
+                        &message,
+                    ));
+                }
             }
-            if let Some(status) = expect.status
-                && status != refusal.error.status
-            {
-                problems.push(format!(
-                    "expected status {status}, got {}",
-                    refusal.error.status
-                ));
-            }
+            status_difference(expect.status, refusal.error.status, &mut problems);
             header_differences(
                 &expect.headers,
                 &refusal.headers,
@@ -449,13 +471,36 @@ fn differences(
     problems
 }
 
+/// An error that is not the one a case expects.
+fn error_difference(expected: &str, actual: &str) -> Difference {
+    let message = format!("expected error `{expected}`, got `{actual}`");
+    Difference::new("error", json!(expected), json!(actual), &message)
+}
+
+/// Compares the status a case expects, if it gives one, with an error's.
+fn status_difference(expected: Option<u16>, actual: u16, problems: &mut Vec<Difference>) {
+    if let Some(status) = expected
+        && status != actual
+    {
+        let message = format!("expected status {status}, got {actual}");
+        problems.push(Difference::new(
+            "status",
+            json!(status),
+            json!(actual),
+            &message,
+        ));
+    }
+}
+
 /// Compares the headers a case expects with those of an error answer: the
 /// policy's `headers` and the error's own advice, as the proxy adds them.
+/// Each header that differs is one difference, `{name: value}` expected
+/// and actual, a value `null` where the header is absent.
 fn header_differences(
     expected: &BTreeMap<String, Option<String>>,
     policy_headers: &[(String, String)],
     error: &ErrorResponse,
-    problems: &mut Vec<String>,
+    problems: &mut Vec<Difference>,
 ) {
     let advice = error
         .advice_headers()
@@ -463,20 +508,24 @@ fn header_differences(
         .map(|(name, value)| (name.to_string(), value));
     let answered: Vec<(String, String)> = policy_headers.iter().cloned().chain(advice).collect();
     for (name, value) in expected {
-        let actual = answered.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
-        match (value, actual) {
-            (Some(value), Some((_, actual))) if actual == value => {}
-            (None, None) => {}
-            (Some(value), Some((_, actual))) => {
-                problems.push(format!("expected header {name}: {value}, got {actual}"))
-            }
-            (Some(value), None) => {
-                problems.push(format!("expected header {name}: {value}, it is missing"))
-            }
-            (None, Some((_, actual))) => {
-                problems.push(format!("expected no header {name}, got {actual}"))
-            }
-        }
+        let actual = answered
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, actual)| actual);
+        let message = match (value, actual) {
+            (Some(value), Some(actual)) if actual == value => continue,
+            (None, None) => continue,
+            (Some(value), Some(actual)) => format!("expected header {name}: {value}, got {actual}"),
+            (Some(value), None) => format!("expected header {name}: {value}, it is missing"),
+            (None, Some(actual)) => format!("expected no header {name}, got {actual}"),
+        };
+        let header = |value: Option<&String>| json!({ name.as_str(): value });
+        problems.push(Difference::new(
+            "headers",
+            header(value.as_ref()),
+            header(actual),
+            &message,
+        ));
     }
 }
 
@@ -702,8 +751,9 @@ impl From<String> for CaseProblem {
     }
 }
 
-/// Runs one case; `Err` holds why it could not.
-fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<String>, CaseProblem> {
+/// Runs one case: the differences from what it expects, or why it could
+/// not run.
+fn run_case(policy: &Path, base: &Snapshot, case: &Case) -> Result<Vec<Difference>, CaseProblem> {
     if let Some(problem) = case_problem(base, case) {
         return Err(problem.into());
     }
@@ -835,7 +885,7 @@ fn reaction_differences(
     plan: &Plan,
     outcome: &OutcomeSpec,
     expect: &Expect,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<Difference>, String> {
     let candidate = outcome
         .attempt
         .checked_sub(1)
@@ -912,24 +962,34 @@ fn reaction_differences(
     if let Some(expected) = expect.action.map(ExpectedAction::name)
         && expected != action
     {
-        problems.push(format!("expected `{expected}`, the policy says `{action}`"));
+        let message = format!("expected `{expected}`, the policy says `{action}`");
+        problems.push(Difference::new(
+            "action",
+            json!(expected),
+            json!(action),
+            &message,
+        ));
     }
     if let Some(expected) = duration(&expect.retry_after, "retry_after")?
         && retry_ms != Some(expected)
     {
-        problems.push(match retry_ms {
-            Some(actual) => {
-                format!(
-                    "expected a retry after {}, got one after {}",
-                    duration_text(expected),
-                    duration_text(actual)
-                )
-            }
+        let message = match retry_ms {
+            Some(actual) => format!(
+                "expected a retry after {}, got one after {}",
+                duration_text(expected),
+                duration_text(actual)
+            ),
             None => format!(
                 "expected a retry after {}, the policy says `{action}`",
                 duration_text(expected)
             ),
-        });
+        };
+        problems.push(Difference::new(
+            "retry_after",
+            json!(duration_text(expected)),
+            json!(retry_ms.map(duration_text)),
+            &message,
+        ));
     }
     let scope_name = |scope: HealthScope| match scope {
         HealthScope::Route => "route",
@@ -960,20 +1020,29 @@ fn reaction_differences(
                 list.join(", ")
             }
         };
-        problems.push(format!(
+        // As a case writes them: `{provider: 30s}`.
+        let written = |pauses: &BTreeMap<String, u64>| {
+            let durations: BTreeMap<&str, String> = pauses
+                .iter()
+                .map(|(scope, ms)| (scope.as_str(), duration_text(*ms)))
+                .collect();
+            json!(durations)
+        };
+        let message = format!(
             "expected pauses: {}; got: {}",
             shown(&expected_pauses),
             shown(&pauses)
+        );
+        problems.push(Difference::new(
+            "pause",
+            written(&expected_pauses),
+            written(&pauses),
+            &message,
         ));
     }
     let penalties: Vec<&str> = reaction.penalties.iter().map(|s| scope_name(*s)).collect();
-    if penalties
-        != expect
-            .penalize
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-    {
+    let expected_penalties: Vec<&str> = expect.penalize.iter().map(String::as_str).collect();
+    if penalties != expected_penalties {
         let shown = |scopes: &[&str]| {
             if scopes.is_empty() {
                 String::from("none")
@@ -981,30 +1050,31 @@ fn reaction_differences(
                 scopes.join(", ")
             }
         };
-        let expected: Vec<&str> = expect.penalize.iter().map(String::as_str).collect();
-        problems.push(format!(
+        let message = format!(
             "expected penalties: {}; got: {}",
-            shown(&expected),
+            shown(&expected_penalties),
             shown(&penalties)
+        );
+        problems.push(Difference::new(
+            "penalize",
+            json!(expected_penalties),
+            json!(penalties),
+            &message,
         ));
     }
     match (&reaction.ending, &expect.error) {
         (Ending::Passthrough, Some(expected)) if expected == "passthrough" => {}
         (Ending::Error(error), Some(expected)) if *expected == error.code => {
-            if let Some(status) = expect.status
-                && status != error.status
-            {
-                problems.push(format!("expected status {status}, got {}", error.status));
-            }
+            status_difference(expect.status, error.status, &mut problems);
             header_differences(&expect.headers, &policy_headers, error, &mut problems);
         }
         (_, None) => {}
         (ending, Some(expected)) => {
             let actual = match ending {
-                Ending::Passthrough => String::from("passthrough"),
-                Ending::Error(error) => error.code.clone(),
+                Ending::Passthrough => "passthrough",
+                Ending::Error(error) => error.code.as_str(),
             };
-            problems.push(format!("expected error `{expected}`, got `{actual}`"));
+            problems.push(error_difference(expected, actual));
         }
     }
     Ok(problems)
@@ -1031,185 +1101,174 @@ pub fn run(args: &TestArgs) -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
-    let (mut passed, mut failed, mut filtered_out) = (0usize, 0usize, 0usize);
+    let filter = args.filter.as_deref().map(str::to_lowercase);
+    let mut runs = Vec::new();
     for file in &files {
-        let shown = file.display().to_string();
-        let text = match read_text(file, MAX_FILE_BYTES) {
-            Ok(text) => text,
-            Err(error) => {
-                say!(
-                    "FAIL  {shown}: cannot read it: {} [{}]",
-                    io_reason(&error),
-                    codes::BAD_CASES_FILE.id
-                );
-                failed += 1;
-                continue;
+        let run = run_file(file, filter.as_deref());
+        // Each file as it is done: a long run shows its progress.
+        if args.format == TestFormat::Text {
+            if let Some(report) = &run.report {
+                print_report(report);
             }
+            use std::io::Write as _;
+            let _ = write!(std::io::stdout().lock(), "{}", report::text(&run));
+        }
+        runs.push(run);
+    }
+    let summary = Summary::of(&runs);
+    if args.format == TestFormat::Text {
+        say!("{}", summary.text(filter.is_some()));
+    }
+    // A filter that matches nothing has tested nothing: a mistyped name in
+    // CI must not pass.
+    if filter.is_some() && summary.passed + summary.failed == 0 {
+        say_err!("error: no case's name holds the filter's text");
+        return ExitCode::from(exit::USAGE);
+    }
+    if args.format == TestFormat::Json {
+        say!("{}", report::json(&runs));
+    }
+    if summary.failed > 0 {
+        ExitCode::from(exit::PROBLEMS)
+    } else {
+        ExitCode::from(exit::OK)
+    }
+}
+
+/// Runs the cases of one file that `filter` (in lowercase) lets through.
+fn run_file(file: &Path, filter: Option<&str>) -> FileRun {
+    let shown = file.display().to_string();
+    let run = FileRun::new(shown.clone());
+    let bad_file = Some(codes::BAD_CASES_FILE.id);
+    let text = match read_text(file, MAX_FILE_BYTES) {
+        Ok(text) => text,
+        Err(error) => {
+            let message = format!("cannot read it: {}", io_reason(&error));
+            return run.failed_with(FileProblem::at(&shown, None, message), bad_file, 1);
+        }
+    };
+    let tests: TestFile = match serde_saphyr::from_str(&text) {
+        Ok(tests) => tests,
+        Err(error) => {
+            let first = yaml_error(&shown, &text, &error);
+            return other_case_mistakes(&shown, &text, &error)
+                .into_iter()
+                .fold(run.failed_with(first, bad_file, 1), |run, mistake| {
+                    run.failed_with(mistake, bad_file, 1)
+                });
+        }
+    };
+    // A file of no cases tests nothing: it fails, as a case that could not
+    // fail does.
+    if tests.cases.is_empty() {
+        let message = "it holds no cases; write some under `cases:`";
+        return run.failed_with(FileProblem::at(&shown, None, message), bad_file, 1);
+    }
+    // A policy its cases cannot run against fails each of them.
+    let all_cases = tests.cases.len();
+    let directory = file.parent().unwrap_or_else(|| Path::new("."));
+    let file_name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let policy_name = match (&tests.policy, file_name.strip_suffix(".tests.yaml")) {
+        (Some(policy), _) => policy.clone(),
+        (None, Some(stem)) => format!("{stem}.policy"),
+        (None, None) => {
+            let message = "name its policy with `policy:`; only a file named NAME.tests.yaml \
+                           finds NAME.policy by itself";
+            return run.failed_with(FileProblem::at(&shown, None, message), bad_file, all_cases);
+        }
+    };
+    let policy = directory.join(&policy_name);
+    let mut run = FileRun {
+        policy: Some(policy.display().to_string()),
+        ..run
+    };
+    if !policy.is_file() {
+        let why = if policy.is_dir() {
+            format!("`{}` is a directory", policy.display())
+        } else {
+            why_no_file(&policy)
         };
-        let tests: TestFile = match serde_saphyr::from_str(&text) {
-            Ok(tests) => tests,
-            Err(error) => {
-                say!(
-                    "FAIL  {} [{}]",
-                    yaml_error(&shown, &text, &error),
-                    codes::BAD_CASES_FILE.id
-                );
-                failed += 1;
-                for mistake in other_case_mistakes(&shown, &text, &error) {
-                    say!("FAIL  {mistake} [{}]", codes::BAD_CASES_FILE.id);
-                    failed += 1;
-                }
-                continue;
-            }
+        let named_by = if tests.policy.is_some() {
+            "`policy:` names a file relative to the tests file"
+        } else {
+            "a file named NAME.tests.yaml tests NAME.policy beside it, or names its policy with `policy:`"
         };
-        // A file of no cases tests nothing: it fails, as a case that could
-        // not fail does.
-        if tests.cases.is_empty() {
-            say!(
-                "FAIL  {shown}: it holds no cases; write some under `cases:` [{}]",
-                codes::BAD_CASES_FILE.id
-            );
-            failed += 1;
+        let message = format!("its policy: {why} ({named_by})");
+        return run.failed_with(FileProblem::at(&shown, None, message), bad_file, all_cases);
+    }
+    let base = match compile_report(check_file(&policy), &AllBut(&[])) {
+        Ok((snapshot, _)) => snapshot,
+        Err(report) => {
+            run.report = Some(report);
+            let message = format!("`{}` does not check", policy.display());
+            return run.failed_with(FileProblem::at(&shown, None, message), None, all_cases);
+        }
+    };
+    let mut expected_errors = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for (number, spanned) in tests.cases.iter().enumerate() {
+        let case = &spanned.value;
+        if filter.is_some_and(|wanted| !case.name.to_lowercase().contains(wanted)) {
+            run.filtered_out += 1;
             continue;
         }
-        let directory = file.parent().unwrap_or_else(|| Path::new("."));
-        let file_name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default();
-        let policy_name = match (&tests.policy, file_name.strip_suffix(".tests.yaml")) {
-            (Some(policy), _) => policy.clone(),
-            (None, Some(stem)) => format!("{stem}.policy"),
-            (None, None) => {
-                say!(
-                    "FAIL  {shown}: name its policy with `policy:`; only a file named \
-                     NAME.tests.yaml finds NAME.policy by itself [{}]",
-                    codes::BAD_CASES_FILE.id
-                );
-                failed += tests.cases.len().max(1);
-                continue;
-            }
+        // An empty name (refused below) is shown by the case's place. What
+        // a case names is echoed masked, as in diagnostics: a key pasted in
+        // the wrong field stays out of CI logs.
+        let name = if case.name.trim().is_empty() {
+            format!("case {}", number + 1)
+        } else {
+            redact(&case.name).into_owned()
         };
-        let policy = directory.join(&policy_name);
-        if !policy.is_file() {
-            let why = if policy.is_dir() {
-                format!("`{}` is a directory", policy.display())
-            } else {
-                why_no_file(&policy)
-            };
-            let named_by = if tests.policy.is_some() {
-                "`policy:` names a file relative to the tests file"
-            } else {
-                "a file named NAME.tests.yaml tests NAME.policy beside it, or names its policy with `policy:`"
-            };
-            say!(
-                "FAIL  {shown}: its policy: {why} ({named_by}) [{}]",
-                codes::BAD_CASES_FILE.id
-            );
-            failed += tests.cases.len().max(1);
-            continue;
+        if let Some(error) = &case.expect.error {
+            expected_errors.insert(error.clone());
         }
-        let base = match compile_report(check_file(&policy), &AllBut(&[])) {
-            Ok((snapshot, _)) => snapshot,
-            Err(report) => {
-                print_report(&report);
-                say!("FAIL  {shown}: `{}` does not check", policy.display());
-                failed += tests.cases.len().max(1);
-                continue;
-            }
+        // A repeated name would make a failure's line ambiguous.
+        let outcome = if names.insert(case.name.as_str()) {
+            run_case(&policy, &base, case)
+        } else {
+            Err(CaseProblem::from(String::from(
+                "an earlier case of this file has the same name",
+            )))
         };
-        let mut expected_errors = BTreeSet::new();
-        let mut names = BTreeSet::new();
-        let filter = args.filter.as_deref().map(str::to_lowercase);
-        for (number, spanned) in tests.cases.iter().enumerate() {
-            let case = &spanned.value;
-            if filter
-                .as_deref()
-                .is_some_and(|wanted| !case.name.to_lowercase().contains(wanted))
-            {
-                filtered_out += 1;
-                continue;
-            }
-            // An empty name (refused below) is shown by the case's place.
-            let name = if case.name.trim().is_empty() {
-                Cow::Owned(format!("case {}", number + 1))
-            } else {
-                redact(&case.name)
-            };
-            if let Some(error) = &case.expect.error {
-                expected_errors.insert(error.clone());
-            }
-            // A repeated name would make a failure's line ambiguous.
-            let outcome = if names.insert(case.name.as_str()) {
-                run_case(&policy, &base, case)
-            } else {
-                Err(CaseProblem::from(String::from(
-                    "an earlier case of this file has the same name",
-                )))
-            };
-            match outcome {
-                // What a case names or expects is echoed masked, as in
-                // diagnostics: a key pasted in the wrong field stays out of
-                // CI logs.
-                Ok(problems) if problems.is_empty() => {
-                    passed += 1;
-                    say!("ok    {shown}: {name}");
-                }
-                Ok(problems) => {
-                    failed += 1;
-                    say!("FAIL  {shown}: {name}");
-                    for problem in problems {
-                        say!("        {}", redact(&problem));
-                    }
-                }
-                Err(problem) => {
-                    failed += 1;
-                    let place = problem.place.or_else(|| place_of(spanned));
-                    let message = format!(
-                        "{name}: {} [{}]",
-                        redact(&problem.message),
-                        codes::UNSOUND_CASE.id
-                    );
-                    say!("FAIL  {}", FileProblem::at(&shown, place, message));
-                }
-            }
-        }
-        // The capacity error is the proxy's, after its wait; no decision,
-        // and so no case, ends with it.
-        let capacity_error = match base.program.capacity_error {
-            Some(crate::language::ir::ErrorRef::Declared(index)) => Some(index),
-            _ => None,
+        let place = place_of(spanned);
+        let verdict = match outcome {
+            Ok(differences) if differences.is_empty() => Verdict::Passed,
+            Ok(differences) => Verdict::Failed(differences),
+            Err(problem) => Verdict::Invalid {
+                place: problem.place.or(place),
+                message: redact(&problem.message).into_owned(),
+            },
         };
-        let untested: Vec<&str> = base
+        run.cases.push(CaseRun {
+            name,
+            place,
+            verdict,
+        });
+    }
+    // The capacity error is the proxy's, after its wait; no decision, and
+    // so no case, ends with it.
+    let capacity_error = match base.program.capacity_error {
+        Some(crate::language::ir::ErrorRef::Declared(index)) => Some(index),
+        _ => None,
+    };
+    // With a filter, the cases left out may expect them.
+    if filter.is_none() {
+        let untested = base
             .program
             .errors
             .iter()
             .enumerate()
             .filter(|(index, _)| Some(*index) != capacity_error)
-            .map(|(_, e)| e.name.as_str())
-            .filter(|name| !expected_errors.contains(*name))
+            .map(|(_, e)| e.name.clone())
+            .filter(|name| !expected_errors.contains(name))
             .collect();
-        // With a filter, the cases left out may expect them.
-        if !untested.is_empty() && filter.is_none() {
-            say!("note  {shown}: no case expects {}", untested.join(", "));
-        }
+        run.errors_no_case_expects = Some(untested);
     }
-    if args.filter.is_some() {
-        say!("{passed} passed, {failed} failed, {filtered_out} filtered out");
-        // A filter that matches nothing has tested nothing: a mistyped
-        // name in CI must not pass.
-        if passed + failed == 0 {
-            say_err!("error: no case's name holds the filter's text");
-            return ExitCode::from(exit::USAGE);
-        }
-    } else {
-        say!("{passed} passed, {failed} failed");
-    }
-    if failed > 0 {
-        ExitCode::from(exit::PROBLEMS)
-    } else {
-        ExitCode::from(exit::OK)
-    }
+    run
 }
 
 #[cfg(test)]
