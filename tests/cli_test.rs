@@ -1743,3 +1743,55 @@ fn json_leaves_usage_errors_to_standard_error() {
         );
     }
 }
+
+/// docs/testing.md names every member of `test --format json`, as found in
+/// a run with a case of each status and a file that does not read.
+#[test]
+fn docs_testing_md_names_every_member_of_the_json() {
+    fn members(value: &serde_json::Value, names: &mut std::collections::BTreeSet<String>) {
+        match value {
+            serde_json::Value::Object(object) => {
+                for (name, member) in object {
+                    names.insert(name.clone());
+                    // What a difference compares is the case's own data,
+                    // and diagnostics are `check`'s, documented with it.
+                    if !["expected", "actual", "diagnostics"].contains(&name.as_str()) {
+                        members(member, names);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|item| members(item, names)),
+            _ => {}
+        }
+    }
+    let case = "    key: acme-default\n    body: {model: qwen3.8-27b}\n";
+    let cases = format!(
+        "policy: {}\ncases:\n  - name: passes\n{case}    expect: {{attempts: 3}}\n  \
+         - name: fails\n{case}    expect: {{attempts: 2}}\n  - name: \"\"\n{case}    expect: {{attempts: 3}}\n",
+        noirdoc()
+    );
+    let files = [
+        ("each.tests.yaml", cases.as_str()),
+        ("unread.tests.yaml", "cases: [\n"),
+    ];
+    let (output, _) = run_files("json-members", &files, &["--format", "json"]);
+    let mut names = std::collections::BTreeSet::new();
+    members(&json_of(&output), &mut names);
+    let doc = std::fs::read_to_string(format!("{PACKAGE_ROOT}/docs/testing.md")).unwrap();
+    let section = doc
+        .split("## `test --format json`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap();
+    // Its words, without the example, which holds every member anyway.
+    let prose = section.split("```json").next().unwrap();
+    let words: std::collections::BTreeSet<&str> = prose
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .collect();
+    let undocumented: Vec<&String> = names
+        .iter()
+        .filter(|name| !words.contains(name.as_str()))
+        .collect();
+    assert!(undocumented.is_empty(), "{undocumented:?}");
+    assert!(names.len() > 20, "{names:?}");
+}
