@@ -37,7 +37,7 @@ pub struct TestArgs {
     /// Runs only the cases whose name holds this text (ignoring case).
     #[arg(long, value_name = "TEXT")]
     pub filter: Option<String>,
-    #[arg(long, value_enum, default_value_t = TestFormat::Text)]
+    #[arg(long, value_enum, default_value_t = TestFormat::Human)]
     pub format: TestFormat,
 }
 
@@ -46,8 +46,7 @@ pub struct TestArgs {
 pub enum TestFormat {
     /// A line per case (what differs indented below a failure), then
     /// `N passed, M failed`: for a person.
-    #[value(alias = "human")]
-    Text,
+    Human,
     /// One JSON document with every file, case, difference and count: for
     /// CI. Usage errors stay text on standard error.
     Json,
@@ -1106,7 +1105,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     for file in &files {
         let run = run_file(file, filter.as_deref());
         // Each file as it is done: a long run shows its progress.
-        if args.format == TestFormat::Text {
+        if args.format == TestFormat::Human {
             if let Some(report) = &run.report {
                 print_report(report);
             }
@@ -1116,7 +1115,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
         runs.push(run);
     }
     let summary = Summary::of(&runs);
-    if args.format == TestFormat::Text {
+    if args.format == TestFormat::Human {
         say!("{}", summary.text(filter.is_some()));
     }
     // A filter that matches nothing has tested nothing: a mistyped name in
