@@ -3898,6 +3898,98 @@ async fn a_stream_of_two_choices_waits_past_the_first_finish_for_the_second() ->
     Ok(())
 }
 
+/// A legacy completion chunk of choice `index`: some `text`, or its finish.
+fn completion_chunk(index: u32, text: Option<&str>) -> String {
+    let chunk = json!({
+        "object": "text_completion",
+        "choices": [{
+            "index": index,
+            "text": text.unwrap_or(""),
+            "finish_reason": if text.is_some() { Json::Null } else { json!("stop") },
+        }],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// A completion of a list of prompts has a choice for each (numbered on,
+/// `n` each): it was held finished once choice 0 was, so the proxy ended
+/// it with `[DONE]` half a second later, dropping the rest of choice 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_of_two_prompts_waits_for_both_choices() -> TestResult {
+    let pieces = [
+        completion_chunk(0, Some("A1")),
+        completion_chunk(1, Some("B1 ")),
+        completion_chunk(0, None),
+        completion_chunk(1, Some("B2")),
+        completion_chunk(1, None),
+    ];
+    // Choice 1 goes on after longer than the grace a finished stream gets.
+    let waits = [0, 0, 0, 1500, 0];
+    let pieces: Vec<(u64, &str)> = waits
+        .into_iter()
+        .zip(pieces.iter().map(String::as_str))
+        .collect();
+    let a = scripted_provider(&pieces, Then::EndAfter(Duration::from_secs(60))).await;
+    let catalog = a_then_b()
+        .replace("http://{sim}/a/v1", &a)
+        .replace("kind: chat", "kind: completion");
+    let gateway = Setup::new(PATIENT_STREAMS, STREAM_ERRORS, catalog)
+        .start("providers:\n  b: {}\n")
+        .await;
+    let body = json!({"model": "m", "prompt": ["a", "b"], "stream": true});
+    let reply = Reply::of(gateway.api.post("/v1/completions", &body).bearer_auth(KEY)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let text_of = |index: u64| -> String {
+        sse_events(&reply.text)
+            .iter()
+            .filter_map(|event| event_json(event))
+            .filter_map(|data| data["choices"].as_array().cloned())
+            .flatten()
+            .filter(|choice| choice["index"] == index)
+            .filter_map(|choice| choice["text"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(text_of(0), "A1", "{}", reply.text);
+    assert_eq!(text_of(1), "B1 B2", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    gateway.stop().await;
+    Ok(())
+}
+
+/// A chat chunk of choice 0 whose `finish_reason` is `""`, as some
+/// OpenAI-compatible servers send on every chunk before the last.
+fn empty_finish_chunk(text: &str) -> String {
+    let chunk = json!({
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": ""}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// An empty `finish_reason` is no finish: read as one, the proxy ended a
+/// healthy stream half a second after its first chunk with `[DONE]`, and
+/// passed a stream cut after it off as complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_finish_reason_does_not_finish_a_stream() -> TestResult {
+    let (one, two) = (empty_finish_chunk("one "), empty_finish_chunk("two"));
+    let last = choice_chunk(0, None);
+    // Longer than the grace a finished stream gets.
+    let pieces = [(0, one.as_str()), (1500, two.as_str()), (0, last.as_str())];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::from_secs(60))).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(choice_text(&reply.text, 0), "one two", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    gateway.stop().await;
+
+    let gateway = scripted_then_b(&[(0, one.as_str()), (0, two.as_str())], Then::Cut).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_ends_with_broken_stream_error(&reply);
+    assert_eq!(choice_text(&reply.text, 0), "one two", "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 /// Keep-alives before an answer begins (Anthropic's `ping`, SSE comments)
 /// are not held for it: they reached the client all at once when the
 /// answer came, and a provider sending them as fast as it could grew the

@@ -6,8 +6,7 @@
 //! given twice counts by its last value, as in a tree
 //! (`Event::meaning_by_tree` is the reference).
 
-use super::wire::FinishedChoices;
-use serde::Deserialize;
+use super::wire::{FinishedChoices, reason_given};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
 use std::fmt;
@@ -19,9 +18,9 @@ pub struct EventData {
     pub event_type: Option<String>,
     /// `error` is there and not null.
     pub error: bool,
-    /// The choices of the `choices` list whose `finish_reason` is not null.
+    /// The choices of the `choices` list with a finish reason given.
     pub finished_choices: FinishedChoices,
-    /// `delta` is an object whose `stop_reason` is not null.
+    /// `delta` is an object with a `stop_reason` given.
     pub delta_stopped: bool,
     /// The usage figures of `usage`, and of the `usage` member of
     /// `message` (Anthropic) and of `response` (Responses).
@@ -67,8 +66,7 @@ impl<'de> Visitor<'de> for EventMembers {
                 Some(1) => data.error = !members.next_value::<Json>()?.is_null(),
                 Some(2) => data.finished_choices = members.next_value_seed(Choices)?,
                 Some(3) => {
-                    data.delta_stopped =
-                        members.next_value_seed(NonNullMember(&["stop_reason"]))?;
+                    data.delta_stopped = members.next_value_seed(ReasonMember(&["stop_reason"]))?;
                 }
                 Some(4) => data.usage = members.next_value_seed(UsageFigures::Here)?,
                 Some(5) => {
@@ -110,17 +108,17 @@ impl Visitor<'_> for NameIn {
     }
 }
 
-/// Whether an object has the member `name` (a one-name list) with a value
-/// that is not null (the last one, when given twice); other members are
-/// checked and skipped.
-fn has_non_null<'de, A: MapAccess<'de>>(
+/// Whether an object has the member `name` (a one-name list) with a
+/// reason given (see `wire::reason_given`; the last one, when given
+/// twice); other members are checked and skipped.
+fn has_reason<'de, A: MapAccess<'de>>(
     mut members: A,
     name: &'static [&'static str],
 ) -> Result<bool, A::Error> {
     let mut found = false;
     while let Some(member) = members.next_key_seed(NameIn(name))? {
         if member.is_some() {
-            found = !members.next_value::<Json>()?.is_null();
+            found = reason_given(&members.next_value::<Json>()?);
         } else {
             members.next_value::<IgnoredAny>()?;
         }
@@ -221,8 +219,8 @@ impl<'de> Visitor<'de> for UsageFigures {
     }
 }
 
-/// `choices`: of a list, the choices whose `finish_reason` is not null,
-/// by their `index`.
+/// `choices`: of a list, the choices with a finish reason given, by their
+/// `index`.
 struct Choices;
 
 impl<'de> DeserializeSeed<'de> for Choices {
@@ -263,9 +261,9 @@ impl<'de> Visitor<'de> for Choices {
     }
 }
 
-/// A choice, at `place` in its list: `None` unless it is an object whose
-/// `finish_reason` is not null; then its `index` (its place when it has
-/// none), `Some(None)` when that is not a whole number.
+/// A choice, at `place` in its list: `None` unless it is an object with a
+/// `finish_reason` given; then its `index` (its place when it has none),
+/// `Some(None)` when that is not a whole number.
 struct Choice {
     place: u64,
 }
@@ -299,7 +297,7 @@ impl<'de> Visitor<'de> for Choice {
         let (mut finished, mut index) = (false, Some(self.place));
         while let Some(member) = members.next_key_seed(NameIn(&["finish_reason", "index"]))? {
             match member {
-                Some(0) => finished = members.next_value_seed(NotNull)?,
+                Some(0) => finished = reason_given(&members.next_value::<Json>()?),
                 Some(1) => index = members.next_value_seed(WholeNumber)?,
                 _ => {
                     members.next_value::<IgnoredAny>()?;
@@ -307,34 +305,6 @@ impl<'de> Visitor<'de> for Choice {
             }
         }
         Ok(finished.then_some(index))
-    }
-}
-
-/// Any value: whether it is not null, checked but not kept.
-struct NotNull;
-
-impl<'de> DeserializeSeed<'de> for NotNull {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_option(self)
-    }
-}
-
-impl<'de> Visitor<'de> for NotNull {
-    type Value = bool;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a JSON value")
-    }
-
-    fn visit_none<E: serde::de::Error>(self) -> Result<bool, E> {
-        Ok(false)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, value: D) -> Result<bool, D::Error> {
-        IgnoredAny::deserialize(value)?;
-        Ok(true)
     }
 }
 
@@ -389,9 +359,9 @@ impl<'de> Visitor<'de> for WholeNumber {
 
 /// Any value: `true` when it is an object with the member (a one-name
 /// list) not null.
-struct NonNullMember(&'static [&'static str]);
+struct ReasonMember(&'static [&'static str]);
 
-impl<'de> DeserializeSeed<'de> for NonNullMember {
+impl<'de> DeserializeSeed<'de> for ReasonMember {
     type Value = bool;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
@@ -399,7 +369,7 @@ impl<'de> DeserializeSeed<'de> for NonNullMember {
     }
 }
 
-impl<'de> Visitor<'de> for NonNullMember {
+impl<'de> Visitor<'de> for ReasonMember {
     type Value = bool;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -414,6 +384,6 @@ impl<'de> Visitor<'de> for NonNullMember {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<bool, A::Error> {
-        has_non_null(members, self.0)
+        has_reason(members, self.0)
     }
 }

@@ -1502,6 +1502,7 @@ fn prepare(
         unsent_fields.extend(["stream", "stream_options"]);
     }
     let outgoing = upstream::Outgoing::new(
+        arrived.endpoint,
         client_body.as_ref().ok(),
         &arrived.parts.headers,
         &unsent_fields,

@@ -16,6 +16,124 @@ use serde_json::Value as Json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How many prompts a completion's `prompt` holds: a list of texts or of
+/// token lists is one per item; a text or one token list (a list of
+/// numbers) is one. `None` when it is none of these, or an empty list.
+fn prompt_count(prompt: &str) -> Option<u64> {
+    match serde_json::from_str::<PromptShape>(prompt).ok()? {
+        PromptShape::One => Some(1),
+        PromptShape::List {
+            numbers: 0,
+            others: 0,
+        } => None,
+        PromptShape::List { others: 0, .. } => Some(1),
+        PromptShape::List { others, .. } => Some(others),
+    }
+}
+
+/// A `prompt` value's shape, read without keeping its text.
+enum PromptShape {
+    One,
+    /// A list: how many of its items are numbers, and how many are not.
+    List {
+        numbers: u64,
+        others: u64,
+    },
+}
+
+impl<'de> serde::Deserialize<'de> for PromptShape {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = PromptShape;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a text or a list")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<PromptShape, E> {
+                Ok(PromptShape::One)
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut items: A,
+            ) -> Result<PromptShape, A::Error> {
+                let (mut numbers, mut others) = (0u64, 0u64);
+                while let Some(is_number) = items.next_element::<IsNumber>()? {
+                    if is_number.0 {
+                        numbers += 1;
+                    } else {
+                        others += 1;
+                    }
+                }
+                Ok(PromptShape::List { numbers, others })
+            }
+        }
+        deserializer.deserialize_any(Shape)
+    }
+}
+
+/// Whether a JSON value is a number; any other value is checked and skipped.
+struct IsNumber(bool);
+
+impl<'de> serde::Deserialize<'de> for IsNumber {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Kind;
+        impl<'de> serde::de::Visitor<'de> for Kind {
+            type Value = IsNumber;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON value")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<IsNumber, E> {
+                Ok(IsNumber(true))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<IsNumber, E> {
+                Ok(IsNumber(true))
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<IsNumber, E> {
+                Ok(IsNumber(true))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<IsNumber, E> {
+                Ok(IsNumber(false))
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<IsNumber, E> {
+                Ok(IsNumber(false))
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<IsNumber, E> {
+                Ok(IsNumber(false))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut items: A,
+            ) -> Result<IsNumber, A::Error> {
+                while items.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(IsNumber(false))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut members: A,
+            ) -> Result<IsNumber, A::Error> {
+                while members
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(IsNumber(false))
+            }
+        }
+        deserializer.deserialize_any(Kind)
+    }
+}
+
 /// Clients by connect timeout: reqwest sets that per client, the policy per
 /// candidate. Each keeps its own pool of keep-alive connections.
 /// Keyed by the catalog's values, never by what a client sends: a fast
@@ -102,8 +220,9 @@ pub struct Outgoing {
     /// object's braces. Every attempt's body shares it.
     members: Bytes,
     headers: HeaderMap,
-    /// How many choices the body asks for (its `n`): a streamed chat or
-    /// completion is complete only once each of them finished.
+    /// How many choices the body asks for (its `n`, for each of a
+    /// completion's prompts): a streamed chat or completion is complete
+    /// only once each of them finished.
     choices: u64,
     /// Whether the body asks for the usage at a stream's end
     /// (`stream_options.include_usage`), which comes after the last choice
@@ -112,11 +231,12 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// `body` is the client's body when it is a JSON object; `unsent_fields`
-    /// the body fields not sent (the policy's inputs, and what the endpoint
-    /// cannot take) and `input_headers` the headers the policy reads as
-    /// inputs.
+    /// `body` is the client's body to `endpoint` when it is a JSON object;
+    /// `unsent_fields` the body fields not sent (the policy's inputs, and
+    /// what the endpoint cannot take) and `input_headers` the headers the
+    /// policy reads as inputs.
     pub fn new(
+        endpoint: Endpoint,
         body: Option<&ClientBody<'_>>,
         client_headers: &HeaderMap,
         unsent_fields: &[&str],
@@ -133,6 +253,14 @@ impl Outgoing {
             .and_then(|n| serde_json::from_str::<u64>(n.get()).ok())
             .filter(|n| *n >= 1)
             .unwrap_or(1);
+        // A completion answers each of a list of prompts with its own `n`
+        // choices, numbered on.
+        let prompts = body
+            .filter(|_| endpoint == Endpoint::Completions && !dropped("prompt"))
+            .and_then(|body| body.member("prompt"))
+            .and_then(|prompt| prompt_count(prompt.get()))
+            .unwrap_or(1);
+        let choices = choices.saturating_mul(prompts);
         let wants_usage = body
             .filter(|_| !dropped("stream_options"))
             .and_then(|body| body.member("stream_options"))
@@ -787,6 +915,7 @@ mod tests {
         client.append("anthropic-beta", HeaderValue::from_static("prompt-caching"));
         client.append("anthropic-beta", HeaderValue::from_static("output-128k"));
         let outgoing = Outgoing::new(
+            Endpoint::ChatCompletions,
             Some(&body),
             &client,
             &["provider"],
@@ -815,7 +944,14 @@ mod tests {
             repeated.append("accept", HeaderValue::from_static("text/event-stream"));
             repeated.append("anthropic-beta", HeaderValue::from_static(""));
         }
-        let outgoing = Outgoing::new(Some(&body), &repeated, &[], &[], "req-1");
+        let outgoing = Outgoing::new(
+            Endpoint::ChatCompletions,
+            Some(&body),
+            &repeated,
+            &[],
+            &[],
+            "req-1",
+        );
         let agents: Vec<_> = outgoing.headers.get_all("user-agent").iter().collect();
         assert_eq!(agents, ["first/1.0"]);
         let accepted: Vec<_> = outgoing.headers.get_all("accept").iter().collect();
@@ -829,9 +965,20 @@ mod tests {
 
     #[test]
     fn the_choices_asked_for_are_the_n_the_provider_is_sent() {
-        let choices = |raw: &str, input_fields: &[&str]| {
+        let choices_to = |endpoint, raw: &str, input_fields: &[&str]| {
             let body = ClientBody::read(raw.as_bytes()).unwrap();
-            Outgoing::new(Some(&body), &HeaderMap::new(), input_fields, &[], "r").choices()
+            Outgoing::new(
+                endpoint,
+                Some(&body),
+                &HeaderMap::new(),
+                input_fields,
+                &[],
+                "r",
+            )
+            .choices()
+        };
+        let choices = |raw: &str, input_fields: &[&str]| {
+            choices_to(Endpoint::ChatCompletions, raw, input_fields)
         };
         assert_eq!(choices(r#"{"model":"m","n":3}"#, &[]), 3);
         assert_eq!(choices(r#"{"model":"m","n":3,"n":2}"#, &[]), 2);
@@ -846,8 +993,33 @@ mod tests {
         }
         // A routing input stays behind: the provider gives one choice.
         assert_eq!(choices(r#"{"model":"m","n":3}"#, &["n"]), 1);
-        let none = Outgoing::new(None, &HeaderMap::new(), &[], &[], "r");
+        let none = Outgoing::new(
+            Endpoint::Completions,
+            None,
+            &HeaderMap::new(),
+            &[],
+            &[],
+            "r",
+        );
         assert_eq!(none.choices(), 1);
+
+        // A completion's list of prompts: `n` choices for each.
+        let completion = |raw: &str| choices_to(Endpoint::Completions, raw, &[]);
+        assert_eq!(completion(r#"{"prompt":["a","b"]}"#), 2);
+        assert_eq!(completion(r#"{"prompt":["a","b","c"],"n":2}"#), 6);
+        assert_eq!(completion(r#"{"prompt":[[1,2],[3]]}"#), 2);
+        for one in [
+            r#"{"prompt":"a"}"#,
+            r#"{"prompt":[1,2,3]}"#,
+            r#"{"prompt":["a"]}"#,
+            r#"{"prompt":null}"#,
+            r#"{"prompt":{"text":"a"}}"#,
+            r#"{"prompt":[]}"#,
+        ] {
+            assert_eq!(completion(one), 1, "{one}");
+        }
+        // A chat body's `prompt` says nothing of its choices.
+        assert_eq!(choices(r#"{"prompt":["a","b"]}"#, &[]), 1);
     }
 
     #[test]

@@ -203,9 +203,7 @@ impl Event {
                 .or(self.name.as_deref()),
             error: data.get("error").is_some_and(|e| !e.is_null()),
             finished_choices: finished_choices_in_tree(&data),
-            delta_stopped: data
-                .pointer("/delta/stop_reason")
-                .is_some_and(|reason| !reason.is_null()),
+            delta_stopped: data.pointer("/delta/stop_reason").is_some_and(reason_given),
         };
         (facts.kind(endpoint), usage_in_event(&data))
     }
@@ -255,7 +253,7 @@ struct Facts<'a> {
     error: bool,
     /// The choices with a finish reason.
     finished_choices: FinishedChoices,
-    /// `delta.stop_reason` is there and not null.
+    /// `delta.stop_reason` is given (`reason_given`).
     delta_stopped: bool,
 }
 
@@ -303,17 +301,22 @@ impl Facts<'_> {
     }
 }
 
-/// The choices in `data`'s `choices` list with a finish reason that is not
-/// null, by their `index`; a choice without one is the one at its place in
-/// the list.
+/// Whether a `finish_reason` or `stop_reason` says the answer stopped:
+/// not null and not empty. Some OpenAI-compatible servers send `""` on
+/// every chunk before the last; read as a finish, it ended healthy streams
+/// after their first chunk and passed a later cut off as complete.
+pub fn reason_given(reason: &Json) -> bool {
+    !reason.is_null() && reason.as_str() != Some("")
+}
+
+/// The choices in `data`'s `choices` list with a finish reason given, by
+/// their `index`; a choice without one is the one at its place in the
+/// list.
 fn finished_choices_in_tree(data: &Json) -> FinishedChoices {
     let mut finished = FinishedChoices::default();
     let choices = data.get("choices").and_then(Json::as_array);
     for (place, choice) in choices.into_iter().flatten().enumerate() {
-        if choice
-            .get("finish_reason")
-            .is_some_and(|reason| !reason.is_null())
-        {
+        if choice.get("finish_reason").is_some_and(reason_given) {
             finished.add(match choice.get("index") {
                 Some(index) => index.as_u64(),
                 None => u64::try_from(place).ok(),
@@ -657,6 +660,12 @@ mod tests {
                 finished(&[Some(5)]),
             ),
             (r#"[{"index":1,"finish_reason":null}]"#, EventKind::Content),
+            // An empty reason is none: some servers send `""` until the end.
+            (r#"[{"index":0,"finish_reason":""}]"#, EventKind::Content),
+            (
+                r#"[{"index":0,"finish_reason":""},{"index":1,"finish_reason":"stop"}]"#,
+                finished(&[Some(1)]),
+            ),
         ] {
             let event = parse_event(Bytes::from(format!("data: {{\"choices\":{choices}}}\n\n")));
             assert_eq!(event.kind(chat), expected, "{choices}");
@@ -820,6 +829,7 @@ mod tests {
                 "\"response.failed\"",
                 "\"response.incomplete\"",
                 "\"stop\"",
+                "\"\"",
                 "0",
                 "1",
                 "128",
@@ -964,6 +974,11 @@ mod tests {
                 r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
                 messages,
                 (EventKind::Finished(FinishedChoices::FIRST), None),
+            ),
+            (
+                r#"{"type":"message_delta","delta":{"stop_reason":""}}"#,
+                messages,
+                (EventKind::Content, None),
             ),
             (r#"{"type":7}"#, messages, (EventKind::Malformed, None)),
             (
