@@ -4324,6 +4324,35 @@ async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResu
     Ok(())
 }
 
+/// A provider that ignores `"stream": true` and sends a whole answer:
+/// passed on, every official SDK's stream iterator read it as no events
+/// and ended silently empty. It is `malformed`, and fails over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_to_a_request_for_a_stream_is_malformed_and_fails_over() -> TestResult {
+    const JSON_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                             transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    let whole = json!({
+        "id": "chatcmpl-a",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "whole from a"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3},
+    })
+    .to_string();
+    let a = answering_provider(JSON_HEAD, &[(0, &whole)], Then::EndAfter(Duration::ZERO)).await;
+    let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    // Asked for a whole answer, the same is served.
+    let reply = gateway.api.chat(&chat_body(false)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(reply.text.contains("whole from a"), "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_stream_in_one_chunk_is_served() -> TestResult {
     let whole = [

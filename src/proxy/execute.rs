@@ -1160,6 +1160,11 @@ impl Exchange {
                 passthrough: None,
             };
         }
+        if self.plan.request.stream {
+            // The client asked for a stream, and its SDK reads events: a
+            // whole answer reaches it as a stream of none, silently empty.
+            return malformed();
+        }
         let usage = answer.usage;
         let mut headers = self
             .plan
