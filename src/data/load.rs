@@ -1006,15 +1006,48 @@ pub fn load_reading(
     v.declare_enums(tenants_source, &raw_tenants.enums);
 
     // Names first, so attribute values of type `provider` and `model` resolve.
+    // Each word a request, a data file or a pin may name a provider by means
+    // one provider name: a word of two would mean one provider in a request
+    // and another in a data file or a pin.
+    let mut first_use: HashMap<String, Span> = HashMap::default();
+    let mut ids = HashSet::default();
     for provider in &raw_catalog.providers {
         let p = &provider.value;
+        if !ids.insert(p.id.value.as_str()) {
+            // A repeated id is E0204's.
+            continue;
+        }
         let name = p.name.as_ref().map_or(&p.id.value, |n| &n.value).clone();
-        for alias in std::iter::once(&p.id.value)
-            .chain(std::iter::once(&name))
-            .chain(p.aliases.iter().map(|a| &a.value))
+        for word in std::iter::once(&p.id)
+            .chain(p.name.iter())
+            .chain(p.aliases.iter())
         {
-            v.provider_names
-                .insert(alias.to_ascii_lowercase(), name.clone());
+            let key = word.value.to_ascii_lowercase();
+            let span = v.span(catalog_source, word);
+            match v.provider_names.get(&key) {
+                Some(other) if *other != name => {
+                    let mut diagnostic = Diagnostic::new(
+                        codes::AMBIGUOUS_PROVIDER_NAME,
+                        format!(
+                            "`{}` would name providers `{other}` and `{name}`",
+                            word.value
+                        ),
+                    )
+                    .at(catalog_source, span, "names another provider here");
+                    if let Some(first) = first_use.get(&key) {
+                        diagnostic = diagnostic.also(catalog_source, *first, "first named here");
+                    }
+                    v.diagnostics.push(diagnostic.help(String::from(
+                        "an id, name or alias (ignoring case) must mean providers of one name: \
+                         rename one, or give the providers the same name",
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    v.provider_names.insert(key.clone(), name.clone());
+                    first_use.insert(key, span);
+                }
+            }
         }
     }
     v.model_ids = raw_catalog

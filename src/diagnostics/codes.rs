@@ -42,6 +42,7 @@ codes! {
     ATTRIBUTE_TYPE = "E0207", Error, "an attribute value does not have its declared type";
     BAD_SCHEMA_TYPE = "E0208", Error, "a schema declares a type that does not exist";
     BAD_KEY_HASH = "E0209", Error, "an API key hash is not a SHA-256 hex digest";
+    AMBIGUOUS_PROVIDER_NAME = "E0210", Error, "providers of different names answer to the same id, name or alias";
 
     UNKNOWN_NAME = "E0301", Error, "a name is not defined";
     UNKNOWN_ATTRIBUTE = "E0302", Error, "an attribute path does not exist in the data schema";
