@@ -1163,7 +1163,18 @@ impl Exchange {
         if self.plan.request.stream {
             // The client asked for a stream, and its SDK reads events: a
             // whole answer reaches it as a stream of none, silently empty.
-            return malformed();
+            return Attempted::Failed {
+                outcome: AttemptOutcome {
+                    class: OutcomeClass::Malformed,
+                    facts: OutcomeFacts {
+                        error_message: Some(Arc::from(
+                            "the provider sent a whole answer to a request for a stream",
+                        )),
+                        ..OutcomeFacts::default()
+                    },
+                },
+                passthrough: None,
+            };
         }
         let usage = answer.usage;
         let mut headers = self

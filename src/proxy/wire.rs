@@ -302,11 +302,11 @@ impl Facts<'_> {
 }
 
 /// Whether a `finish_reason` or `stop_reason` says the answer stopped:
-/// not null and not empty. Some OpenAI-compatible servers send `""` on
+/// not null and not blank. Some OpenAI-compatible servers send `""` on
 /// every chunk before the last; read as a finish, it ended healthy streams
 /// after their first chunk and passed a later cut off as complete.
 pub fn reason_given(reason: &Json) -> bool {
-    !reason.is_null() && reason.as_str() != Some("")
+    !reason.is_null() && !reason.as_str().is_some_and(|text| text.trim().is_empty())
 }
 
 /// The choices in `data`'s `choices` list with a finish reason given, by
@@ -662,6 +662,7 @@ mod tests {
             (r#"[{"index":1,"finish_reason":null}]"#, EventKind::Content),
             // An empty reason is none: some servers send `""` until the end.
             (r#"[{"index":0,"finish_reason":""}]"#, EventKind::Content),
+            (r#"[{"index":0,"finish_reason":" "}]"#, EventKind::Content),
             (
                 r#"[{"index":0,"finish_reason":""},{"index":1,"finish_reason":"stop"}]"#,
                 finished(&[Some(1)]),
