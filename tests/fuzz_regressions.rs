@@ -118,8 +118,8 @@ fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>
             received += event.raw.len();
             if event.tree_readable() {
                 assert_eq!(
-                    event.meaning(endpoint),
-                    event.meaning_by_tree(endpoint),
+                    event.read(endpoint),
+                    event.read_by_tree(endpoint),
                     "{:?}",
                     event.data
                 );

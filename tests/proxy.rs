@@ -3990,6 +3990,156 @@ async fn an_empty_finish_reason_does_not_finish_a_stream() -> TestResult {
     Ok(())
 }
 
+/// A chat chunk of choice 0 with `text` and a `"stop"` finish reason, as
+/// some relays send on every chunk.
+fn stop_every_chunk(text: &str) -> String {
+    let chunk = json!({
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
+    });
+    format!("data: {chunk}\n\n")
+}
+
+/// Some relays (Gemini behind OpenAI-compatible gateways) send a finish
+/// reason with every chunk. Read as the answer's end, the proxy ended the
+/// stream half a second after a pause with `[DONE]`, dropping the rest, and
+/// passed a cut off as complete. Output after a finish shows the finishes
+/// mean nothing: then only the stream's own end ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_after_a_finish_makes_the_stream_wait_for_its_own_end() -> TestResult {
+    let chunks: Vec<String> = ["", "t0", "t1", "t2"]
+        .into_iter()
+        .map(stop_every_chunk)
+        .collect();
+    // A pause longer than the grace a finished stream gets, after `t0`.
+    let pieces = [
+        (0, chunks[0].as_str()),
+        (0, chunks[1].as_str()),
+        (1500, chunks[2].as_str()),
+        (0, chunks[3].as_str()),
+        (0, "data: [DONE]\n\n"),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(choice_text(&reply.text, 0), "t0t1t2", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    assert_eq!(
+        sse_events(&reply.text)
+            .iter()
+            .filter(|e| **e == "data: [DONE]")
+            .count(),
+        1
+    );
+    gateway.stop().await;
+
+    // Cut after `t0`: not complete.
+    let gateway = scripted_then_b(&pieces[..2], Then::Cut).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_ends_with_broken_stream_error(&reply);
+    assert_eq!(choice_text(&reply.text, 0), "t0", "{}", reply.text);
+    gateway.stop().await;
+    Ok(())
+}
+
+/// A hand-written Anthropic stream's opening event.
+const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":\
+     {\"id\":\"msg_from_a\",\"type\":\"message\",\"role\":\"assistant\",\
+     \"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n";
+/// And the rest of it: the answer `hello from a`, its stop and its end.
+const ANSWER: [&str; 5] = [
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\
+     \"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\
+     \"delta\":{\"type\":\"text_delta\",\"text\":\"hello from a\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":\
+     {\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+];
+
+/// `a`, an Anthropic-format provider written by hand that plays `pieces`
+/// then cuts the connection, and `b`, a simulated one, both serving `m`.
+async fn anthropic_a_then_b(pieces: Vec<(u64, &str)>) -> Gateway {
+    let a = scripted_provider(&pieces, Then::Cut).await;
+    Setup::new(
+        PATIENT_STREAMS,
+        STREAM_ERRORS,
+        catalog(
+            &[
+                provider_at("a", "anthropic", &a),
+                provider("b", "anthropic", ""),
+            ],
+            &[model("m", &["a", "b"])],
+        ),
+    )
+    .start("providers:\n  b: {}\n")
+    .await
+}
+
+/// A streamed Anthropic request for `m`.
+fn anthropic_stream_body() -> Json {
+    json!({"model": "m", "max_tokens": 16, "stream": true, "messages": []})
+}
+
+/// Some Anthropic-format relays (GitHub Copilot's) end a finished stream
+/// with OpenAI's `data: [DONE]`: it was malformed, and the whole answer
+/// ended with an error event. A single event of several MiB (an image) is
+/// an event like any other: over 4 MiB one broke the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_anthropic_stream_may_end_with_done_and_events_may_be_large() -> TestResult {
+    let mut pieces: Vec<(u64, &str)> = vec![(0, START)];
+    pieces.extend(ANSWER[..4].iter().map(|event| (0, *event)));
+    pieces.push((0, "data: [DONE]\n\n"));
+    let gateway = anthropic_a_then_b(pieces).await;
+    let reply = gateway.api.messages(&anthropic_stream_body()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(reply.streamed_text(), "hello from a", "{}", reply.text);
+    assert!(
+        reply
+            .text
+            .ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{}",
+        reply.text
+    );
+    assert!(
+        !reply.text.contains("[DONE]") && !reply.text.contains("event: error"),
+        "{}",
+        reply.text
+    );
+    assert!(gateway.sim.requests().is_empty());
+    gateway.stop().await;
+
+    // Before the stop, `[DONE]` is no end: the answer is not whole.
+    let mut pieces: Vec<(u64, &str)> = vec![(0, START)];
+    pieces.extend(ANSWER[..2].iter().map(|event| (0, *event)));
+    pieces.push((0, "data: [DONE]\n\n"));
+    let gateway = anthropic_a_then_b(pieces).await;
+    let reply = gateway.api.messages(&anthropic_stream_body()).await;
+    assert!(reply.text.contains("event: error"), "{}", reply.text);
+    gateway.stop().await;
+
+    // One event of 5 MiB.
+    let large = format!(
+        "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\
+         \"delta\":{{\"type\":\"text_delta\",\"text\":\"{}\"}}}}\n\n",
+        "x".repeat(5 << 20)
+    );
+    let mut pieces: Vec<(u64, &str)> = vec![(0, START), (0, ANSWER[0]), (0, &large)];
+    pieces.extend(ANSWER[2..].iter().map(|event| (0, *event)));
+    let gateway = anthropic_a_then_b(pieces).await;
+    let reply = gateway.api.messages(&anthropic_stream_body()).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.streamed_text().len(), 5 << 20);
+    assert!(
+        reply
+            .text
+            .ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
 /// Keep-alives before an answer begins (Anthropic's `ping`, SSE comments)
 /// are not held for it: they reached the client all at once when the
 /// answer came, and a provider sending them as fast as it could grew the
@@ -4000,37 +4150,9 @@ async fn an_empty_finish_reason_does_not_finish_a_stream() -> TestResult {
 /// over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alives_before_the_answer_are_not_held_and_announcements_are_bounded() -> TestResult {
-    const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":\
-         {\"id\":\"msg_from_a\",\"type\":\"message\",\"role\":\"assistant\",\
-         \"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n";
     const PING: &str = "event: ping\ndata: {\"type\":\"ping\"}\n\n";
-    const ANSWER: [&str; 5] = [
-        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\
-         \"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
-        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\
-         \"delta\":{\"type\":\"text_delta\",\"text\":\"hello from a\"}}\n\n",
-        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
-        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":\
-         {\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
-        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-    ];
-    let start = |pieces: Vec<(u64, &'static str)>| async move {
-        let a = scripted_provider(&pieces, Then::Cut).await;
-        Setup::new(
-            PATIENT_STREAMS,
-            STREAM_ERRORS,
-            catalog(
-                &[
-                    provider_at("a", "anthropic", &a),
-                    provider("b", "anthropic", ""),
-                ],
-                &[model("m", &["a", "b"])],
-            ),
-        )
-        .start("providers:\n  b: {}\n")
-        .await
-    };
-    let body = json!({"model": "m", "max_tokens": 16, "stream": true, "messages": []});
+    let start = anthropic_a_then_b;
+    let body = anthropic_stream_body();
 
     // 200 pings and comments, then the answer: it comes with none of them.
     let mut pieces = vec![(0, START)];
@@ -4047,7 +4169,7 @@ async fn keep_alives_before_the_answer_are_not_held_and_announcements_are_bounde
     assert!(!reply.text.contains("keep-alive"), "{}", reply.text);
     gateway.stop().await;
 
-    // Announcements of 3 MiB each (under the 4 MiB an event may hold).
+    // Announcements of 3 MiB each.
     let padded: &'static str = Box::leak(
         format!(
             "event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\
@@ -4320,6 +4442,35 @@ async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResu
     assert_eq!(reply.status, 200, "{}", reply.text);
     assert_eq!(reply.streamed_text(), "hello from b", "{}", reply.text);
     assert_eq!(providers_seen(&gateway.sim.requests()), ["b"]);
+    gateway.stop().await;
+    Ok(())
+}
+
+/// Asked for a stream, some servers send its events as `text/plain` or
+/// NDJSON: the proxy waited for the whole body, took it for a whole answer
+/// that was no JSON, and failed over to a second generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
+    const PLAIN_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
+                              transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    let chunks = [
+        choice_chunk(0, Some("plain ")),
+        choice_chunk(0, Some("stream")),
+        choice_chunk(0, None),
+    ];
+    let mut pieces: Vec<(u64, &str)> = chunks.iter().map(|chunk| (0, chunk.as_str())).collect();
+    pieces.push((0, "data: [DONE]\n\n"));
+    let a = answering_provider(PLAIN_HEAD, &pieces, Then::EndAfter(Duration::ZERO)).await;
+    let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        choice_text(&reply.text, 0),
+        "plain stream",
+        "{}",
+        reply.text
+    );
+    assert!(gateway.sim.requests().is_empty(), "no second generation");
     gateway.stop().await;
     Ok(())
 }

@@ -16,7 +16,7 @@
 //! blank line in it, and no blank line is left in the pending bytes. A plain
 //! search from the start of each event is the reference (the reader resumes
 //! its search where the previous chunk ended). Each event means what its
-//! data's JSON tree says (`Event::meaning_by_tree`), though `meaning` reads
+//! data's JSON tree says (`Event::read_by_tree`), though `read` reads
 //! only the members that tell it, wherever serde_json builds that tree
 //! (`Event::tree_readable`).
 #![no_main]
@@ -61,7 +61,7 @@ fuzz_target!(|bytes: &[u8]| {
             received.extend_from_slice(&event.raw);
             assert!(
                 !event.tree_readable()
-                    || event.meaning(endpoint) == event.meaning_by_tree(endpoint),
+                    || event.read(endpoint) == event.read_by_tree(endpoint),
                 "the event is read otherwise than from its JSON tree: {:?}",
                 event.data
             );

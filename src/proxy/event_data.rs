@@ -4,9 +4,9 @@
 //! allocating the content's strings, which nothing reads. Values are
 //! checked in full all the same (invalid JSON is malformed), and a member
 //! given twice counts by its last value, as in a tree
-//! (`Event::meaning_by_tree` is the reference).
+//! (`Event::read_by_tree` is the reference).
 
-use super::wire::{FinishedChoices, reason_given};
+use super::wire::{ChoiceSet, reason_given};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
 use std::fmt;
@@ -19,7 +19,10 @@ pub struct EventData {
     /// `error` is there and not null.
     pub error: bool,
     /// The choices of the `choices` list with a finish reason given.
-    pub finished_choices: FinishedChoices,
+    pub finished_choices: ChoiceSet,
+    /// The choices of the `choices` list with output in their `delta` or
+    /// `text`.
+    pub output_choices: ChoiceSet,
     /// `delta` is an object with a `stop_reason` given.
     pub delta_stopped: bool,
     /// The usage figures of `usage`, and of the `usage` member of
@@ -64,7 +67,10 @@ impl<'de> Visitor<'de> for EventMembers {
                     };
                 }
                 Some(1) => data.error = !members.next_value::<Json>()?.is_null(),
-                Some(2) => data.finished_choices = members.next_value_seed(Choices)?,
+                Some(2) => {
+                    (data.finished_choices, data.output_choices) =
+                        members.next_value_seed(Choices)?;
+                }
                 Some(3) => {
                     data.delta_stopped = members.next_value_seed(ReasonMember(&["stop_reason"]))?;
                 }
@@ -219,92 +225,222 @@ impl<'de> Visitor<'de> for UsageFigures {
     }
 }
 
-/// `choices`: of a list, the choices with a finish reason given, by their
-/// `index`.
+/// `choices`: of a list, the choices with a finish reason given, and
+/// those with output, by their `index`.
 struct Choices;
 
 impl<'de> DeserializeSeed<'de> for Choices {
-    type Value = FinishedChoices;
+    type Value = (ChoiceSet, ChoiceSet);
 
     fn deserialize<D: Deserializer<'de>>(
         self,
         deserializer: D,
-    ) -> Result<FinishedChoices, D::Error> {
+    ) -> Result<(ChoiceSet, ChoiceSet), D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Choices {
-    type Value = FinishedChoices;
+    type Value = (ChoiceSet, ChoiceSet);
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("a JSON value")
     }
 
-    other_values_are!(FinishedChoices, FinishedChoices::default());
+    other_values_are!((ChoiceSet, ChoiceSet), Default::default());
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<FinishedChoices, A::Error> {
-        let mut finished = FinishedChoices::default();
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut choices: A,
+    ) -> Result<(ChoiceSet, ChoiceSet), A::Error> {
+        let (mut finished, mut output) = (ChoiceSet::default(), ChoiceSet::default());
         let mut place: u64 = 0;
         while let Some(choice) = choices.next_element_seed(Choice { place })? {
-            if let Some(index) = choice {
-                finished.add(index);
+            if let Some(choice) = choice {
+                if choice.finished {
+                    finished.add(choice.index);
+                }
+                if choice.output {
+                    output.add(choice.index);
+                }
             }
             place = place.saturating_add(1);
         }
-        Ok(finished)
+        Ok((finished, output))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<FinishedChoices, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut members: A,
+    ) -> Result<(ChoiceSet, ChoiceSet), A::Error> {
         while members.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(FinishedChoices::default())
+        Ok(Default::default())
     }
 }
 
-/// A choice, at `place` in its list: `None` unless it is an object with a
-/// `finish_reason` given; then its `index` (its place when it has none),
-/// `Some(None)` when that is not a whole number.
+/// What a choice says of itself.
+struct ChoiceFacts {
+    /// Its `index` (its place when it has none), `None` when that is not a
+    /// whole number.
+    index: Option<u64>,
+    /// A `finish_reason` is given.
+    finished: bool,
+    /// Its `delta` (chat) or `text` (completions) holds output.
+    output: bool,
+}
+
+/// A choice, at `place` in its list: `None` unless it is an object.
 struct Choice {
     place: u64,
 }
 
 impl<'de> DeserializeSeed<'de> for Choice {
-    type Value = Option<Option<u64>>;
+    type Value = Option<ChoiceFacts>;
 
     fn deserialize<D: Deserializer<'de>>(
         self,
         deserializer: D,
-    ) -> Result<Option<Option<u64>>, D::Error> {
+    ) -> Result<Option<ChoiceFacts>, D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Choice {
-    type Value = Option<Option<u64>>;
+    type Value = Option<ChoiceFacts>;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         formatter.write_str("a JSON value")
     }
 
-    other_values_are!(Option<Option<u64>>, None);
+    other_values_are!(Option<ChoiceFacts>, None);
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<Option<u64>>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Option<ChoiceFacts>, A::Error> {
         while items.next_element::<IgnoredAny>()?.is_some() {}
         Ok(None)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Option<Option<u64>>, A::Error> {
-        let (mut finished, mut index) = (false, Some(self.place));
-        while let Some(member) = members.next_key_seed(NameIn(&["finish_reason", "index"]))? {
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Option<ChoiceFacts>, A::Error> {
+        let mut facts = ChoiceFacts {
+            index: Some(self.place),
+            finished: false,
+            output: false,
+        };
+        let (mut delta_output, mut text_output) = (false, false);
+        while let Some(member) =
+            members.next_key_seed(NameIn(&["finish_reason", "index", "delta", "text"]))?
+        {
             match member {
-                Some(0) => finished = reason_given(&members.next_value::<Json>()?),
-                Some(1) => index = members.next_value_seed(WholeNumber)?,
+                Some(0) => facts.finished = reason_given(&members.next_value::<Json>()?),
+                Some(1) => facts.index = members.next_value_seed(WholeNumber)?,
+                Some(2) => delta_output = members.next_value_seed(DeltaOutput)?,
+                Some(3) => text_output = members.next_value_seed(HasOutput)?,
                 _ => {
                     members.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(finished.then_some(index))
+        facts.output = delta_output || text_output;
+        Ok(Some(facts))
+    }
+}
+
+/// A chat choice's `delta`: whether a member other than `role` holds
+/// output (see [`HasOutput`]).
+struct DeltaOutput;
+
+impl<'de> DeserializeSeed<'de> for DeltaOutput {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DeltaOutput {
+    type Value = bool;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    other_values_are!(bool, false);
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<bool, A::Error> {
+        while items.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<bool, A::Error> {
+        let mut output = false;
+        while let Some(member) = members.next_key_seed(NameIn(&["role"]))? {
+            if member.is_some() {
+                members.next_value::<IgnoredAny>()?;
+            } else {
+                output |= members.next_value_seed(HasOutput)?;
+            }
+        }
+        Ok(output)
+    }
+}
+
+/// Whether a value holds output: a text that is not empty, a number or a
+/// boolean, or a list or object holding one; checked in full, not kept
+/// (`wire::has_output` is the reference).
+struct HasOutput;
+
+impl<'de> DeserializeSeed<'de> for HasOutput {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HasOutput {
+    type Value = bool;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(true)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(true)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(true)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(true)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<bool, E> {
+        Ok(!text.is_empty())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<bool, A::Error> {
+        let mut output = false;
+        while let Some(item) = items.next_element_seed(HasOutput)? {
+            output |= item;
+        }
+        Ok(output)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<bool, A::Error> {
+        let mut output = false;
+        while members.next_key::<IgnoredAny>()?.is_some() {
+            output |= members.next_value_seed(HasOutput)?;
+        }
+        Ok(output)
     }
 }
 

@@ -8,7 +8,7 @@ use super::body::{ChunkSender, ProxyBody, chunk_queue};
 use super::header_names;
 use super::respond;
 use super::upstream::{Outgoing, error_event_facts, outcome_facts};
-use super::wire::{self, EventKind, EventReader, FinishedChoices};
+use super::wire::{self, ChoiceSet, EventKind, EventReader};
 use super::{ConnectionCut, Proxy, RequestLog};
 use crate::compile::{Secret, Snapshot};
 use crate::data::WireFormat;
@@ -1040,11 +1040,14 @@ impl Exchange {
                 }),
             };
         }
-        let is_stream = response
+        let content_type = response
             .headers()
             .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(is_event_stream);
+            .and_then(|v| v.to_str().ok());
+        // Asked for a stream, some servers send its events as `text/plain`,
+        // NDJSON or with no type at all: anything but JSON is read as events.
+        let is_stream = content_type.is_some_and(is_event_stream)
+            || (self.plan.request.stream && !content_type.is_some_and(is_json));
         if is_stream && self.plan.request.stream {
             return self
                 .stream(index, response, &timeouts, begun, attempt_deadline, link)
@@ -1289,7 +1292,12 @@ impl Exchange {
         // choice finished: until it came, the end gets a longer grace.
         let usage_to_come = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions)
             && self.outgoing.wants_usage();
-        let mut finished_choices = FinishedChoices::default();
+        let mut finished_choices = ChoiceSet::default();
+        // Some providers send a finish reason with every chunk (Gemini
+        // behind some OpenAI-compatible relays, KoboldCpp's "null"): output
+        // for a choice after its finish shows it, and from then on only the
+        // stream's own end ends it.
+        let mut finishes_hold = true;
         let first_byte: Option<Duration>;
         // Whether events announcing the answer came (held, not yet sent).
         let mut opened = false;
@@ -1434,8 +1442,25 @@ impl Exchange {
         };
         loop {
             while let Some(event) = pending.pop_front() {
-                let (kind, reported) = event.meaning(endpoint);
+                let reading = event.read(endpoint);
+                let (kind, reported) = (reading.kind, reading.usage);
                 match kind {
+                    // Some Anthropic-format relays (GitHub Copilot's) end a
+                    // finished stream with OpenAI's `[DONE]`: the answer
+                    // is whole, and ends as the client's format ends one.
+                    EventKind::Malformed
+                        if event.is_done_marker()
+                            && finishes_hold
+                            && finished_choices.are_all_of(choices) =>
+                    {
+                        self.record_end(finished_with(usage));
+                        if let Some(sentinel) = wire::sentinel(endpoint)
+                            && !link.send(sentinel).await
+                        {
+                            return Attempted::Cancelled;
+                        }
+                        return Attempted::Served { usage, first_byte };
+                    }
                     EventKind::Malformed => {
                         return failed(
                             OutcomeClass::StreamBroken,
@@ -1451,6 +1476,9 @@ impl Exchange {
                 }
                 usage = wire::accumulated_usage(usage, reported);
                 self.report.usage = usage;
+                if reading.output.overlaps(finished_choices) {
+                    finishes_hold = false;
+                }
                 if let EventKind::Finished(those) = kind {
                     finished_choices = finished_choices.and(those);
                 }
@@ -1467,7 +1495,7 @@ impl Exchange {
                     return Attempted::Served { usage, first_byte };
                 }
             }
-            let finished = finished_choices.are_all_of(choices);
+            let finished = finishes_hold && finished_choices.are_all_of(choices);
             // Cleared again by a choice that was not asked for.
             self.finished_stream = finished.then(|| finished_with(usage));
             let wait = match (finished, usage_to_come && usage.is_none()) {
@@ -1591,8 +1619,19 @@ impl Exchange {
 /// Whether a `Content-Type` names an event stream: media types are
 /// case-insensitive, and may carry parameters (`; charset=utf-8`).
 fn is_event_stream(content_type: &str) -> bool {
-    let media_type = content_type.split(';').next().unwrap_or_default().trim();
-    media_type.eq_ignore_ascii_case("text/event-stream")
+    media_type(content_type).eq_ignore_ascii_case("text/event-stream")
+}
+
+/// Whether a `Content-Type` is JSON: `application/json`, or a type with
+/// the `+json` suffix (RFC 6839).
+fn is_json(content_type: &str) -> bool {
+    let media_type = media_type(content_type).to_ascii_lowercase();
+    media_type == "application/json" || media_type.ends_with("+json")
+}
+
+/// A `Content-Type`'s media type, without its parameters.
+fn media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or_default().trim()
 }
 
 impl Drop for Exchange {
@@ -1739,7 +1778,7 @@ async fn read_body(
 
 #[cfg(test)]
 mod tests {
-    use super::is_event_stream;
+    use super::{is_event_stream, is_json};
 
     #[test]
     fn an_event_stream_is_known_by_its_media_type_in_any_case() {
@@ -1748,5 +1787,15 @@ mod tests {
         assert!(is_event_stream(" text/event-stream ;charset=utf-8"));
         assert!(!is_event_stream("text/event-streamx"));
         assert!(!is_event_stream("application/json"));
+    }
+
+    #[test]
+    fn json_is_known_by_its_media_type_or_suffix() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(is_json("application/problem+json"));
+        assert!(!is_json("application/x-ndjson"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/jsonx"));
     }
 }

@@ -81,6 +81,26 @@ pub struct Event {
     pub data: String,
 }
 
+/// What an event says: its kind, the usage figures it reports, if any
+/// ((input, output) tokens), and the choices it brings output for (chat
+/// and completions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub kind: EventKind,
+    pub usage: Option<(u64, u64)>,
+    pub output: ChoiceSet,
+}
+
+impl Reading {
+    fn of(kind: EventKind) -> Reading {
+        Reading {
+            kind,
+            usage: None,
+            output: ChoiceSet::default(),
+        }
+    }
+}
+
 /// What an event means for the stream it is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -96,7 +116,7 @@ pub enum EventKind {
     /// Choices of the answer are complete (finish reasons; a stop reason,
     /// which ends Anthropic's one choice). Once every choice the request
     /// asked for is, only the sentinel or usage may follow.
-    Finished(FinishedChoices),
+    Finished(ChoiceSet),
     /// The completion sentinel itself.
     Sentinel,
     /// A comment or a keep-alive: an SSE comment, or Anthropic's `ping`.
@@ -107,25 +127,26 @@ pub enum EventKind {
     Malformed,
 }
 
-/// Which choices of an answer finished, by their `index`, without
-/// allocating: OpenAI allows at most 128 choices (`n`).
+/// A set of an answer's choices (those that finished, those with output),
+/// by their `index`, without allocating: OpenAI allows at most 128
+/// choices (`n`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FinishedChoices {
-    /// Bit `i` set: choice `i` finished.
+pub struct ChoiceSet {
+    /// Bit `i` set: choice `i` is in the set.
     indexes: u128,
-    /// A choice finished whose index is none of those: past 127, or not a
-    /// whole number.
+    /// A choice is whose index is none of those: past 127, or not a whole
+    /// number.
     untracked: bool,
 }
 
-impl FinishedChoices {
+impl ChoiceSet {
     /// The only choice, as in an Anthropic message.
-    pub const FIRST: FinishedChoices = FinishedChoices {
+    pub const FIRST: ChoiceSet = ChoiceSet {
         indexes: 1,
         untracked: false,
     };
 
-    /// Counts choice `index` (`None`: not a whole number) as finished.
+    /// Adds choice `index` (`None`: not a whole number).
     pub fn add(&mut self, index: Option<u64>) {
         match index
             .and_then(|index| u32::try_from(index).ok())
@@ -136,9 +157,9 @@ impl FinishedChoices {
         }
     }
 
-    /// Those finished here or in `other`.
-    pub fn and(self, other: FinishedChoices) -> FinishedChoices {
-        FinishedChoices {
+    /// Those here or in `other`.
+    pub fn and(self, other: ChoiceSet) -> ChoiceSet {
+        ChoiceSet {
             indexes: self.indexes | other.indexes,
             untracked: self.untracked || other.untracked,
         }
@@ -146,6 +167,11 @@ impl FinishedChoices {
 
     pub fn is_empty(self) -> bool {
         self.indexes == 0 && !self.untracked
+    }
+
+    /// Whether a choice is in both.
+    pub fn overlaps(self, other: ChoiceSet) -> bool {
+        self.indexes & other.indexes != 0
     }
 
     /// Whether exactly choices `0..expected` finished. A choice outside
@@ -167,11 +193,18 @@ impl Event {
     /// figures it reports, if any: (input, output) tokens. Its data is
     /// read once for both, and only the members that tell them.
     pub fn meaning(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
+        let reading = self.read(endpoint);
+        (reading.kind, reading.usage)
+    }
+
+    /// What the event says for `endpoint`'s stream (see [`Reading`]), its
+    /// data read once.
+    pub fn read(&self, endpoint: Endpoint) -> Reading {
         if let Some(kind) = self.without_json(endpoint) {
-            return (kind, None);
+            return Reading::of(kind);
         }
         let Some(data) = EventData::read(&self.data) else {
-            return (EventKind::Malformed, None);
+            return Reading::of(EventKind::Malformed);
         };
         let facts = Facts {
             event_type: data.event_type.as_deref().or(self.name.as_deref()),
@@ -179,22 +212,25 @@ impl Event {
             finished_choices: data.finished_choices,
             delta_stopped: data.delta_stopped,
         };
-        let usage = data.usage.or(data.message_usage).or(data.response_usage);
-        (facts.kind(endpoint), usage)
+        Reading {
+            kind: facts.kind(endpoint),
+            usage: data.usage.or(data.message_usage).or(data.response_usage),
+            output: data.output_choices,
+        }
     }
 
-    /// `meaning` as read from the data's whole JSON tree: slower, plainly
-    /// right, and the reference the tests and the `sse` fuzz target hold
-    /// `meaning` to wherever it speaks (`tree_readable`).
-    pub fn meaning_by_tree(&self, endpoint: Endpoint) -> (EventKind, Option<(u64, u64)>) {
+    /// `read` as from the data's whole JSON tree: slower, plainly right,
+    /// and the reference the tests and the `sse` fuzz target hold `read` to
+    /// wherever it speaks (`tree_readable`).
+    pub fn read_by_tree(&self, endpoint: Endpoint) -> Reading {
         if let Some(kind) = self.without_json(endpoint) {
-            return (kind, None);
+            return Reading::of(kind);
         }
         let Ok(data) = serde_json::from_str::<Json>(&self.data) else {
-            return (EventKind::Malformed, None);
+            return Reading::of(EventKind::Malformed);
         };
         if !data.is_object() {
-            return (EventKind::Malformed, None);
+            return Reading::of(EventKind::Malformed);
         }
         let facts = Facts {
             event_type: data
@@ -202,13 +238,30 @@ impl Event {
                 .and_then(Json::as_str)
                 .or(self.name.as_deref()),
             error: data.get("error").is_some_and(|e| !e.is_null()),
-            finished_choices: finished_choices_in_tree(&data),
+            finished_choices: choices_in_tree(&data, |choice| {
+                choice.get("finish_reason").is_some_and(reason_given)
+            }),
             delta_stopped: data.pointer("/delta/stop_reason").is_some_and(reason_given),
         };
-        (facts.kind(endpoint), usage_in_event(&data))
+        Reading {
+            kind: facts.kind(endpoint),
+            usage: usage_in_event(&data),
+            output: choices_in_tree(&data, |choice| {
+                let delta_output =
+                    choice
+                        .get("delta")
+                        .and_then(Json::as_object)
+                        .is_some_and(|delta| {
+                            delta
+                                .iter()
+                                .any(|(name, value)| name != "role" && has_output(value))
+                        });
+                delta_output || choice.get("text").is_some_and(has_output)
+            }),
+        }
     }
 
-    /// Whether `meaning_by_tree` speaks for this event: its data is not
+    /// Whether `read_by_tree` speaks for this event: its data is not
     /// JSON, or serde_json builds its tree. Valid JSON that it builds no tree
     /// of (a number beyond the range of `f64`, nesting deeper than 128)
     /// `meaning` still reads, as a whole answer is read: only the members
@@ -216,6 +269,11 @@ impl Event {
     pub fn tree_readable(&self) -> bool {
         serde_json::from_str::<Json>(&self.data).is_ok()
             || serde_json::from_str::<IgnoredAny>(&self.data).is_err()
+    }
+
+    /// Whether the event is OpenAI's `[DONE]` sentinel, on whatever stream.
+    pub fn is_done_marker(&self) -> bool {
+        self.data.trim() == "[DONE]"
     }
 
     /// The kind of an event that carries no JSON: a comment, or the
@@ -252,7 +310,7 @@ struct Facts<'a> {
     /// `error` is there and not null.
     error: bool,
     /// The choices with a finish reason.
-    finished_choices: FinishedChoices,
+    finished_choices: ChoiceSet,
     /// `delta.stop_reason` is given (`reason_given`).
     delta_stopped: bool,
 }
@@ -274,7 +332,7 @@ impl Facts<'_> {
             Endpoint::Messages => match event_type {
                 Some("message_stop") => EventKind::Sentinel,
                 Some("message_delta") if self.delta_stopped => {
-                    EventKind::Finished(FinishedChoices::FIRST)
+                    EventKind::Finished(ChoiceSet::FIRST)
                 }
                 Some("message_start" | "content_block_start") => EventKind::Opening,
                 Some("ping") => EventKind::Comment,
@@ -309,21 +367,35 @@ pub fn reason_given(reason: &Json) -> bool {
     !reason.is_null() && !reason.as_str().is_some_and(|text| text.trim().is_empty())
 }
 
-/// The choices in `data`'s `choices` list with a finish reason given, by
-/// their `index`; a choice without one is the one at its place in the
-/// list.
-fn finished_choices_in_tree(data: &Json) -> FinishedChoices {
-    let mut finished = FinishedChoices::default();
+/// The choices in `data`'s `choices` list that are objects for which
+/// `holds` holds, by their `index`; a choice without one is the one at its
+/// place in the list.
+fn choices_in_tree(data: &Json, holds: impl Fn(&Json) -> bool) -> ChoiceSet {
+    let mut set = ChoiceSet::default();
     let choices = data.get("choices").and_then(Json::as_array);
     for (place, choice) in choices.into_iter().flatten().enumerate() {
-        if choice.get("finish_reason").is_some_and(reason_given) {
-            finished.add(match choice.get("index") {
+        if choice.is_object() && holds(choice) {
+            set.add(match choice.get("index") {
                 Some(index) => index.as_u64(),
                 None => u64::try_from(place).ok(),
             });
         }
     }
-    finished
+    set
+}
+
+/// Whether a value holds output: a text that is not empty, a number or a
+/// boolean, or a list or object holding one. A delta of a role and empty
+/// content holds none; a provider that sends finish reasons with every
+/// chunk is told by output after a choice's finish.
+fn has_output(value: &Json) -> bool {
+    match value {
+        Json::Null => false,
+        Json::Bool(_) | Json::Number(_) => true,
+        Json::String(text) => !text.is_empty(),
+        Json::Array(items) => items.iter().any(has_output),
+        Json::Object(members) => members.values().any(has_output),
+    }
 }
 
 /// An event's usage: at its top level, or in the message (Anthropic) or
@@ -445,8 +517,11 @@ pub struct EventReader {
 }
 
 /// Longest event kept while waiting for its end; a provider sending more
-/// without a blank line is not speaking SSE.
-const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+/// without a blank line is not speaking SSE. As much as a whole answer
+/// may hold: one event may carry a whole image (OpenRouter's image models
+/// send them base64 in a `delta`), and the Responses API's
+/// `response.completed` repeats every output item.
+const MAX_EVENT_BYTES: usize = 64 * 1024 * 1024;
 
 /// An event grew past [`MAX_EVENT_BYTES`] without ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,7 +659,7 @@ mod tests {
 
     /// The kind of an event finishing the choices of these indexes.
     fn finished(indexes: &[Option<u64>]) -> EventKind {
-        let mut choices = FinishedChoices::default();
+        let mut choices = ChoiceSet::default();
         for index in indexes {
             choices.add(*index);
         }
@@ -595,7 +670,7 @@ mod tests {
     fn an_answer_is_finished_when_every_choice_asked_for_is() {
         let of = |indexes: &[Option<u64>]| match finished(indexes) {
             EventKind::Finished(choices) => choices,
-            _ => FinishedChoices::default(),
+            _ => ChoiceSet::default(),
         };
         assert!(of(&[Some(0)]).are_all_of(1));
         assert!(!of(&[Some(0)]).are_all_of(2));
@@ -618,7 +693,7 @@ mod tests {
         assert!(!of(&[Some(0), None]).are_all_of(1));
         assert!(!of(&all).and(of(&[Some(128)])).are_all_of(128));
         assert!(!of(&all).are_all_of(129));
-        assert!(!FinishedChoices::default().are_all_of(0));
+        assert!(!ChoiceSet::default().are_all_of(0));
     }
 
     #[test]
@@ -670,8 +745,58 @@ mod tests {
         ] {
             let event = parse_event(Bytes::from(format!("data: {{\"choices\":{choices}}}\n\n")));
             assert_eq!(event.kind(chat), expected, "{choices}");
-            assert_eq!(event.meaning_by_tree(chat).0, expected, "{choices}");
+            assert_eq!(event.read_by_tree(chat).kind, expected, "{choices}");
         }
+    }
+
+    #[test]
+    fn the_choices_with_output_are_read_by_their_index() {
+        let chat = Endpoint::ChatCompletions;
+        let output = |choices: &str| {
+            let event = parse_event(Bytes::from(format!("data: {{\"choices\":{choices}}}\n\n")));
+            let reading = event.read(chat);
+            assert_eq!(reading, event.read_by_tree(chat), "{choices}");
+            reading.output
+        };
+        let of = |indexes: &[u64]| {
+            let mut set = ChoiceSet::default();
+            for index in indexes {
+                set.add(Some(*index));
+            }
+            set
+        };
+        // A role and empty or null content is no output; text, tool calls
+        // and reasoning are.
+        assert_eq!(
+            output(r#"[{"index":0,"delta":{"role":"assistant","content":""}}]"#),
+            of(&[])
+        );
+        assert_eq!(output(r#"[{"index":0,"delta":{"content":null}}]"#), of(&[]));
+        assert_eq!(output(r#"[{"index":0,"delta":{}}]"#), of(&[]));
+        assert_eq!(
+            output(r#"[{"index":1,"delta":{"content":"hi"}}]"#),
+            of(&[1])
+        );
+        assert_eq!(
+            output(
+                r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]}}]"#
+            ),
+            of(&[0])
+        );
+        assert_eq!(
+            output(r#"[{"delta":{"reasoning_content":"so"}},{"delta":{"content":"x"}}]"#),
+            of(&[0, 1])
+        );
+        // A completion's text.
+        assert_eq!(
+            output(r#"[{"index":2,"text":"x"},{"index":3,"text":""}]"#),
+            of(&[2])
+        );
+        // The last of a member given twice counts, as in a tree.
+        assert_eq!(
+            output(r#"[{"index":0,"delta":{"content":"x"},"delta":{}}]"#),
+            of(&[])
+        );
     }
 
     #[test]
@@ -714,7 +839,7 @@ mod tests {
         assert_eq!(
             event("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n")
                 .kind(messages),
-            EventKind::Finished(FinishedChoices::FIRST)
+            EventKind::Finished(ChoiceSet::FIRST)
         );
         assert_eq!(
             event("data: [DONE]\n\n").kind(messages),
@@ -780,7 +905,7 @@ mod tests {
                 event.meaning(responses),
                 (EventKind::Sentinel, Some((5, 16)))
             );
-            assert_eq!(event.meaning_by_tree(responses), event.meaning(responses));
+            assert_eq!(event.read_by_tree(responses), event.read(responses));
         }
         assert_eq!(
             event("response.failed", r#"{"error":{"code":"server_error"}}"#).kind(responses),
@@ -812,6 +937,8 @@ mod tests {
                 "\\u0074ype",
                 "content",
                 "index",
+                "text",
+                "role",
             ]),
         ];
         // Null often: a member that is there but null is read as absent.
@@ -831,6 +958,7 @@ mod tests {
                 "\"response.incomplete\"",
                 "\"stop\"",
                 "\"\"",
+                "\" \"",
                 "0",
                 "1",
                 "128",
@@ -890,8 +1018,8 @@ mod tests {
             proptest::prop_assume!(event.tree_readable());
             for endpoint in Endpoint::ALL {
                 proptest::prop_assert_eq!(
-                    event.meaning(endpoint),
-                    event.meaning_by_tree(endpoint),
+                    event.read(endpoint),
+                    event.read_by_tree(endpoint),
                     "{} for {:?}", data, endpoint
                 );
             }
@@ -974,7 +1102,7 @@ mod tests {
             (
                 r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#,
                 messages,
-                (EventKind::Finished(FinishedChoices::FIRST), None),
+                (EventKind::Finished(ChoiceSet::FIRST), None),
             ),
             (
                 r#"{"type":"message_delta","delta":{"stop_reason":""}}"#,
@@ -1005,7 +1133,8 @@ mod tests {
         ] {
             let event = parse_event(Bytes::from(format!("data: {data}\n\n")));
             assert_eq!(event.meaning(endpoint), expected, "{data}");
-            assert_eq!(event.meaning_by_tree(endpoint), expected, "{data}");
+            let by_tree = event.read_by_tree(endpoint);
+            assert_eq!((by_tree.kind, by_tree.usage), expected, "{data}");
         }
     }
 
