@@ -661,13 +661,20 @@ pub fn outcome_facts(
         .map(|ms| ms.min(MAX_DURATION_MS));
     let json: Option<Json> = serde_json::from_slice(body).ok();
     // OpenAI's and Anthropic's `error`; in a Responses stream, a failed
-    // response's `response.error`, or an `error` event's own fields.
+    // response's `response.error`, or an `error` event's own fields; vLLM's
+    // and SGLang's error object, `"object": "error"` with its fields beside.
     let error = json.as_ref().and_then(|j| {
         j.get("error")
             .filter(|e| !e.is_null())
             .or_else(|| j.pointer("/response/error").filter(|e| !e.is_null()))
             .or_else(|| (j.get("type").and_then(Json::as_str) == Some("error")).then_some(j))
+            .or_else(|| (j.get("object").and_then(Json::as_str) == Some("error")).then_some(j))
     });
+    // FastAPI's `{"detail": "…"}`, which servers built on it answer with.
+    let detail = json
+        .as_ref()
+        .and_then(|j| j.get("detail"))
+        .and_then(Json::as_str);
     let text = |value: Option<&Json>| -> Option<Arc<str>> {
         match value? {
             Json::String(s) => Some(Arc::from(s.as_str())),
@@ -681,7 +688,8 @@ pub fn outcome_facts(
         error_code: text(error.and_then(|e| e.get("code"))),
         error_type: text(error.and_then(|e| e.get("type"))),
         error_message: text(error.and_then(|e| e.get("message")))
-            .or_else(|| error.and_then(Json::as_str).map(Arc::from)),
+            .or_else(|| error.and_then(Json::as_str).map(Arc::from))
+            .or_else(|| detail.filter(|_| error.is_none()).map(Arc::from)),
     }
 }
 
@@ -861,6 +869,24 @@ mod tests {
         assert_eq!(limit.error_message.as_deref(), Some("too long"));
         let bare = error_event_facts(200, r#"{"type":"error"}"#);
         assert_eq!(bare.error_message.as_deref(), Some(r#"{"type":"error"}"#));
+
+        // vLLM's and SGLang's error object; FastAPI's detail.
+        let vllm = outcome_facts(
+            400,
+            &HeaderMap::new(),
+            br#"{"object":"error","message":"maximum context length is 4096 tokens","type":"BadRequestError","param":null,"code":400}"#,
+            now,
+        );
+        assert_eq!(vllm.error_code.as_deref(), Some("400"));
+        assert_eq!(vllm.error_type.as_deref(), Some("BadRequestError"));
+        assert_eq!(
+            vllm.error_message.as_deref(),
+            Some("maximum context length is 4096 tokens")
+        );
+        let detail = outcome_facts(404, &HeaderMap::new(), br#"{"detail":"Not Found"}"#, now);
+        assert_eq!(detail.error_message.as_deref(), Some("Not Found"));
+        let listed = outcome_facts(422, &HeaderMap::new(), br#"{"detail":[{"msg":"x"}]}"#, now);
+        assert_eq!(listed.error_message, None);
 
         let garbage = outcome_facts(502, &HeaderMap::new(), b"<html>bad gateway</html>", now);
         assert_eq!(garbage.status, Some(502));
