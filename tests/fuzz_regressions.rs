@@ -106,10 +106,10 @@ fn first_blank_line_end(bytes: &[u8]) -> Option<usize> {
 /// lost or reordered, and events end at their first blank line.
 fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>) {
     let mut reader = EventReader::default();
-    let mut pushed = 0;
+    let mut pushed = Vec::new();
     let mut received = 0;
     for chunk in chunks {
-        pushed += chunk.len();
+        pushed.extend_from_slice(chunk);
         let Ok(events) = reader.push(chunk) else {
             return;
         };
@@ -131,7 +131,9 @@ fn sse_target<'a>(endpoint: Endpoint, chunks: impl IntoIterator<Item = &'a [u8]>
         }
     }
     assert_eq!(first_blank_line_end(reader.pending()), None);
-    assert_eq!(received + reader.pending().len(), pushed);
+    // A byte order mark that begins the stream is dropped.
+    let expected = pushed.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&pushed);
+    assert_eq!(received + reader.pending().len(), expected.len());
 }
 
 fn data_pair(catalog: &str, tenants: &str) -> Vec<u8> {

@@ -77,8 +77,10 @@ fuzz_target!(|bytes: &[u8]| {
         String::from_utf8_lossy(reader.pending())
     );
     received.extend_from_slice(reader.pending());
+    // A byte order mark that begins the stream is dropped.
+    let expected = pushed.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&pushed);
     assert!(
-        received == pushed,
+        received == expected,
         "the events' bytes and the pending bytes are not the bytes pushed"
     );
 });

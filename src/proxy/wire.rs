@@ -514,7 +514,13 @@ pub struct EventReader {
     /// line ends before it, so bytes already searched are not searched again
     /// when an event arrives in many chunks.
     searched: usize,
+    /// Whether the stream's first bytes were looked at for a byte order
+    /// mark, which the SSE format lets a stream begin with.
+    past_bom: bool,
 }
+
+/// UTF-8's byte order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Longest event kept while waiting for its end; a provider sending more
 /// without a blank line is not speaking SSE. As much as a whole answer
@@ -531,6 +537,17 @@ impl EventReader {
     /// Adds received bytes; returns the events they complete.
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<Event>, EventTooLong> {
         self.buffer.extend_from_slice(chunk);
+        if !self.past_bom {
+            // Stripped, or its first line would not read as a field, and
+            // the first event would be lost.
+            if self.buffer.len() < BOM.len() && BOM.starts_with(&self.buffer) {
+                return Ok(Vec::new());
+            }
+            if self.buffer.starts_with(BOM) {
+                self.buffer.drain(..BOM.len());
+            }
+            self.past_bom = true;
+        }
         let mut events = Vec::new();
         // Events are cut from `start` on and the buffer is drained once at
         // the end: draining each event would move the rest of the buffer
@@ -614,6 +631,20 @@ mod tests {
         assert_eq!(events[0].raw.as_ref(), b"data: {\"a\":1}\n\n");
         assert_eq!(events[1].name.as_deref(), Some("ping"));
         assert_eq!(reader.pending(), b"data: x");
+    }
+
+    #[test]
+    fn a_byte_order_mark_that_begins_the_stream_is_dropped() {
+        let mut reader = EventReader::default();
+        // Split across chunks, too.
+        assert!(reader.push(b"\xEF\xBB").unwrap().is_empty());
+        let events = reader
+            .push(b"\xBFdata: {\"a\":1}\n\ndata: \xEF\xBB\xBFx\n\n")
+            .unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "{\"a\":1}");
+        // Only at the start.
+        assert_eq!(events[1].data, "\u{feff}x");
     }
 
     proptest::proptest! {
