@@ -264,8 +264,9 @@ mod tests {
     use crate::evaluate::execution::error_name;
     use crate::evaluate::tests::shipped;
 
-    /// The error AnonRouter's `provider` input answers a raw value with.
-    fn error_for(raw: Json) -> Option<String> {
+    /// AnonRouter's `provider` input read from a raw value: its value, or
+    /// the name of the error it answers with and the problem's detail.
+    fn provider_input(raw: Json) -> Result<Value, (String, String)> {
         let snapshot = shipped("anonrouter");
         let spec = snapshot
             .program
@@ -276,8 +277,12 @@ mod tests {
         parse_input(&snapshot, spec, Some(Raw::Json(&raw)), &mut |_, value| {
             value
         })
-        .err()
-        .map(|problem| error_name(&snapshot, problem.error))
+        .map_err(|problem| (error_name(&snapshot, problem.error), problem.detail))
+    }
+
+    /// The error AnonRouter's `provider` input answers a raw value with.
+    fn error_for(raw: Json) -> Option<String> {
+        provider_input(raw).err().map(|(error, _)| error)
     }
 
     #[test]
@@ -312,19 +317,10 @@ mod tests {
         );
     }
 
-    /// The value of AnonRouter's `provider` input for a raw value.
+    /// The value of AnonRouter's `provider` input for a raw value, or the
+    /// problem's detail.
     fn value_of(raw: Json) -> Result<Value, String> {
-        let snapshot = shipped("anonrouter");
-        let spec = snapshot
-            .program
-            .inputs
-            .iter()
-            .find(|spec| spec.name == "provider")
-            .expect("anonrouter declares `provider`");
-        parse_input(&snapshot, spec, Some(Raw::Json(&raw)), &mut |_, value| {
-            value
-        })
-        .map_err(|problem| problem.detail)
+        provider_input(raw).map_err(|(_, detail)| detail)
     }
 
     #[test]
