@@ -4039,6 +4039,58 @@ async fn output_after_a_finish_makes_the_stream_wait_for_its_own_end() -> TestRe
     assert_ends_with_broken_stream_error(&reply);
     assert_eq!(choice_text(&reply.text, 0), "t0", "{}", reply.text);
     gateway.stop().await;
+
+    // A finish on the first chunk of output, then a pause: no early end,
+    // and a body that ends cleanly after the last finish ends the answer.
+    let pieces = [
+        (0, chunks[1].as_str()),
+        (1500, chunks[2].as_str()),
+        (0, chunks[3].as_str()),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::ZERO)).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(choice_text(&reply.text, 0), "t0t1t2", "{}", reply.text);
+    assert_eq!(sse_events(&reply.text).last(), Some(&"data: [DONE]"));
+    gateway.stop().await;
+
+    // Numbers are no output: a tool call's index after its finish leaves
+    // the answer finished, and a provider that lingers is ended promptly.
+    let call = |delta: Json, finish: Json| {
+        let chunk = json!({
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        });
+        format!("data: {chunk}\n\n")
+    };
+    let started = call(
+        json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                "function": {"name": "f", "arguments": "{}"}}]}),
+        Json::Null,
+    );
+    let finished = call(json!({}), json!("tool_calls"));
+    let after = call(
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": ""}}]}),
+        Json::Null,
+    );
+    let pieces = [
+        (0, started.as_str()),
+        (0, finished.as_str()),
+        (0, after.as_str()),
+    ];
+    let gateway = scripted_then_b(&pieces, Then::EndAfter(Duration::from_secs(60))).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_eq!(
+        sse_events(&reply.text).last(),
+        Some(&"data: [DONE]"),
+        "{}",
+        reply.text
+    );
+    assert!(
+        reply.elapsed < Duration::from_secs(8),
+        "{:?}",
+        reply.elapsed
+    );
+    gateway.stop().await;
     Ok(())
 }
 
@@ -4471,6 +4523,19 @@ async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
         reply.text
     );
     assert!(gateway.sim.requests().is_empty(), "no second generation");
+    gateway.stop().await;
+
+    // A body that holds no event is malformed, not a dropped connection,
+    // and fails over.
+    let page = [(0, "<html><body>502 Bad Gateway</body></html>")];
+    let a = answering_provider(PLAIN_HEAD, &page, Then::EndAfter(Duration::ZERO)).await;
+    let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
+    let reply = gateway.api.chat(&chat_body(true)).await;
+    assert_b_answered(&reply, true);
+    let log = gateway.log.clone();
+    until("the request is logged", || log.lines().len() == 1).await;
+    let attempts = format!("{:?}", log.lines()[0]);
+    assert!(attempts.contains("malformed"), "{attempts}");
     gateway.stop().await;
     Ok(())
 }

@@ -9,6 +9,7 @@
 use super::wire::{ChoiceSet, reason_given};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
+use std::borrow::Cow;
 use std::fmt;
 
 /// The members of an event's data object that `Event::meaning` reads.
@@ -370,21 +371,64 @@ impl<'de> Visitor<'de> for DeltaOutput {
         Ok(false)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<bool, A::Error> {
-        let mut output = false;
-        while let Some(member) = members.next_key_seed(NameIn(&["role"]))? {
-            if member.is_some() {
-                members.next_value::<IgnoredAny>()?;
-            } else {
-                output |= members.next_value_seed(HasOutput)?;
-            }
-        }
-        Ok(output)
+    fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<bool, A::Error> {
+        members_hold_output(members, Some("role"))
     }
 }
 
-/// Whether a value holds output: a text that is not empty, a number or a
-/// boolean, or a list or object holding one; checked in full, not kept
+/// Whether an object's members (but `skipped`) hold output, each member
+/// by its last value, as in a tree.
+fn members_hold_output<'de, A: MapAccess<'de>>(
+    mut members: A,
+    skipped: Option<&str>,
+) -> Result<bool, A::Error> {
+    // Members seldom repeat: those seen, with whether they hold output.
+    let mut seen: Vec<(Cow<'de, str>, bool)> = Vec::new();
+    while let Some(name) = members.next_key_seed(MemberName)? {
+        let output = if skipped == Some(name.as_ref()) {
+            members.next_value::<IgnoredAny>()?;
+            false
+        } else {
+            members.next_value_seed(HasOutput)?
+        };
+        match seen.iter_mut().find(|(known, _)| *known == name) {
+            Some(entry) => entry.1 = output,
+            None => seen.push((name, output)),
+        }
+    }
+    Ok(seen.iter().any(|(_, output)| *output))
+}
+
+/// An object key, borrowed from the text where it has no escapes.
+struct MemberName;
+
+impl<'de> DeserializeSeed<'de> for MemberName {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Cow<'de, str>, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberName {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, key: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(key))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(key.to_string()))
+    }
+}
+
+/// Whether a value holds output: a text that is not empty, or a list or
+/// object holding one. Numbers and booleans (a tool call's `index`, a
+/// token id) are not output. Checked in full, not kept
 /// (`wire::has_output` is the reference).
 struct HasOutput;
 
@@ -404,19 +448,19 @@ impl<'de> Visitor<'de> for HasOutput {
     }
 
     fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
-        Ok(true)
+        Ok(false)
     }
 
     fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
-        Ok(true)
+        Ok(false)
     }
 
     fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
-        Ok(true)
+        Ok(false)
     }
 
     fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
-        Ok(true)
+        Ok(false)
     }
 
     fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<bool, E> {
@@ -435,12 +479,8 @@ impl<'de> Visitor<'de> for HasOutput {
         Ok(output)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<bool, A::Error> {
-        let mut output = false;
-        while members.next_key::<IgnoredAny>()?.is_some() {
-            output |= members.next_value_seed(HasOutput)?;
-        }
-        Ok(output)
+    fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<bool, A::Error> {
+        members_hold_output(members, None)
     }
 }
 

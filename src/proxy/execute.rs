@@ -1298,6 +1298,13 @@ impl Exchange {
         // for a choice after its finish shows it, and from then on only the
         // stream's own end ends it.
         let mut finishes_hold = true;
+        // A chat or completion stream ends early (without waiting for its
+        // own end) only on a finish that brings no output of its own and
+        // follows some: a finish on a chunk of output may be a relay's
+        // finish on every chunk, not yet told apart by the output after
+        // it. Other streams have one stop, told by its event.
+        let tracks_output = matches!(endpoint, Endpoint::ChatCompletions | Endpoint::Completions);
+        let (mut output_seen, mut bare_finish) = (false, !tracks_output);
         let first_byte: Option<Duration>;
         // Whether events announcing the answer came (held, not yet sent).
         let mut opened = false;
@@ -1306,7 +1313,8 @@ impl Exchange {
             (Timer::default(), Timer::default(), Timer::default());
         'first: loop {
             while let Some(event) = pending.pop_front() {
-                let (kind, reported) = event.meaning(endpoint);
+                let reading = event.read(endpoint);
+                let (kind, reported) = (reading.kind, reading.usage);
                 match kind {
                     EventKind::Comment => {}
                     // Held with the first event of the answer itself: until
@@ -1359,6 +1367,7 @@ impl Exchange {
                         if let EventKind::Finished(those) = kind {
                             finished_choices = finished_choices.and(those);
                         }
+                        output_seen = !reading.output.is_empty();
                         held.push(event.raw);
                         break 'first;
                     }
@@ -1390,6 +1399,29 @@ impl Exchange {
                     return failed(OutcomeClass::FirstTokenTimeout, None);
                 }
                 None => return failed(no_first_event, None),
+                // A whole body that held no event was no stream: an HTML
+                // page, NDJSON, a JSON object sent under another type
+                // (read for `upstream.error.*` as an error answer is).
+                Some(None) if !reader.pending().trim_ascii().is_empty() => {
+                    let facts = outcome_facts(
+                        status,
+                        &HeaderMap::new(),
+                        reader.pending(),
+                        SystemTime::now(),
+                    );
+                    return Attempted::Failed {
+                        outcome: AttemptOutcome {
+                            class: OutcomeClass::Malformed,
+                            facts: OutcomeFacts {
+                                error_message: facts.error_message.or_else(|| {
+                                    Some(Arc::from("the provider's answer held no event"))
+                                }),
+                                ..facts
+                            },
+                        },
+                        passthrough: None,
+                    };
+                }
                 // The connection ended before the answer began: nothing
                 // reached the client, like a reset before the headers.
                 Some(None) | Some(Some(Err(_))) => return failed(OutcomeClass::Reset, None),
@@ -1481,7 +1513,9 @@ impl Exchange {
                 }
                 if let EventKind::Finished(those) = kind {
                     finished_choices = finished_choices.and(those);
+                    bare_finish = !tracks_output || (output_seen && reading.output.is_empty());
                 }
+                output_seen |= !reading.output.is_empty();
                 if kind == EventKind::Sentinel {
                     self.record_end(finished_with(usage));
                 }
@@ -1495,10 +1529,11 @@ impl Exchange {
                     return Attempted::Served { usage, first_byte };
                 }
             }
-            let finished = finishes_hold && finished_choices.are_all_of(choices);
+            let all_finished = finished_choices.are_all_of(choices);
+            let finished = finishes_hold && all_finished;
             // Cleared again by a choice that was not asked for.
             self.finished_stream = finished.then(|| finished_with(usage));
-            let wait = match (finished, usage_to_come && usage.is_none()) {
+            let wait = match (finished && bare_finish, usage_to_come && usage.is_none()) {
                 (true, false) => FINISHED_GRACE_MS.min(timeouts.idle_ms),
                 (true, true) => USAGE_GRACE_MS.min(timeouts.idle_ms),
                 (false, _) => timeouts.idle_ms,
@@ -1527,6 +1562,7 @@ impl Exchange {
                 }
             };
             let out_of_time = past_attempt_deadline();
+            let body_ended = matches!(chunk, Some(None));
             match chunk {
                 Some(Some(Ok(bytes))) => match reader.push(&bytes) {
                     Ok(events) => pending.extend(events),
@@ -1538,8 +1574,10 @@ impl Exchange {
                     }
                 },
                 // The answer is complete but its end marker is missing:
-                // finish it as the client expects, promptly.
-                _ if finished => {
+                // finish it as the client expects, promptly. A body that
+                // ended cleanly after every choice's finish ended the
+                // stream itself, whatever its finishes were worth.
+                _ if finished || (all_finished && body_ended) => {
                     self.record_end(finished_with(usage));
                     if let Some(sentinel) = wire::sentinel(endpoint)
                         && !link.send(sentinel).await

@@ -384,14 +384,13 @@ fn choices_in_tree(data: &Json, holds: impl Fn(&Json) -> bool) -> ChoiceSet {
     set
 }
 
-/// Whether a value holds output: a text that is not empty, a number or a
-/// boolean, or a list or object holding one. A delta of a role and empty
-/// content holds none; a provider that sends finish reasons with every
-/// chunk is told by output after a choice's finish.
+/// Whether a value holds output: a text that is not empty, or a list or
+/// object holding one. A delta of a role and empty content holds none, nor
+/// do numbers (a tool call's `index`, a token id); a provider that sends
+/// finish reasons with every chunk is told by output after a finish.
 fn has_output(value: &Json) -> bool {
     match value {
-        Json::Null => false,
-        Json::Bool(_) | Json::Number(_) => true,
+        Json::Null | Json::Bool(_) | Json::Number(_) => false,
         Json::String(text) => !text.is_empty(),
         Json::Array(items) => items.iter().any(has_output),
         Json::Object(members) => members.values().any(has_output),
@@ -796,8 +795,12 @@ mod tests {
             }
             set
         };
-        // A role and empty or null content is no output; text, tool calls
-        // and reasoning are.
+        // A role and empty or null content is no output, nor are numbers;
+        // text, tool calls and reasoning are.
+        assert_eq!(
+            output(r#"[{"index":0,"delta":{"token_id":2,"content":""}}]"#),
+            of(&[])
+        );
         assert_eq!(
             output(r#"[{"index":0,"delta":{"role":"assistant","content":""}}]"#),
             of(&[])
@@ -812,6 +815,12 @@ mod tests {
             output(
                 r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]}}]"#
             ),
+            of(&[])
+        );
+        assert_eq!(
+            output(
+                r#"[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]"#
+            ),
             of(&[0])
         );
         assert_eq!(
@@ -823,11 +832,29 @@ mod tests {
             output(r#"[{"index":2,"text":"x"},{"index":3,"text":""}]"#),
             of(&[2])
         );
-        // The last of a member given twice counts, as in a tree.
+        // The last of a member given twice counts, as in a tree, at any
+        // depth.
         assert_eq!(
             output(r#"[{"index":0,"delta":{"content":"x"},"delta":{}}]"#),
             of(&[])
         );
+        for (choices, expected) in [
+            (
+                r#"[{"index":0,"delta":{"content":"x","content":""}}]"#,
+                of(&[]),
+            ),
+            (
+                r#"[{"index":0,"delta":{"content":"","content":"x"}}]"#,
+                of(&[0]),
+            ),
+            (r#"[{"index":0,"text":{"a":"x","a":null}}]"#, of(&[])),
+            (
+                r#"[{"index":0,"delta":{"r\u006fle":"assistant"}}]"#,
+                of(&[]),
+            ),
+        ] {
+            assert_eq!(output(choices), expected, "{choices}");
+        }
     }
 
     #[test]
