@@ -528,6 +528,9 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// `response.completed` repeats every output item.
 const MAX_EVENT_BYTES: usize = 64 * 1024 * 1024;
 
+/// The most room a reader keeps between events.
+const KEPT_ROOM: usize = 64 * 1024;
+
 /// An event grew past [`MAX_EVENT_BYTES`] without ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventTooLong;
@@ -560,6 +563,11 @@ impl EventReader {
             from = end;
         }
         self.buffer.drain(..start);
+        // A large event's room is given back once it is out: a stream would
+        // otherwise keep it for the rest of its life.
+        if self.buffer.capacity() > KEPT_ROOM && self.buffer.len() <= KEPT_ROOM {
+            self.buffer.shrink_to(KEPT_ROOM);
+        }
         // A blank line is at most 4 bytes: one may begin in the last 3.
         self.searched = self.buffer.len().saturating_sub(3);
         if self.buffer.len() > MAX_EVENT_BYTES {
@@ -630,6 +638,14 @@ mod tests {
         assert_eq!(events[0].raw.as_ref(), b"data: {\"a\":1}\n\n");
         assert_eq!(events[1].name.as_deref(), Some("ping"));
         assert_eq!(reader.pending(), b"data: x");
+    }
+
+    #[test]
+    fn a_large_events_room_is_given_back_once_it_is_out() {
+        let mut reader = EventReader::default();
+        let large = format!("data: {}\n\n", "x".repeat(1 << 20));
+        assert_eq!(reader.push(large.as_bytes()).unwrap().len(), 1);
+        assert!(reader.buffer.capacity() <= KEPT_ROOM);
     }
 
     #[test]
