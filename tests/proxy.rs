@@ -3812,10 +3812,14 @@ async fn hand_written_a_then_b(a_url: &str, sections: &str, errors: &str) -> Gat
 
 /// A chat chunk of choice `index`: some `content`, or its finish reason.
 fn choice_chunk(index: u32, content: Option<&str>) -> String {
-    let (delta, finish) = match content {
-        Some(text) => (json!({"content": text}), Json::Null),
-        None => (json!({}), json!("stop")),
-    };
+    match content {
+        Some(text) => chat_chunk(index, json!({"content": text}), Json::Null),
+        None => chat_chunk(index, json!({}), json!("stop")),
+    }
+}
+
+/// A chat chunk of choice `index` with this `delta` and `finish_reason`.
+fn chat_chunk(index: u32, delta: Json, finish: Json) -> String {
     let chunk = json!({
         "object": "chat.completion.chunk",
         "choices": [{"index": index, "delta": delta, "finish_reason": finish}],
@@ -3956,22 +3960,15 @@ async fn a_completion_of_two_prompts_waits_for_both_choices() -> TestResult {
     Ok(())
 }
 
-/// A chat chunk of choice 0 whose `finish_reason` is `""`, as some
-/// OpenAI-compatible servers send on every chunk before the last.
-fn empty_finish_chunk(text: &str) -> String {
-    let chunk = json!({
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": ""}],
-    });
-    format!("data: {chunk}\n\n")
-}
-
 /// An empty `finish_reason` is no finish: read as one, the proxy ended a
 /// healthy stream half a second after its first chunk with `[DONE]`, and
 /// passed a stream cut after it off as complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_finish_reason_does_not_finish_a_stream() -> TestResult {
-    let (one, two) = (empty_finish_chunk("one "), empty_finish_chunk("two"));
+    // `""` on every chunk before the last, as some OpenAI-compatible
+    // servers send.
+    let empty_finish = |text: &str| chat_chunk(0, json!({"content": text}), json!(""));
+    let (one, two) = (empty_finish("one "), empty_finish("two"));
     let last = choice_chunk(0, None);
     // Longer than the grace a finished stream gets.
     let pieces = [(0, one.as_str()), (1500, two.as_str()), (0, last.as_str())];
@@ -3990,16 +3987,6 @@ async fn an_empty_finish_reason_does_not_finish_a_stream() -> TestResult {
     Ok(())
 }
 
-/// A chat chunk of choice 0 with `text` and a `"stop"` finish reason, as
-/// some relays send on every chunk.
-fn stop_every_chunk(text: &str) -> String {
-    let chunk = json!({
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
-    });
-    format!("data: {chunk}\n\n")
-}
-
 /// Some relays (Gemini behind OpenAI-compatible gateways) send a finish
 /// reason with every chunk. Read as the answer's end, the proxy ended the
 /// stream half a second after a pause with `[DONE]`, dropping the rest, and
@@ -4009,7 +3996,7 @@ fn stop_every_chunk(text: &str) -> String {
 async fn output_after_a_finish_makes_the_stream_wait_for_its_own_end() -> TestResult {
     let chunks: Vec<String> = ["", "t0", "t1", "t2"]
         .into_iter()
-        .map(stop_every_chunk)
+        .map(|text| chat_chunk(0, json!({"content": text}), json!("stop")))
         .collect();
     // A pause longer than the grace a finished stream gets, after `t0`.
     let pieces = [
@@ -4055,13 +4042,7 @@ async fn output_after_a_finish_makes_the_stream_wait_for_its_own_end() -> TestRe
 
     // Numbers are no output: a tool call's index after its finish leaves
     // the answer finished, and a provider that lingers is ended promptly.
-    let call = |delta: Json, finish: Json| {
-        let chunk = json!({
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        });
-        format!("data: {chunk}\n\n")
-    };
+    let call = |delta: Json, finish: Json| chat_chunk(0, delta, finish);
     let started = call(
         json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                 "function": {"name": "f", "arguments": "{}"}}]}),

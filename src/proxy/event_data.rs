@@ -73,7 +73,8 @@ impl<'de> Visitor<'de> for EventMembers {
                         members.next_value_seed(Choices)?;
                 }
                 Some(3) => {
-                    data.delta_stopped = members.next_value_seed(ReasonMember(&["stop_reason"]))?;
+                    data.delta_stopped =
+                        members.next_value_seed(MemberTest::Reason(&["stop_reason"]))?;
                 }
                 Some(4) => data.usage = members.next_value_seed(UsageFigures::Here)?,
                 Some(5) => {
@@ -333,7 +334,7 @@ impl<'de> Visitor<'de> for Choice {
             match member {
                 Some(0) => facts.finished = reason_given(&members.next_value::<Json>()?),
                 Some(1) => facts.index = members.next_value_seed(WholeNumber)?,
-                Some(2) => delta_output = members.next_value_seed(DeltaOutput)?,
+                Some(2) => delta_output = members.next_value_seed(MemberTest::Output)?,
                 Some(3) => text_output = members.next_value_seed(HasOutput)?,
                 _ => {
                     members.next_value::<IgnoredAny>()?;
@@ -342,37 +343,6 @@ impl<'de> Visitor<'de> for Choice {
         }
         facts.output = delta_output || text_output;
         Ok(Some(facts))
-    }
-}
-
-/// A chat choice's `delta`: whether a member other than `role` holds
-/// output (see [`HasOutput`]).
-struct DeltaOutput;
-
-impl<'de> DeserializeSeed<'de> for DeltaOutput {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DeltaOutput {
-    type Value = bool;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str("a JSON value")
-    }
-
-    other_values_are!(bool, false);
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<bool, A::Error> {
-        while items.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<bool, A::Error> {
-        members_hold_output(members, Some("role"))
     }
 }
 
@@ -533,11 +503,18 @@ impl<'de> Visitor<'de> for WholeNumber {
     }
 }
 
-/// Any value: `true` when it is an object with the member (a one-name
-/// list) not null.
-struct ReasonMember(&'static [&'static str]);
+/// Any value: for an object, whether its members pass the test; `false`
+/// for any other value. Checked in full, not kept.
+enum MemberTest {
+    /// It has the member (a one-name list) with a finish or stop reason
+    /// given (see `wire::reason_given`).
+    Reason(&'static [&'static str]),
+    /// A member other than `role` holds output (a chat choice's `delta`;
+    /// see [`HasOutput`]).
+    Output,
+}
 
-impl<'de> DeserializeSeed<'de> for ReasonMember {
+impl<'de> DeserializeSeed<'de> for MemberTest {
     type Value = bool;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
@@ -545,7 +522,7 @@ impl<'de> DeserializeSeed<'de> for ReasonMember {
     }
 }
 
-impl<'de> Visitor<'de> for ReasonMember {
+impl<'de> Visitor<'de> for MemberTest {
     type Value = bool;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -560,6 +537,9 @@ impl<'de> Visitor<'de> for ReasonMember {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<bool, A::Error> {
-        has_reason(members, self.0)
+        match self {
+            MemberTest::Reason(name) => has_reason(members, name),
+            MemberTest::Output => members_hold_output(members, Some("role")),
+        }
     }
 }
