@@ -27,10 +27,12 @@ pub struct EventData {
     /// `delta` is an object with a `stop_reason` given.
     pub delta_stopped: bool,
     /// The usage figures of `usage`, and of the `usage` member of
-    /// `message` (Anthropic) and of `response` (Responses).
+    /// `message` (Anthropic), of `response` (Responses) and of `x_groq`
+    /// (Groq's last chunk, when the request did not ask for usage).
     pub usage: Option<(u64, u64)>,
     pub message_usage: Option<(u64, u64)>,
     pub response_usage: Option<(u64, u64)>,
+    pub groq_usage: Option<(u64, u64)>,
 }
 
 impl EventData {
@@ -45,7 +47,7 @@ impl EventData {
 
 /// The names of the members read, by position in this list.
 const EVENT_MEMBERS: &[&str] = &[
-    "type", "error", "choices", "delta", "usage", "message", "response",
+    "type", "error", "choices", "delta", "usage", "message", "response", "x_groq",
 ];
 
 struct EventMembers;
@@ -82,6 +84,9 @@ impl<'de> Visitor<'de> for EventMembers {
                 }
                 Some(6) => {
                     data.response_usage = members.next_value_seed(UsageFigures::InUsageMember)?
+                }
+                Some(7) => {
+                    data.groq_usage = members.next_value_seed(UsageFigures::InUsageMember)?
                 }
                 _ => {
                     members.next_value::<IgnoredAny>()?;

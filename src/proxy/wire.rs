@@ -214,7 +214,11 @@ impl Event {
         };
         Reading {
             kind: facts.kind(endpoint),
-            usage: data.usage.or(data.message_usage).or(data.response_usage),
+            usage: data
+                .usage
+                .or(data.message_usage)
+                .or(data.response_usage)
+                .or(data.groq_usage),
             output: data.output_choices,
         }
     }
@@ -398,11 +402,12 @@ fn has_output(value: &Json) -> bool {
 }
 
 /// An event's usage: at its top level, or in the message (Anthropic) or
-/// response (Responses) it reports on.
+/// response (Responses) it reports on, or in Groq's `x_groq`.
 fn usage_in_event(data: &Json) -> Option<(u64, u64)> {
     usage_of(data)
         .or_else(|| data.get("message").and_then(usage_of))
         .or_else(|| data.get("response").and_then(usage_of))
+        .or_else(|| data.get("x_groq").and_then(usage_of))
 }
 
 /// Usage in either format: OpenAI's `prompt_tokens`/`completion_tokens` or
@@ -1004,6 +1009,7 @@ mod tests {
                 "usage",
                 "message",
                 "response",
+                "x_groq",
                 "prompt_tokens",
                 "completion_tokens",
                 "input_tokens",
@@ -1062,7 +1068,7 @@ mod tests {
         // The top level an object, of few names, so that the same member
         // comes twice often.
         let top_names = prop::sample::select(vec![
-            "type", "error", "choices", "delta", "usage", "message", "response",
+            "type", "error", "choices", "delta", "usage", "message", "response", "x_groq",
         ])
         .boxed();
         let top = object(top_names, value).boxed();
@@ -1167,6 +1173,12 @@ mod tests {
                 r#"{"message":[],"response":{"output":[{"usage":{"input_tokens":9}}],"usage":{"output_tokens":6}}}"#,
                 chat,
                 (EventKind::Content, Some((0, 6))),
+            ),
+            // Groq's last chunk, when the request did not ask for usage.
+            (
+                r#"{"choices":[],"x_groq":{"id":"req_1","usage":{"prompt_tokens":12,"completion_tokens":7}}}"#,
+                chat,
+                (EventKind::Content, Some((12, 7))),
             ),
             (
                 r#"{"type":"message_delta","delta":[{"stop_reason":"end_turn"}]}"#,
