@@ -3703,26 +3703,28 @@ enum Then {
     Cut,
 }
 
-/// The head of a hand-written provider's `200` stream.
-const STREAM_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
-                           transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
-
 /// A provider written by hand, for streams the sim does not send: every
 /// request gets a `200` stream of `pieces`, each written as one chunk
 /// after waiting its milliseconds, then what `then` says. Its base URL.
 async fn scripted_provider(pieces: &[(u64, &str)], then: Then) -> String {
-    answering_provider(STREAM_HEAD, pieces, then).await
+    typed_provider("text/event-stream", pieces, then).await
+}
+
+/// [`scripted_provider`] with its `200` answer sent as `content_type`.
+async fn typed_provider(content_type: &str, pieces: &[(u64, &str)], then: Then) -> String {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    );
+    answering_provider(&head, pieces, then).await
 }
 
 /// A provider written by hand that answers every request with `head`
 /// (the status line and headers, and a body the sim cannot send), then
 /// `pieces` as chunks and what `then` says. Its base URL.
-async fn answering_provider(
-    answer_head: &'static str,
-    pieces: &[(u64, &str)],
-    then: Then,
-) -> String {
+async fn answering_provider(answer_head: &str, pieces: &[(u64, &str)], then: Then) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer_head: Arc<str> = Arc::from(answer_head);
     let pieces: Vec<(u64, String)> = pieces
         .iter()
         .map(|(wait, text)| (*wait, text.to_string()))
@@ -3731,7 +3733,7 @@ async fn answering_provider(
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
-            let pieces = pieces.clone();
+            let (answer_head, pieces) = (answer_head.clone(), pieces.clone());
             tokio::spawn(async move {
                 // The request: its head, then as many bytes as it says.
                 let mut request = Vec::new();
@@ -4484,8 +4486,6 @@ async fn a_stream_that_is_only_its_end_is_malformed_and_fails_over() -> TestResu
 /// that was no JSON, and failed over to a second generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
-    const PLAIN_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
-                              transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
     let chunks = [
         choice_chunk(0, Some("plain ")),
         choice_chunk(0, Some("stream")),
@@ -4493,7 +4493,7 @@ async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
     ];
     let mut pieces: Vec<(u64, &str)> = chunks.iter().map(|chunk| (0, chunk.as_str())).collect();
     pieces.push((0, "data: [DONE]\n\n"));
-    let a = answering_provider(PLAIN_HEAD, &pieces, Then::EndAfter(Duration::ZERO)).await;
+    let a = typed_provider("text/plain", &pieces, Then::EndAfter(Duration::ZERO)).await;
     let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_eq!(reply.status, 200, "{}", reply.text);
@@ -4509,7 +4509,7 @@ async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
     // A body that holds no event is malformed, not a dropped connection,
     // and fails over.
     let page = [(0, "<html><body>502 Bad Gateway</body></html>")];
-    let a = answering_provider(PLAIN_HEAD, &page, Then::EndAfter(Duration::ZERO)).await;
+    let a = typed_provider("text/plain", &page, Then::EndAfter(Duration::ZERO)).await;
     let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_b_answered(&reply, true);
@@ -4526,8 +4526,6 @@ async fn a_stream_sent_under_another_type_is_read_as_a_stream() -> TestResult {
 /// and ended silently empty. It is `malformed`, and fails over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_answer_to_a_request_for_a_stream_is_malformed_and_fails_over() -> TestResult {
-    const JSON_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                             transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
     let whole = json!({
         "id": "chatcmpl-a",
         "object": "chat.completion",
@@ -4537,7 +4535,12 @@ async fn a_whole_answer_to_a_request_for_a_stream_is_malformed_and_fails_over() 
         "usage": {"prompt_tokens": 3, "completion_tokens": 3},
     })
     .to_string();
-    let a = answering_provider(JSON_HEAD, &[(0, &whole)], Then::EndAfter(Duration::ZERO)).await;
+    let a = typed_provider(
+        "application/json",
+        &[(0, &whole)],
+        Then::EndAfter(Duration::ZERO),
+    )
+    .await;
     let gateway = hand_written_a_then_b(&a, PATIENT_STREAMS, STREAM_ERRORS).await;
     let reply = gateway.api.chat(&chat_body(true)).await;
     assert_b_answered(&reply, true);

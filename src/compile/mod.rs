@@ -758,12 +758,9 @@ impl Snapshot {
 
     /// Providers a pin's or input's provider reference means (ignoring case).
     pub fn providers_named(&self, text: &str) -> &[usize] {
-        let found = if text.bytes().any(|b| b.is_ascii_uppercase()) {
-            self.provider_names.get(&text.to_ascii_lowercase())
-        } else {
-            self.provider_names.get(text)
-        };
-        found.map_or(&[], Vec::as_slice)
+        self.provider_names
+            .get(lowercase(text).as_ref())
+            .map_or(&[], Vec::as_slice)
     }
 
     /// The name of the provider a request's `provider` input means: one
@@ -771,12 +768,9 @@ impl Snapshot {
     /// means none: the value is a name, so a region's id would silently
     /// widen to every provider of its name.
     pub fn provider_called(&self, text: &str) -> Option<&Value> {
-        let found = if text.bytes().any(|b| b.is_ascii_uppercase()) {
-            self.public_provider_names.get(&text.to_ascii_lowercase())
-        } else {
-            self.public_provider_names.get(text)
-        };
-        found.and_then(|index| self.interned.provider_name.get(*index))
+        self.public_provider_names
+            .get(lowercase(text).as_ref())
+            .and_then(|index| self.interned.provider_name.get(*index))
     }
 
     pub fn credential_with_id(&self, id: &str) -> Option<(usize, usize)> {
@@ -902,6 +896,16 @@ pub fn content_version<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
         hasher.update(&(part.len() as u64).to_le_bytes());
     }
     format!("{:016x}", hasher.digest())
+}
+
+/// `text` in lower case, copied only when it has an upper-case letter:
+/// the name tables are keyed in lower case, and most references are.
+fn lowercase(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(text.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 #[cfg(test)]

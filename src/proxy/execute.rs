@@ -1485,13 +1485,7 @@ impl Exchange {
                             && finishes_hold
                             && finished_choices.are_all_of(choices) =>
                     {
-                        self.record_end(finished_with(usage));
-                        if let Some(sentinel) = wire::sentinel(endpoint)
-                            && !link.send(sentinel).await
-                        {
-                            return Attempted::Cancelled;
-                        }
-                        return Attempted::Served { usage, first_byte };
+                        return self.end_finished(finished_with(usage), link).await;
                     }
                     EventKind::Malformed => {
                         return failed(
@@ -1578,13 +1572,7 @@ impl Exchange {
                 // ended cleanly after every choice's finish ended the
                 // stream itself, whatever its finishes were worth.
                 _ if finished || (all_finished && body_ended) => {
-                    self.record_end(finished_with(usage));
-                    if let Some(sentinel) = wire::sentinel(endpoint)
-                        && !link.send(sentinel).await
-                    {
-                        return Attempted::Cancelled;
-                    }
-                    return Attempted::Served { usage, first_byte };
+                    return self.end_finished(finished_with(usage), link).await;
                 }
                 None if out_of_time => {
                     return failed(
@@ -1606,6 +1594,19 @@ impl Exchange {
                 }
             }
         }
+    }
+
+    /// Ends a finished stream whose own end is missing (or not the
+    /// client's format's): its measurements recorded, then the sentinel.
+    async fn end_finished(&mut self, finished: FinishedStream, link: &mut Link) -> Attempted {
+        let (usage, first_byte) = (finished.usage, finished.first_byte);
+        self.record_end(finished);
+        if let Some(sentinel) = wire::sentinel(self.endpoint)
+            && !link.send(sentinel).await
+        {
+            return Attempted::Cancelled;
+        }
+        Attempted::Served { usage, first_byte }
     }
 
     /// Sends a stream's headers: all of the policy's when the serving
@@ -1663,8 +1664,13 @@ fn is_event_stream(content_type: &str) -> bool {
 /// Whether a `Content-Type` is JSON: `application/json`, or a type with
 /// the `+json` suffix (RFC 6839).
 fn is_json(content_type: &str) -> bool {
-    let media_type = media_type(content_type).to_ascii_lowercase();
-    media_type == "application/json" || media_type.ends_with("+json")
+    let media_type = media_type(content_type).as_bytes();
+    media_type.eq_ignore_ascii_case(b"application/json")
+        || media_type
+            .len()
+            .checked_sub(5)
+            .and_then(|start| media_type.get(start..))
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case(b"+json"))
 }
 
 /// A `Content-Type`'s media type, without its parameters.

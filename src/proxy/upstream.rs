@@ -20,117 +20,22 @@ use std::time::Duration;
 /// token lists is one per item; a text or one token list (a list of
 /// numbers) is one. `None` when it is none of these, or an empty list.
 fn prompt_count(prompt: &str) -> Option<u64> {
-    match serde_json::from_str::<PromptShape>(prompt).ok()? {
-        PromptShape::One => Some(1),
-        PromptShape::List {
-            numbers: 0,
-            others: 0,
-        } => None,
-        PromptShape::List { others: 0, .. } => Some(1),
-        PromptShape::List { others, .. } => Some(others),
+    if prompt.starts_with('"') {
+        return Some(1);
     }
-}
-
-/// A `prompt` value's shape, read without keeping its text.
-enum PromptShape {
-    One,
-    /// A list: how many of its items are numbers, and how many are not.
-    List {
-        numbers: u64,
-        others: u64,
-    },
-}
-
-impl<'de> serde::Deserialize<'de> for PromptShape {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Shape;
-        impl<'de> serde::de::Visitor<'de> for Shape {
-            type Value = PromptShape;
-
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("a text or a list")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<PromptShape, E> {
-                Ok(PromptShape::One)
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut items: A,
-            ) -> Result<PromptShape, A::Error> {
-                let (mut numbers, mut others) = (0u64, 0u64);
-                while let Some(is_number) = items.next_element::<IsNumber>()? {
-                    if is_number.0 {
-                        numbers += 1;
-                    } else {
-                        others += 1;
-                    }
-                }
-                Ok(PromptShape::List { numbers, others })
-            }
-        }
-        deserializer.deserialize_any(Shape)
-    }
-}
-
-/// Whether a JSON value is a number; any other value is checked and skipped.
-struct IsNumber(bool);
-
-impl<'de> serde::Deserialize<'de> for IsNumber {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Kind;
-        impl<'de> serde::de::Visitor<'de> for Kind {
-            type Value = IsNumber;
-
-            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-                formatter.write_str("a JSON value")
-            }
-
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<IsNumber, E> {
-                Ok(IsNumber(true))
-            }
-
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<IsNumber, E> {
-                Ok(IsNumber(true))
-            }
-
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<IsNumber, E> {
-                Ok(IsNumber(true))
-            }
-
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<IsNumber, E> {
-                Ok(IsNumber(false))
-            }
-
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<IsNumber, E> {
-                Ok(IsNumber(false))
-            }
-
-            fn visit_unit<E: serde::de::Error>(self) -> Result<IsNumber, E> {
-                Ok(IsNumber(false))
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut items: A,
-            ) -> Result<IsNumber, A::Error> {
-                while items.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(IsNumber(false))
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut members: A,
-            ) -> Result<IsNumber, A::Error> {
-                while members
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(IsNumber(false))
-            }
-        }
-        deserializer.deserialize_any(Kind)
+    // The items as written: checked, not copied.
+    let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(prompt).ok()?;
+    let is_number = |item: &&serde_json::value::RawValue| {
+        item.get()
+            .starts_with(|c: char| c == '-' || c.is_ascii_digit())
+    };
+    match (
+        items.len(),
+        items.iter().filter(|item| !is_number(item)).count(),
+    ) {
+        (0, _) => None,
+        (_, 0) => Some(1),
+        (_, others) => u64::try_from(others).ok(),
     }
 }
 
